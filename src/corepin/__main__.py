@@ -1,0 +1,5 @@
+"""`python -m corepin`."""
+
+from corepin.cli.main import main
+
+raise SystemExit(main())

@@ -1,0 +1,80 @@
+"""Helpers shared by the subcommands: topology sources, structured output, files."""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+from pathlib import Path
+from typing import TYPE_CHECKING, Any
+
+from corepin.core.errors import InputError, TopologyError
+
+if TYPE_CHECKING:
+    from corepin.topology.model import Topology
+
+
+def add_topology_source(parser: argparse.ArgumentParser, *, default_root: bool = True) -> None:
+    group = parser.add_mutually_exclusive_group()
+    group.add_argument(
+        "--topology",
+        metavar="FILE",
+        help="topology JSON file (the form `corepin topology -o json` prints)",
+    )
+    group.add_argument(
+        "--sysfs-root",
+        metavar="DIR",
+        default=None,
+        help="read DIR/sys/devices/system/{cpu,node} instead of this machine's /sys"
+        + (" (default: /)" if default_root else ""),
+    )
+
+
+def load_topology(args: argparse.Namespace) -> Topology:
+    """The topology named by --topology FILE, else discovered under --sysfs-root (default /)."""
+    path = getattr(args, "topology", None)
+    if path:
+        from corepin.topology.model import Topology
+
+        return Topology.from_json(read_json_file(path, what="topology file"))
+    from corepin.topology.discover import discover
+
+    return discover(args.sysfs_root or "/")
+
+
+def read_json_file(path: str, *, what: str) -> Any:
+    try:
+        text = Path(path).read_text(encoding="utf-8")
+    except FileNotFoundError:
+        raise InputError(f"{what} {path!r} does not exist", reason="no_such_file") from None
+    except (OSError, UnicodeDecodeError) as exc:
+        raise InputError(f"cannot read {what} {path!r}: {exc}", reason="unreadable_file") from exc
+    try:
+        return json.loads(text)
+    except json.JSONDecodeError as exc:
+        raise TopologyError(
+            f"{what} {path!r} is not valid JSON: {exc.msg} at line {exc.lineno} column {exc.colno}",
+            reason="bad_json",
+        ) from None
+
+
+def dump(data: Any, fmt: str) -> str:
+    """Render plain data as `json` or `yaml` text (ending with a newline)."""
+    if fmt == "json":
+        return json.dumps(data, indent=2) + "\n"
+    if fmt == "yaml":
+        import yaml
+
+        return str(yaml.safe_dump(data, sort_keys=False, default_flow_style=False))
+    raise InputError(f"unknown output format {fmt!r}")
+
+
+def write_output(text: str, out: str | None) -> None:
+    """Print `text`, or write it to the file `out` (atomically enough for a CLI: whole text)."""
+    if out is None or out == "-":
+        sys.stdout.write(text)
+        return
+    try:
+        Path(out).write_text(text, encoding="utf-8")
+    except OSError as exc:
+        raise InputError(f"cannot write output file {out!r}: {exc}", reason="unwritable") from exc

@@ -1,0 +1,93 @@
+"""The `corepin` command: argument parsing, dispatch, and the one place that maps errors to exit codes.
+
+Each subcommand lives in its own module with two functions:
+`add_arguments(parser)` (cheap: no heavy imports at module level) and `run(args) -> int`.
+Modules are only imported for the subcommand that runs (and to build `--help`).
+"""
+
+from __future__ import annotations
+
+import argparse
+import importlib
+import os
+import sys
+from collections.abc import Sequence
+from typing import NoReturn
+
+from corepin.core.errors import EXIT_INPUT, EXIT_INTERNAL, CorepinError
+
+#: subcommand -> (module, one-line help). The order is the order of `corepin --help`.
+COMMANDS: dict[str, tuple[str, str]] = {
+    "topology": ("corepin.cli.topology_cmd", "show this machine's CPU/NUMA/cache topology"),
+    "allocate": ("corepin.cli.allocate_cmd", "compute one allocation decision (no side effects)"),
+    "simulate": ("corepin.cli.simulate_cmd", "replay a trace through policies and compare them"),
+    "run": ("corepin.cli.host_cmd", "run a command pinned to exclusive or shared CPUs"),
+    "report": ("corepin.cli.host_cmd", "show who holds which CPUs on this host"),
+    "reconcile": ("corepin.cli.host_cmd", "free dead allocations and re-apply drifted pins"),
+}
+
+
+class _Parser(argparse.ArgumentParser):
+    """argparse with our message format; usage errors exit 2 (CONTRACTS.md section 6)."""
+
+    def error(self, message: str) -> NoReturn:
+        self.print_usage(sys.stderr)
+        self.exit(EXIT_INPUT, f"corepin: error: {message}\n")
+
+
+def build_parser() -> argparse.ArgumentParser:
+    parser = _Parser(
+        prog="corepin",
+        description=(
+            "Topology-aware CPU and NUMA resource manager: gives workloads exclusive or shared "
+            "CPUs aligned to sockets, NUMA nodes, L3 caches and cores, and pins their memory."
+        ),
+        epilog="Exit codes: 0 ok, 1 internal error, 2 bad input, 3 request cannot be satisfied, "
+        "4 environment not usable.",
+    )
+    from corepin import __version__
+
+    parser.add_argument("--version", action="version", version=f"corepin {__version__}")
+    sub = parser.add_subparsers(dest="command", metavar="COMMAND", parser_class=_Parser)
+    for name, (module_name, help_text) in COMMANDS.items():
+        try:
+            module = importlib.import_module(module_name)
+        except ModuleNotFoundError as exc:
+            if exc.name != module_name:
+                raise
+            continue  # subcommand not built yet
+        cmd = sub.add_parser(name, help=help_text, description=help_text)
+        module.add_arguments(cmd, name)
+        cmd.set_defaults(_module=module)
+    return parser
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    parser = build_parser()
+    args = parser.parse_args(argv)
+    if args.command is None:
+        parser.print_help(sys.stderr)
+        return EXIT_INPUT
+    try:
+        code: int = args._module.run(args)
+        return code
+    except CorepinError as exc:
+        print(f"corepin {args.command}: {exc}", file=sys.stderr)
+        return exc.exit_code
+    except KeyboardInterrupt:
+        return 130
+    except BrokenPipeError:
+        return 0
+    except Exception as exc:  # a bug: say so, keep the traceback for COREPIN_DEBUG
+        if os.environ.get("COREPIN_DEBUG"):
+            raise
+        print(
+            f"corepin {args.command}: internal error: {type(exc).__name__}: {exc} "
+            "(this is a bug; rerun with COREPIN_DEBUG=1 for a traceback and report it)",
+            file=sys.stderr,
+        )
+        return EXIT_INTERNAL
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())

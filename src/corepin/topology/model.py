@@ -1,0 +1,509 @@
+"""The machine model: a flat per-CPU table plus precomputed CPU sets per topology unit.
+
+Identifiers (CONTRACTS.md section 2):
+- `socket`: the kernel's physical package id.
+- `die`: the kernel's die id (unique only inside its package; queries key dies by (socket, die)).
+- `numa`: the kernel's NUMA node id (may be sparse).
+- `core`: unique machine-wide; by convention the lowest logical CPU id among the core's SMT
+  siblings (the same convention the kubelet uses), so two CPUs share `core` exactly when they
+  are SMT siblings.
+- `l3` / `l2`: one cache instance, unique machine-wide (`None` when the machine exposes none).
+
+Every query answers from dicts of bitmask CPUSets built once in the constructor, so the
+allocator never rescans the table.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable, Mapping
+from dataclasses import dataclass, field
+from typing import Any
+
+from corepin.core.cpuset import CPUSet
+from corepin.core.errors import TopologyError
+
+_EMPTY = CPUSet()
+
+
+@dataclass(frozen=True, slots=True)
+class CPUInfo:
+    """One logical CPU. Topology fields are None when the kernel does not expose them (offline)."""
+
+    cpu: int
+    online: bool = True
+    socket: int | None = 0
+    die: int | None = 0
+    numa: int | None = 0
+    l3: int | None = None
+    l2: int | None = None
+    core: int | None = None
+    cluster: int | None = None
+    isolated: bool = False
+    core_type: str | None = None
+    capacity: int | None = None
+
+    def to_json(self) -> dict[str, Any]:
+        return {
+            "cpu": self.cpu,
+            "online": self.online,
+            "socket": self.socket,
+            "die": self.die,
+            "numa": self.numa,
+            "l3": self.l3,
+            "l2": self.l2,
+            "core": self.core,
+            "isolated": self.isolated,
+            "core_type": self.core_type,
+            "cluster": self.cluster,
+            "capacity": self.capacity,
+        }
+
+
+@dataclass(frozen=True, slots=True)
+class NUMANode:
+    """A NUMA node: its CPUs (empty for a memory-only node) and distances to other nodes."""
+
+    id: int
+    cpus: CPUSet = _EMPTY
+    distances: Mapping[int, int] = field(default_factory=dict)
+    memory_kb: int | None = None
+
+    @property
+    def memory_only(self) -> bool:
+        return not self.cpus
+
+    def to_json(self) -> dict[str, Any]:
+        out: dict[str, Any] = {
+            "id": self.id,
+            "cpus": str(self.cpus),
+            "distances": {str(k): v for k, v in sorted(self.distances.items())},
+        }
+        if self.memory_kb is not None:
+            out["memory_kb"] = self.memory_kb
+        return out
+
+
+@dataclass(frozen=True, slots=True)
+class PoolNode:
+    """One node of the pool tree: socket -> die -> numa -> l3 -> core -> thread."""
+
+    kind: str
+    id: int | None
+    cpus: CPUSet
+    children: tuple[PoolNode, ...] = ()
+
+    def walk(self) -> Iterable[PoolNode]:
+        yield self
+        for child in self.children:
+            yield from child.walk()
+
+
+def _group(cpus: Iterable[CPUInfo], key: str) -> dict[Any, CPUSet]:
+    masks: dict[Any, int] = {}
+    for info in cpus:
+        value = getattr(info, key)
+        if value is not None:
+            masks[value] = masks.get(value, 0) | (1 << info.cpu)
+    return {k: CPUSet.from_bits(m) for k, m in sorted(masks.items())}
+
+
+class Topology:
+    """Immutable machine model. Build it with `Topology(cpus, numa_nodes)`, `discover()`,
+    `Topology.from_json()` or the synthetic builders."""
+
+    __slots__ = (
+        "_by_core",
+        "_by_die",
+        "_by_l2",
+        "_by_l3",
+        "_by_numa",
+        "_by_socket",
+        "_cpus",
+        "_index",
+        "_isolated",
+        "_numa_nodes",
+        "_online",
+        "_present",
+        "name",
+    )
+
+    def __init__(
+        self,
+        cpus: Iterable[CPUInfo],
+        numa_nodes: Iterable[NUMANode] = (),
+        *,
+        name: str = "",
+    ) -> None:
+        table = sorted(cpus, key=lambda c: c.cpu)
+        index: dict[int, CPUInfo] = {}
+        for info in table:
+            if info.cpu in index:
+                raise TopologyError(f"CPU {info.cpu} is listed twice", reason="duplicate_cpu")
+            if info.cpu < 0:
+                raise TopologyError(f"CPU id {info.cpu} is negative", reason="bad_cpu_id")
+            index[info.cpu] = info
+        self._cpus: tuple[CPUInfo, ...] = tuple(table)
+        self._index = index
+        self.name = name
+        self._present = CPUSet(index)
+        self._online = CPUSet(c.cpu for c in table if c.online)
+        self._isolated = CPUSet(c.cpu for c in table if c.isolated)
+        online = [c for c in table if c.online]
+        self._by_socket = _group(online, "socket")
+        self._by_numa = _group(online, "numa")
+        self._by_l3 = _group(online, "l3")
+        self._by_l2 = _group(online, "l2")
+        self._by_core = _group(online, "core")
+        dies: dict[tuple[int, int], int] = {}
+        for c in online:
+            if c.socket is not None and c.die is not None:
+                key = (c.socket, c.die)
+                dies[key] = dies.get(key, 0) | (1 << c.cpu)
+        self._by_die = {k: CPUSet.from_bits(m) for k, m in sorted(dies.items())}
+        self._check_consistency(online)
+        nodes = {n.id: n for n in numa_nodes}
+        for node_id, node_cpus in self._by_numa.items():
+            given = nodes.get(node_id)
+            if given is None:
+                nodes[node_id] = NUMANode(node_id, node_cpus)
+            elif not node_cpus.issubset(given.cpus):
+                raise TopologyError(
+                    f"NUMA node {node_id} lists CPUs {given.cpus} but CPUs {node_cpus} say they "
+                    "belong to it",
+                    reason="numa_mismatch",
+                )
+        seen = 0
+        for node in nodes.values():
+            if node.cpus.bits & seen:
+                raise TopologyError(
+                    f"CPUs {CPUSet.from_bits(node.cpus.bits & seen)} are in two NUMA nodes",
+                    reason="numa_overlap",
+                )
+            seen |= node.cpus.bits
+        self._numa_nodes = tuple(nodes[k] for k in sorted(nodes))
+
+    def _check_consistency(self, online: list[CPUInfo]) -> None:
+        """A core lives in one socket, die, NUMA node and cache; every online CPU has a core."""
+        owner: dict[int, CPUInfo] = {}
+        for c in online:
+            if c.core is None:
+                raise TopologyError(f"online CPU {c.cpu} has no core", reason="missing_core")
+            first = owner.setdefault(c.core, c)
+            for attr in ("socket", "die", "numa", "l2", "l3"):
+                if getattr(first, attr) != getattr(c, attr):
+                    raise TopologyError(
+                        f"core {c.core} holds CPUs {first.cpu} and {c.cpu} with different "
+                        f"{attr} ({getattr(first, attr)} vs {getattr(c, attr)}): a CPU cannot be "
+                        "in two cores",
+                        reason="inconsistent_core",
+                    )
+        for attr in ("l3", "l2"):
+            for cache, cpus in _group(online, attr).items():
+                sockets = {self._index[c].socket for c in cpus}
+                if len(sockets) > 1:
+                    raise TopologyError(
+                        f"{attr} cache {cache} spans sockets {sorted(map(str, sockets))}",
+                        reason="inconsistent_cache",
+                    )
+
+    # ------------------------------------------------------------------ table
+    @property
+    def cpus(self) -> tuple[CPUInfo, ...]:
+        """Every present CPU, ascending."""
+        return self._cpus
+
+    def cpu(self, cpu: int) -> CPUInfo:
+        try:
+            return self._index[cpu]
+        except KeyError:
+            raise TopologyError(
+                f"CPU {cpu} is not in this topology", reason="unknown_cpu"
+            ) from None
+
+    @property
+    def numa_nodes(self) -> tuple[NUMANode, ...]:
+        return self._numa_nodes
+
+    def numa_node(self, node: int) -> NUMANode:
+        for n in self._numa_nodes:
+            if n.id == node:
+                return n
+        raise TopologyError(f"NUMA node {node} is not in this topology", reason="unknown_numa")
+
+    @property
+    def present_cpus(self) -> CPUSet:
+        return self._present
+
+    @property
+    def online_cpus(self) -> CPUSet:
+        return self._online
+
+    @property
+    def offline_cpus(self) -> CPUSet:
+        return self._present - self._online
+
+    @property
+    def isolated_cpus(self) -> CPUSet:
+        return self._isolated
+
+    @property
+    def threads_per_core(self) -> int:
+        """Largest number of SMT siblings of any core (1 without SMT)."""
+        return max((len(c) for c in self._by_core.values()), default=1)
+
+    # ------------------------------------------------------------------ id lists
+    def socket_ids(self) -> list[int]:
+        return list(self._by_socket)
+
+    def die_ids(self) -> list[tuple[int, int]]:
+        return list(self._by_die)
+
+    def numa_node_ids(self) -> list[int]:
+        """NUMA nodes that have online CPUs (see `numa_nodes` for memory-only ones too)."""
+        return list(self._by_numa)
+
+    def l3_ids(self) -> list[int]:
+        return list(self._by_l3)
+
+    def l2_ids(self) -> list[int]:
+        return list(self._by_l2)
+
+    def core_ids(self) -> list[int]:
+        return list(self._by_core)
+
+    # ------------------------------------------------------------------ unit -> CPUs
+    @staticmethod
+    def _union(groups: Mapping[Any, CPUSet], ids: Iterable[Any]) -> CPUSet:
+        mask = 0
+        for i in ids:
+            got = groups.get(i)
+            if got is not None:
+                mask |= got.bits
+        return CPUSet.from_bits(mask)
+
+    def cpus_in_sockets(self, *ids: int) -> CPUSet:
+        return self._union(self._by_socket, ids)
+
+    def cpus_in_dies(self, *ids: tuple[int, int]) -> CPUSet:
+        return self._union(self._by_die, ids)
+
+    def cpus_in_numa_nodes(self, *ids: int) -> CPUSet:
+        return self._union(self._by_numa, ids)
+
+    def cpus_in_l3s(self, *ids: int) -> CPUSet:
+        return self._union(self._by_l3, ids)
+
+    def cpus_in_l2s(self, *ids: int) -> CPUSet:
+        return self._union(self._by_l2, ids)
+
+    def cpus_in_cores(self, *ids: int) -> CPUSet:
+        return self._union(self._by_core, ids)
+
+    # ------------------------------------------------------------------ unit -> units
+    def _ids_within(self, groups: Mapping[Any, CPUSet], within: CPUSet) -> list[Any]:
+        return [k for k, v in groups.items() if v.bits & within.bits]
+
+    def cores_in(self, cpus: CPUSet) -> list[int]:
+        """Cores with at least one CPU in `cpus`."""
+        return self._ids_within(self._by_core, cpus)
+
+    def cores_in_socket(self, socket: int) -> list[int]:
+        return self.cores_in(self.cpus_in_sockets(socket))
+
+    def cores_in_numa_node(self, node: int) -> list[int]:
+        return self.cores_in(self.cpus_in_numa_nodes(node))
+
+    def cores_in_l3(self, l3: int) -> list[int]:
+        return self.cores_in(self.cpus_in_l3s(l3))
+
+    def numa_nodes_in(self, cpus: CPUSet) -> list[int]:
+        return self._ids_within(self._by_numa, cpus)
+
+    def numa_nodes_in_socket(self, socket: int) -> list[int]:
+        return self.numa_nodes_in(self.cpus_in_sockets(socket))
+
+    def l3s_in(self, cpus: CPUSet) -> list[int]:
+        return self._ids_within(self._by_l3, cpus)
+
+    def l3s_in_numa_node(self, node: int) -> list[int]:
+        return self.l3s_in(self.cpus_in_numa_nodes(node))
+
+    def sockets_in(self, cpus: CPUSet) -> list[int]:
+        return self._ids_within(self._by_socket, cpus)
+
+    def dies_in(self, cpus: CPUSet) -> list[tuple[int, int]]:
+        return self._ids_within(self._by_die, cpus)
+
+    # ------------------------------------------------------------------ CPU -> unit
+    def socket_of(self, cpu: int) -> int | None:
+        return self.cpu(cpu).socket
+
+    def numa_of(self, cpu: int) -> int | None:
+        return self.cpu(cpu).numa
+
+    def l3_of(self, cpu: int) -> int | None:
+        return self.cpu(cpu).l3
+
+    def l2_of(self, cpu: int) -> int | None:
+        return self.cpu(cpu).l2
+
+    def core_of(self, cpu: int) -> int | None:
+        return self.cpu(cpu).core
+
+    def siblings_of(self, cpu: int) -> CPUSet:
+        """The SMT siblings of `cpu`, itself included (empty if offline)."""
+        core = self.cpu(cpu).core
+        return self._by_core.get(core, _EMPTY) if core is not None else _EMPTY
+
+    def mems_of(self, cpus: CPUSet) -> CPUSet:
+        """NUMA node ids holding `cpus`, as a set of node ids (for cpuset.mems)."""
+        return CPUSet(self.numa_nodes_in(cpus))
+
+    # ------------------------------------------------------------------ pool tree
+    def pool_tree(self) -> PoolNode:
+        """The tree socket -> die -> numa -> l3 -> core -> thread over the online CPUs.
+
+        Where a cache or NUMA node straddles the level above it, each parent gets the part of
+        it that lies inside the parent, so every CPU appears exactly once among the leaves.
+        """
+
+        def level(
+            kinds: list[tuple[str, Mapping[Any, CPUSet]]], within: CPUSet
+        ) -> tuple[PoolNode, ...]:
+            if not kinds:
+                return tuple(PoolNode("thread", cpu, CPUSet.of(cpu)) for cpu in within)
+            (kind, groups), rest = kinds[0], kinds[1:]
+            out = []
+            for key, cpus in groups.items():
+                part = cpus & within
+                if part:
+                    ident = key[1] if kind == "die" else key
+                    out.append(PoolNode(kind, ident, part, level(rest, part)))
+            if not out:  # the machine exposes no such unit: skip the level
+                return level(rest, within)
+            return tuple(out)
+
+        kinds: list[tuple[str, Mapping[Any, CPUSet]]] = [
+            ("socket", self._by_socket),
+            ("die", self._by_die),
+            ("numa", self._by_numa),
+            ("l3", self._by_l3),
+            ("core", self._by_core),
+        ]
+        return PoolNode("machine", None, self._online, level(kinds, self._online))
+
+    # ------------------------------------------------------------------ JSON
+    def to_json(self) -> dict[str, Any]:
+        return {
+            "cpus": [c.to_json() for c in self._cpus],
+            "numa_nodes": [n.to_json() for n in self._numa_nodes],
+        }
+
+    @classmethod
+    def from_json(cls, data: Any) -> Topology:
+        """Build from the JSON form of CONTRACTS.md section 2; unknown fields are ignored."""
+        if not isinstance(data, Mapping):
+            raise TopologyError('topology JSON must be an object with a "cpus" list')
+        rows = data.get("cpus")
+        if not isinstance(rows, list) or not rows:
+            raise TopologyError('topology JSON needs a non-empty "cpus" list')
+        cpus = [_cpu_from_json(i, row) for i, row in enumerate(rows)]
+        nodes = []
+        raw_nodes = data.get("numa_nodes", [])
+        if not isinstance(raw_nodes, list):
+            raise TopologyError('"numa_nodes" must be a list')
+        for i, row in enumerate(raw_nodes):
+            nodes.append(_node_from_json(i, row))
+        return cls(cpus, nodes)
+
+    def __eq__(self, other: object) -> bool:
+        return (
+            isinstance(other, Topology)
+            and self._cpus == other._cpus
+            and self._numa_nodes == other._numa_nodes
+        )
+
+    def __hash__(self) -> int:
+        return hash(self._cpus)
+
+    def __repr__(self) -> str:
+        return (
+            f"Topology({self.name or 'unnamed'}: {len(self._by_socket)} sockets, "
+            f"{len(self._by_numa)} NUMA nodes, {len(self._by_l3)} L3, {len(self._by_core)} cores, "
+            f"{len(self._online)}/{len(self._present)} CPUs online)"
+        )
+
+
+def _int_field(where: str, row: Mapping[str, Any], key: str, *, optional: bool) -> int | None:
+    value = row.get(key)
+    if value is None:
+        if optional:
+            return None
+        raise TopologyError(f"{where}: field {key!r} is required")
+    if isinstance(value, bool) or not isinstance(value, int) or value < 0:
+        raise TopologyError(f"{where}: field {key!r} must be a non-negative integer, got {value!r}")
+    return value
+
+
+def _cpu_from_json(i: int, row: Any) -> CPUInfo:
+    where = f"cpus[{i}]"
+    if not isinstance(row, Mapping):
+        raise TopologyError(f"{where} must be an object, got {row!r}")
+    cpu = _int_field(where, row, "cpu", optional=False)
+    assert cpu is not None
+    where = f"cpus[{i}] (CPU {cpu})"
+    online = row.get("online", True)
+    isolated = row.get("isolated", False)
+    if not isinstance(online, bool) or not isinstance(isolated, bool):
+        raise TopologyError(f'{where}: "online" and "isolated" must be true or false')
+    core_type = row.get("core_type")
+    if core_type is not None and not isinstance(core_type, str):
+        raise TopologyError(f'{where}: "core_type" must be a string or null, got {core_type!r}')
+    core = _int_field(where, row, "core", optional=True)
+    if core is None and online:
+        core = cpu  # a CPU without core information is its own core
+    return CPUInfo(
+        cpu=cpu,
+        online=online,
+        socket=_int_field(where, row, "socket", optional=not online),
+        die=_int_field(where, row, "die", optional=True),
+        numa=_int_field(where, row, "numa", optional=True),
+        l3=_int_field(where, row, "l3", optional=True),
+        l2=_int_field(where, row, "l2", optional=True),
+        core=core,
+        cluster=_int_field(where, row, "cluster", optional=True),
+        isolated=isolated,
+        core_type=core_type,
+        capacity=_int_field(where, row, "capacity", optional=True),
+    )
+
+
+def _node_from_json(i: int, row: Any) -> NUMANode:
+    where = f"numa_nodes[{i}]"
+    if not isinstance(row, Mapping):
+        raise TopologyError(f"{where} must be an object, got {row!r}")
+    node = _int_field(where, row, "id", optional=False)
+    assert node is not None
+    text = row.get("cpus", "")
+    if not isinstance(text, str):
+        raise TopologyError(f'{where}: "cpus" must be a CPU list string, got {text!r}')
+    try:
+        cpus = CPUSet.parse(text)
+    except ValueError as exc:
+        raise TopologyError(f"{where}: {exc}") from exc
+    raw = row.get("distances") or {}
+    if not isinstance(raw, Mapping):
+        raise TopologyError(f'{where}: "distances" must be an object')
+    distances: dict[int, int] = {}
+    for key, value in raw.items():
+        try:
+            other = int(key)
+        except (TypeError, ValueError):
+            raise TopologyError(f"{where}: distance key {key!r} is not a node id") from None
+        if isinstance(value, bool) or not isinstance(value, int):
+            raise TopologyError(f"{where}: distance to {key} must be an integer, got {value!r}")
+        distances[other] = value
+    memory = row.get("memory_kb")
+    if memory is not None and (isinstance(memory, bool) or not isinstance(memory, int)):
+        raise TopologyError(f'{where}: "memory_kb" must be an integer')
+    return NUMANode(node, cpus, distances, memory)
