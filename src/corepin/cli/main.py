@@ -1,4 +1,4 @@
-"""The `corepin` command: argument parsing, dispatch, and the one place that maps errors to exit codes.
+"""The `corepin` command: argument parsing, dispatch, and the one place mapping errors to exits.
 
 Each subcommand lives in its own module with two functions:
 `add_arguments(parser)` (cheap: no heavy imports at module level) and `run(args) -> int`.

@@ -6,7 +6,7 @@ CorepinError                       every error corepin raises on purpose; has .r
 |   +-- CPUSetParseError           also a ValueError: malformed CPU list / mask text
 |   +-- TopologyError              also a ValueError: inconsistent topology description
 |   +-- RequestError               also a ValueError: a request that makes no sense (count 0, ...)
-|   +-- StateFormatError           a state/checkpoint file that cannot be read (corrupt, unknown version)
+|   +-- StateFormatError           unreadable state file (corrupt, unknown version)
 +-- AllocationError                the request is valid but cannot be satisfied (exit 3)
 |   +-- SMTAlignmentError          kubelet full-pcpus-only alignment failures
 +-- EnvironmentProblem             the host is not usable as configured (exit 4)
@@ -74,7 +74,7 @@ class RequestError(InputError, ValueError):
 
 
 class StateFormatError(InputError):
-    """A state or checkpoint file that cannot be understood (corrupt, truncated, unknown version)."""
+    """A state file that cannot be understood (corrupt, truncated, unknown version)."""
 
     default_reason = "bad_state_file"
 
