@@ -1,0 +1,145 @@
+"""Request and decision types shared by every allocation policy (ALLOCATION_API.md).
+
+A `Request` is what a workload asks for; a `Decision` is what a policy answers: the CPUs, the
+memory nodes that go with them, the CPUs withheld from everyone else by the exclusiveness level,
+and an explanation made of `Step`s (the levels tried and why each was chosen or skipped).
+
+Requests validate themselves on construction and raise `RequestError` (exit 2) naming the bad
+value; policies validate their own options. Everything here is immutable.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from dataclasses import dataclass, field
+from types import MappingProxyType
+from typing import TYPE_CHECKING, Any, Final, Protocol
+
+from corepin.core.cpuset import CPUSet
+from corepin.core.errors import RequestError
+
+if TYPE_CHECKING:
+    from corepin.topology.model import Topology
+
+#: Exclusiveness levels, narrowest first: the unit whose whole CPUs a decision withholds.
+LEVELS: Final = ("cpu", "core", "l3", "numa", "socket")
+#: Workload families of the workload-aware policy (actimanager's families).
+WORKLOADS: Final = ("memory-bound", "cpu-bound", "io-bound", "best-effort")
+#: SMT preferences: policy default, whole physical cores, or one thread per core.
+SMT_MODES: Final = ("auto", "whole-cores", "spread")
+
+_NO_OPTIONS: Final[Mapping[str, str]] = MappingProxyType({})
+
+
+@dataclass(frozen=True, slots=True)
+class Request:
+    """What a workload asks for. Raises RequestError (naming the value) when it makes no sense."""
+
+    count: int
+    exclusive: bool = True
+    level: str = "cpu"
+    numa_hint: CPUSet | None = None
+    workload: str | None = None
+    smt: str = "auto"
+    prefer_isolated: bool = True
+    options: Mapping[str, str] = field(default_factory=lambda: _NO_OPTIONS)
+
+    def __post_init__(self) -> None:
+        count = self.count
+        if isinstance(count, bool) or not isinstance(count, int):
+            raise RequestError(
+                f"CPU count must be a positive integer, got {count!r}", reason="bad_count"
+            )
+        if count <= 0:
+            raise RequestError(
+                f"CPU count must be a positive integer, got {count}", reason="bad_count"
+            )
+        if self.level not in LEVELS:
+            raise RequestError(
+                f"unknown exclusiveness level {self.level!r} (choose from {', '.join(LEVELS)})",
+                reason="bad_level",
+            )
+        if self.workload is not None and self.workload not in WORKLOADS:
+            raise RequestError(
+                f"unknown workload family {self.workload!r} (choose from {', '.join(WORKLOADS)})",
+                reason="bad_workload",
+            )
+        if self.smt not in SMT_MODES:
+            raise RequestError(
+                f"unknown SMT preference {self.smt!r} (choose from {', '.join(SMT_MODES)})",
+                reason="bad_smt",
+            )
+        if self.numa_hint is not None and not isinstance(self.numa_hint, CPUSet):
+            raise RequestError(
+                f"numa_hint must be a CPUSet of NUMA node ids, got {self.numa_hint!r}",
+                reason="bad_numa_hint",
+            )
+        if not isinstance(self.options, Mapping):
+            raise RequestError(
+                f"options must be a mapping of name to value, got {self.options!r}",
+                reason="bad_option",
+            )
+        if not isinstance(self.options, MappingProxyType):
+            object.__setattr__(self, "options", MappingProxyType(dict(self.options)))
+
+    def __hash__(self) -> int:
+        return hash(
+            (
+                self.count,
+                self.exclusive,
+                self.level,
+                self.numa_hint,
+                self.workload,
+                self.smt,
+                self.prefer_isolated,
+                tuple(sorted(self.options.items())),
+            )
+        )
+
+
+@dataclass(frozen=True, slots=True)
+class Step:
+    """One line of a decision's explanation: at `level`, `choice` was taken (or skipped) because
+    `reason`."""
+
+    level: str
+    choice: str
+    reason: str
+
+    def to_json(self) -> dict[str, str]:
+        return {"level": self.level, "choice": self.choice, "reason": self.reason}
+
+
+@dataclass(frozen=True, slots=True)
+class Decision:
+    """A policy's answer. `cpus` has exactly request.count CPUs for exclusive requests (the shared
+    pool for shared ones); `mems` are the NUMA node ids of `cpus`; `reserved` is `cpus` plus the
+    rest of the units withheld by the exclusiveness level."""
+
+    cpus: CPUSet
+    mems: CPUSet
+    reserved: CPUSet
+    policy: str
+    explanation: tuple[Step, ...] = ()
+
+    def to_json(self) -> dict[str, Any]:
+        return {
+            "cpus": str(self.cpus),
+            "mems": str(self.mems),
+            "reserved": str(self.reserved),
+            "policy": self.policy,
+            "explanation": [s.to_json() for s in self.explanation],
+        }
+
+
+class Policy(Protocol):
+    """An allocation policy: pure, deterministic, never mutates its inputs.
+
+    `decide` raises AllocationError (exit 3, `.reason` such as "not_enough_cpus" or
+    "smt_alignment") when the request cannot be met from `available`, RequestError for a request
+    or option the policy does not accept.
+    """
+
+    name: str
+
+    def decide(self, topology: Topology, request: Request, available: CPUSet) -> Decision: ...
