@@ -1,0 +1,447 @@
+"""Trace replay: run the same add/remove events through allocation policies and score them.
+
+Pure: no files, no clock. The CLI and the benchmarks read the trace, time `replay` themselves
+and put the seconds into the result (`PolicyResult.with_seconds`).
+
+Trace format (CONTRACTS.md section 4)::
+
+    {"events": [{"op": "add", "id": "ns/pod/ctr", "cpus": 4, "level": "core",
+                 "workload": "cpu-bound", "shared": false},
+                {"op": "remove", "id": "ns/pod/ctr"}]}
+
+Replay keeps the live exclusive assignments of each policy. An exclusive add asks the policy for
+`cpus` CPUs out of `available` = online CPUs minus everything the live decisions reserve
+(`Decision.reserved`, which includes the units withheld by an exclusiveness level); a policy
+error (AllocationError, or a RequestError for a request the policy does not take) rejects the
+add and its `.reason` is counted. A shared add is admitted when the shared pool (online CPUs
+not reserved by a live exclusive decision) is not empty; it takes no CPUs. A remove frees what
+its add reserved; a remove of an id that was never admitted is ignored.
+
+Quality of an admitted exclusive allocation of n CPUs (CONTRACTS.md section 4):
+- NUMA-aligned: it spans the fewest NUMA nodes that n CPUs could span on an empty machine;
+- LLC-aligned: likewise for L3 cache instances;
+- full-core: it holds no partial physical core, except at most one when n is not a multiple
+  of the SMT width (for SMT-2 machines: when n is odd). Always true without SMT.
+The three ratios are over admitted exclusive allocations (None when there were none).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Iterable, Mapping, Sequence
+from dataclasses import dataclass, field, replace
+from typing import Any, Final
+
+from corepin.allocation.types import LEVELS, WORKLOADS, Policy, Request
+from corepin.core.cpuset import CPUSet
+from corepin.core.errors import AllocationError, CorepinError, InputError, RequestError
+from corepin.topology.model import Topology
+
+#: The event operations a trace may hold.
+OPS: Final = ("add", "remove")
+_ADD_FIELDS: Final = frozenset({"op", "id", "cpus", "level", "workload", "shared"})
+_REMOVE_FIELDS: Final = frozenset({"op", "id"})
+
+
+class TraceError(InputError):
+    """A trace that is not well formed; names the event index and the bad field (exit 2)."""
+
+    default_reason = "bad_trace"
+
+    def __init__(self, index: int | None, field_name: str | None, problem: str) -> None:
+        self.index = index
+        self.field = field_name
+        self.problem = problem
+        where = "trace" if index is None else f"trace event {index}"
+        if field_name is not None:
+            where += f" field {field_name!r}"
+        super().__init__(f"{where}: {problem}")
+
+
+class SimulationError(CorepinError):
+    """A policy broke its contract during replay (a bug in the policy: exit 1)."""
+
+    default_reason = "policy_contract_violation"
+
+
+# ---------------------------------------------------------------------------------- the trace
+@dataclass(frozen=True, slots=True)
+class TraceEvent:
+    """One trace event. `cpus`, `level`, `workload` and `shared` only mean something for adds."""
+
+    op: str
+    id: str
+    cpus: int = 0
+    level: str = "cpu"
+    workload: str | None = None
+    shared: bool = False
+
+    def to_json(self) -> dict[str, Any]:
+        if self.op == "remove":
+            return {"op": "remove", "id": self.id}
+        out: dict[str, Any] = {"op": "add", "id": self.id, "cpus": self.cpus}
+        if self.level != "cpu":
+            out["level"] = self.level
+        if self.workload is not None:
+            out["workload"] = self.workload
+        if self.shared:
+            out["shared"] = True
+        return out
+
+
+@dataclass(frozen=True, slots=True)
+class Trace:
+    events: tuple[TraceEvent, ...]
+
+    @property
+    def adds(self) -> int:
+        return sum(1 for e in self.events if e.op == "add")
+
+    def to_json(self) -> dict[str, Any]:
+        return {"events": [e.to_json() for e in self.events]}
+
+
+def _parse_event(index: int, raw: Any) -> TraceEvent:
+    if not isinstance(raw, Mapping):
+        raise TraceError(index, None, f"an event must be an object, got {raw!r}")
+    op = raw.get("op")
+    if op not in OPS:
+        raise TraceError(index, "op", f"unknown op {op!r} (expected 'add' or 'remove')")
+    ident = raw.get("id")
+    if not isinstance(ident, str) or not ident:
+        raise TraceError(index, "id", f"id must be a non-empty string, got {ident!r}")
+    allowed = _ADD_FIELDS if op == "add" else _REMOVE_FIELDS
+    for key in raw:
+        if key not in allowed:
+            raise TraceError(index, str(key), f"unknown field for a {op!r} event")
+    if op == "remove":
+        return TraceEvent("remove", ident)
+    cpus = raw.get("cpus")
+    if isinstance(cpus, bool) or not isinstance(cpus, int):
+        raise TraceError(index, "cpus", f"cpus must be a positive integer, got {cpus!r}")
+    if cpus <= 0:
+        raise TraceError(index, "cpus", f"cpus must be a positive integer, got {cpus}")
+    level = raw.get("level", "cpu")
+    if level not in LEVELS:
+        raise TraceError(
+            index, "level", f"unknown exclusiveness level {level!r} (one of {', '.join(LEVELS)})"
+        )
+    workload = raw.get("workload")
+    if workload is not None and workload not in WORKLOADS:
+        raise TraceError(
+            index,
+            "workload",
+            f"unknown workload family {workload!r} (one of {', '.join(WORKLOADS)})",
+        )
+    shared = raw.get("shared", False)
+    if not isinstance(shared, bool):
+        raise TraceError(index, "shared", f"shared must be true or false, got {shared!r}")
+    return TraceEvent("add", ident, cpus, level, workload, shared)
+
+
+def parse_trace(data: Any) -> Trace:
+    """Validate the JSON form strictly; TraceError (exit 2) names the event index and field.
+
+    Besides per-event checks, an add of an id that is still live (added and not yet removed)
+    is an error. A remove of an id that is not live is allowed (and ignored on replay).
+    """
+    if not isinstance(data, Mapping):
+        raise TraceError(None, None, 'a trace must be an object with an "events" list')
+    for key in data:
+        if key != "events":
+            raise TraceError(None, str(key), 'unknown top-level field (only "events")')
+    raw_events = data.get("events")
+    if not isinstance(raw_events, list):
+        raise TraceError(None, "events", f"events must be a list, got {type(raw_events).__name__}")
+    live: set[str] = set()
+    events: list[TraceEvent] = []
+    for index, raw in enumerate(raw_events):
+        event = _parse_event(index, raw)
+        if event.op == "add":
+            if event.id in live:
+                raise TraceError(index, "id", f"duplicate add of live id {event.id!r}")
+            live.add(event.id)
+        else:
+            live.discard(event.id)
+        events.append(event)
+    return Trace(tuple(events))
+
+
+# ---------------------------------------------------------------------------------- metrics
+def _fewest_units(unit_sizes: Iterable[int], n: int) -> int:
+    """Fewest units (of these sizes) whose CPUs add up to at least n (all of them if never)."""
+    total = 0
+    used = 0
+    for size in sorted(unit_sizes, reverse=True):
+        if total >= n:
+            break
+        total += size
+        used += 1
+    return used
+
+
+class AlignmentMetrics:
+    """Classifies an allocation as NUMA-aligned, LLC-aligned and full-core for one topology.
+
+    The fewest-units minimum for each size n is computed once (from an empty machine) and kept.
+    """
+
+    __slots__ = (
+        "_core_mask",
+        "_core_of",
+        "_l3_of",
+        "_l3_sizes",
+        "_min_cache",
+        "_numa_of",
+        "_numa_sizes",
+        "smt",
+    )
+
+    def __init__(self, topology: Topology) -> None:
+        online = topology.online_cpus
+        size = online.last() + 1 if online else 0
+        self._numa_of: list[int] = [-1] * size
+        self._l3_of: list[int] = [-1] * size
+        self._core_of: list[int] = [-1] * size
+        self._core_mask: dict[int, int] = {}
+        numa_sizes: dict[int, int] = {}
+        l3_sizes: dict[int, int] = {}
+        for info in topology.cpus:
+            if not info.online:
+                continue
+            if info.numa is not None:
+                self._numa_of[info.cpu] = info.numa
+                numa_sizes[info.numa] = numa_sizes.get(info.numa, 0) + 1
+            if info.l3 is not None:
+                self._l3_of[info.cpu] = info.l3
+                l3_sizes[info.l3] = l3_sizes.get(info.l3, 0) + 1
+            core = info.core if info.core is not None else info.cpu
+            self._core_of[info.cpu] = core
+            self._core_mask[core] = self._core_mask.get(core, 0) | (1 << info.cpu)
+        self._numa_sizes = tuple(numa_sizes.values())
+        self._l3_sizes = tuple(l3_sizes.values())
+        self._min_cache: dict[int, tuple[int, int]] = {}
+        self.smt = max((m.bit_count() for m in self._core_mask.values()), default=1)
+
+    def fewest(self, n: int) -> tuple[int, int]:
+        """(fewest NUMA nodes, fewest L3 instances) that n CPUs could span on an empty machine."""
+        got = self._min_cache.get(n)
+        if got is None:
+            got = (_fewest_units(self._numa_sizes, n), _fewest_units(self._l3_sizes, n))
+            self._min_cache[n] = got
+        return got
+
+    def classify(self, cpus: CPUSet) -> tuple[bool, bool, bool]:
+        """(numa_aligned, llc_aligned, full_core) for an allocation of len(cpus) CPUs."""
+        n = len(cpus)
+        numa: set[int] = set()
+        l3: set[int] = set()
+        cores: set[int] = set()
+        numa_of, l3_of, core_of = self._numa_of, self._l3_of, self._core_of
+        for cpu in cpus:
+            if cpu >= len(numa_of):
+                continue
+            if numa_of[cpu] >= 0:
+                numa.add(numa_of[cpu])
+            if l3_of[cpu] >= 0:
+                l3.add(l3_of[cpu])
+            cores.add(core_of[cpu])
+        fewest_numa, fewest_l3 = self.fewest(n)
+        bits = cpus.bits
+        partial = 0
+        for core in cores:
+            mask = self._core_mask.get(core, 0)
+            if mask & bits != mask:
+                partial += 1
+        allowed = 1 if self.smt > 1 and n % self.smt else 0
+        return len(numa) <= fewest_numa, len(l3) <= fewest_l3, partial <= allowed
+
+
+# ---------------------------------------------------------------------------------- results
+@dataclass(frozen=True, slots=True)
+class DecisionRecord:
+    """One add event's outcome for one policy (a line of `--decisions`)."""
+
+    policy: str
+    event: int
+    id: str
+    cpus: CPUSet | None
+    reason: str | None
+
+    def to_json(self) -> dict[str, Any]:
+        return {
+            "policy": self.policy,
+            "event": self.event,
+            "id": self.id,
+            "cpus": None if self.cpus is None else str(self.cpus),
+            "reason": self.reason,
+        }
+
+
+def _ratio(part: int, whole: int) -> float | None:
+    return round(part / whole, 4) if whole else None
+
+
+@dataclass(frozen=True, slots=True)
+class PolicyResult:
+    """What one policy did with one trace."""
+
+    policy: str
+    events: int
+    admitted: int
+    rejected: int
+    admitted_exclusive: int
+    admitted_shared: int
+    numa_aligned: int
+    llc_aligned: int
+    full_core: int
+    reasons: Mapping[str, int] = field(default_factory=dict)
+    peak_reserved: int = 0
+    seconds: float = 0.0
+
+    @property
+    def numa_aligned_ratio(self) -> float | None:
+        return _ratio(self.numa_aligned, self.admitted_exclusive)
+
+    @property
+    def llc_aligned_ratio(self) -> float | None:
+        return _ratio(self.llc_aligned, self.admitted_exclusive)
+
+    @property
+    def full_core_ratio(self) -> float | None:
+        return _ratio(self.full_core, self.admitted_exclusive)
+
+    @property
+    def events_per_second(self) -> float | None:
+        return round(self.events / self.seconds, 1) if self.seconds > 0 else None
+
+    def with_seconds(self, seconds: float) -> PolicyResult:
+        return replace(self, seconds=seconds)
+
+    def to_json(self) -> dict[str, Any]:
+        return {
+            "policy": self.policy,
+            "events": self.events,
+            "admitted": self.admitted,
+            "rejected": self.rejected,
+            "admitted_exclusive": self.admitted_exclusive,
+            "admitted_shared": self.admitted_shared,
+            "numa_aligned_ratio": self.numa_aligned_ratio,
+            "llc_aligned_ratio": self.llc_aligned_ratio,
+            "full_core_ratio": self.full_core_ratio,
+            "rejection_reasons": dict(sorted(self.reasons.items())),
+            "peak_reserved_cpus": self.peak_reserved,
+            "seconds": round(self.seconds, 6),
+            "events_per_second": self.events_per_second,
+        }
+
+
+# ---------------------------------------------------------------------------------- replay
+def replay(
+    topology: Topology,
+    trace: Trace | Sequence[TraceEvent],
+    policy: Policy,
+    *,
+    on_decision: Callable[[DecisionRecord], None] | None = None,
+    progress: Callable[[int, int], None] | None = None,
+    progress_every: int = 256,
+    metrics: AlignmentMetrics | None = None,
+) -> PolicyResult:
+    """Replay `trace` through `policy` on `topology`; the result has seconds = 0 (time it).
+
+    `on_decision` receives one DecisionRecord per add event; `progress(done, total)` is called
+    every `progress_every` events and once at the end. Raises SimulationError when the policy
+    hands out a CPU that is not available or the wrong number of CPUs.
+    """
+    events = trace.events if isinstance(trace, Trace) else tuple(trace)
+    total = len(events)
+    scorer = metrics if metrics is not None else AlignmentMetrics(topology)
+    online = topology.online_cpus.bits
+    name = policy.name
+    used = 0  # bitmask of CPUs reserved by live exclusive decisions
+    live_exclusive: dict[str, int] = {}
+    live_shared: set[str] = set()
+    admitted = rejected = admitted_exclusive = admitted_shared = 0
+    numa_ok = llc_ok = core_ok = 0
+    peak = 0
+    reasons: dict[str, int] = {}
+    request_cache: dict[tuple[int, str, str | None], Request] = {}
+    decide = policy.decide
+    for index, event in enumerate(events):
+        if progress is not None and index % progress_every == 0 and index:
+            progress(index, total)
+        if event.op == "remove":
+            freed = live_exclusive.pop(event.id, None)
+            if freed is not None:
+                used &= ~freed
+            else:
+                live_shared.discard(event.id)
+            continue
+        available_bits = online & ~used
+        if event.shared:
+            if available_bits:
+                admitted += 1
+                admitted_shared += 1
+                live_shared.add(event.id)
+                if on_decision is not None:
+                    on_decision(
+                        DecisionRecord(
+                            name, index, event.id, CPUSet.from_bits(available_bits), None
+                        )
+                    )
+            else:
+                rejected += 1
+                reasons["shared_pool_empty"] = reasons.get("shared_pool_empty", 0) + 1
+                if on_decision is not None:
+                    on_decision(DecisionRecord(name, index, event.id, None, "shared_pool_empty"))
+            continue
+        key = (event.cpus, event.level, event.workload)
+        request = request_cache.get(key)
+        if request is None:
+            request = Request(
+                event.cpus, exclusive=True, level=event.level, workload=event.workload
+            )
+            request_cache[key] = request
+        available = CPUSet.from_bits(available_bits)
+        try:
+            decision = decide(topology, request, available)
+        except (AllocationError, RequestError) as exc:
+            rejected += 1
+            reasons[exc.reason] = reasons.get(exc.reason, 0) + 1
+            if on_decision is not None:
+                on_decision(DecisionRecord(name, index, event.id, None, exc.reason))
+            continue
+        cpus = decision.cpus
+        if cpus.bits & ~available_bits or len(cpus) != event.cpus:
+            raise SimulationError(
+                f"policy {name!r} at trace event {index} ({event.id!r}, {event.cpus} CPUs) "
+                f"returned CPUs {cpus} ({len(cpus)} CPUs) from available {available}"
+            )
+        held = (decision.reserved.bits | cpus.bits) & available_bits
+        used |= held
+        live_exclusive[event.id] = held
+        reserved_now = used.bit_count()
+        if reserved_now > peak:
+            peak = reserved_now
+        admitted += 1
+        admitted_exclusive += 1
+        numa, llc, whole = scorer.classify(cpus)
+        numa_ok += numa
+        llc_ok += llc
+        core_ok += whole
+        if on_decision is not None:
+            on_decision(DecisionRecord(name, index, event.id, cpus, None))
+    if progress is not None:
+        progress(total, total)
+    return PolicyResult(
+        policy=name,
+        events=total,
+        admitted=admitted,
+        rejected=rejected,
+        admitted_exclusive=admitted_exclusive,
+        admitted_shared=admitted_shared,
+        numa_aligned=numa_ok,
+        llc_aligned=llc_ok,
+        full_core=core_ok,
+        reasons=dict(sorted(reasons.items())),
+        peak_reserved=peak,
+    )
