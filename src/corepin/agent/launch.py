@@ -1,0 +1,169 @@
+"""Starting CMD: fork, hold the child until its allocation is committed, pin it, exec.
+
+`Launch.start()` forks a child that sets its own CPU affinity and environment and then waits
+on a "go" pipe. The parent records the child (pid and start time) in the state, commits, and
+only then calls `go()`: the child execs CMD. When the parent dies before `go()` the child reads
+end-of-file and exits without ever running CMD, so a command never runs unrecorded. An `exec`
+failure (command not found, not executable) travels back over a close-on-exec pipe and becomes
+exit 127 or 126, as in a shell.
+
+The whole process tree inherits the affinity: it is set in the child before `exec`, and every
+process CMD forks starts with it.
+"""
+
+from __future__ import annotations
+
+import errno
+import os
+import signal
+import sys
+from collections.abc import Mapping, Sequence
+from types import FrameType
+from typing import Any
+
+from corepin.core.cpuset import CPUSet
+from corepin.core.errors import CorepinError, InputError
+
+#: Signals forwarded from corepin to CMD while it runs.
+FORWARDED: tuple[signal.Signals, ...] = (
+    signal.SIGTERM,
+    signal.SIGINT,
+    signal.SIGHUP,
+    signal.SIGQUIT,
+    signal.SIGUSR1,
+    signal.SIGUSR2,
+)
+
+
+class CommandError(CorepinError):
+    """CMD could not be executed (exit code 127 not found, 126 not executable)."""
+
+    def __init__(self, message: str, exit_code: int) -> None:
+        super().__init__(message, reason="exec_failed")
+        self.exit_code = exit_code
+
+
+class Launch:
+    """A forked child waiting to exec `argv` on `cpus` with `env` added to its environment."""
+
+    def __init__(self, argv: Sequence[str], cpus: CPUSet, env: Mapping[str, str]) -> None:
+        if not argv:
+            raise InputError("no command given: use `corepin run [options] -- CMD ARGS...`")
+        if not cpus:
+            raise InputError("refusing to start a command on an empty CPU set", reason="no_cpus")
+        self.argv = list(argv)
+        self.cpus = cpus
+        self.env = dict(env)
+        self.pid = 0
+        self._go_w = -1
+        self._err_r = -1
+        self._previous: dict[signal.Signals, Any] = {}
+
+    def start(self) -> int:
+        """Fork the child (held before exec); returns its pid."""
+        go_r, go_w = os.pipe()
+        err_r, err_w = os.pipe2(os.O_CLOEXEC)
+        environ = dict(os.environ)
+        environ.update(self.env)
+        cpus = self.cpus.sorted()
+        sys.stdout.flush()
+        sys.stderr.flush()
+        pid = os.fork()
+        if pid == 0:  # child: never returns
+            try:
+                os.close(go_w)
+                os.close(err_r)
+                for sig in FORWARDED:
+                    signal.signal(sig, signal.SIG_DFL)
+                os.sched_setaffinity(0, cpus)
+                if os.read(go_r, 1) != b"1":
+                    os._exit(125)
+                os.close(go_r)
+                os.execvpe(self.argv[0], self.argv, environ)
+            except OSError as exc:
+                try:
+                    os.write(err_w, f"{exc.errno or 0}:{exc.strerror or exc}".encode())
+                finally:
+                    os._exit(127)
+            except BaseException:
+                os._exit(127)
+            os._exit(127)  # pragma: no cover - execvpe does not return
+        os.close(go_r)
+        os.close(err_w)
+        self.pid = pid
+        self._go_w = go_w
+        self._err_r = err_r
+        return pid
+
+    def go(self) -> None:
+        """Let the child exec CMD. Raises CommandError when exec fails (child already reaped).
+
+        From here on corepin's termination signals are forwarded to the child until `wait()`
+        returns."""
+        pid = self.pid
+
+        def forward(signum: int, _frame: FrameType | None) -> None:
+            try:
+                os.kill(pid, signum)
+            except ProcessLookupError:
+                pass
+
+        self._previous = {sig: signal.signal(sig, forward) for sig in FORWARDED}
+        try:
+            os.write(self._go_w, b"1")
+        except BrokenPipeError:
+            pass
+        finally:
+            os.close(self._go_w)
+            self._go_w = -1
+        chunks = []
+        while True:
+            chunk = os.read(self._err_r, 512)
+            if not chunk:
+                break
+            chunks.append(chunk)
+        os.close(self._err_r)
+        self._err_r = -1
+        if chunks:
+            text = b"".join(chunks).decode(errors="replace")
+            code_text, _, message = text.partition(":")
+            os.waitpid(self.pid, 0)
+            self._restore()
+            code = int(code_text) if code_text.isdigit() else 0
+            exit_code = 127 if code in (errno.ENOENT, errno.ENOTDIR) else 126
+            raise CommandError(f"cannot run {self.argv[0]!r}: {message}", exit_code)
+
+    def _restore(self) -> None:
+        for sig, handler in self._previous.items():
+            signal.signal(sig, handler)
+        self._previous = {}
+
+    def abort(self) -> None:
+        """Make the held child exit without running CMD (the allocation failed to commit)."""
+        if self._go_w >= 0:
+            os.close(self._go_w)
+            self._go_w = -1
+        if self._err_r >= 0:
+            os.close(self._err_r)
+            self._err_r = -1
+        if self.pid:
+            try:
+                os.waitpid(self.pid, 0)
+            except ChildProcessError:
+                pass
+
+    def wait(self) -> int:
+        """Wait for CMD, forwarding corepin's signals to it; its exit code (128+N if killed)."""
+        pid = self.pid
+        try:
+            while True:
+                try:
+                    _, status = os.waitpid(pid, 0)
+                except ChildProcessError:
+                    return 0
+                if os.WIFEXITED(status) or os.WIFSIGNALED(status):
+                    break
+        finally:
+            self._restore()
+        code = os.waitstatus_to_exitcode(status)
+        return 128 - code if code < 0 else code

@@ -1,0 +1,70 @@
+"""Host-mode settings: where state lives, which roots to read, whether to use cgroups.
+
+The composition root (the CLI) builds one `HostSettings` from command-line arguments and the
+environment; nothing below the agent reads the environment. Every root is a plain path so tests
+can point corepin at scratch trees.
+
+Environment variables (command-line options win):
+
+- `COREPIN_STATE_DIR`: state directory (default `/var/lib/corepin`).
+- `COREPIN_CGROUPS`: `auto` (default: use the cpuset hierarchy when it is there and writable),
+  `on` (require it; exit 4 when unusable) or `off` (affinity only).
+- `COREPIN_CGROUP_ROOT`: the cgroup mount root (default `/sys/fs/cgroup`).
+- `COREPIN_POLICY`: allocation policy for exclusive runs (default `topology-aware`).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from dataclasses import dataclass
+from typing import Any, Final
+
+from corepin.core.errors import InputError
+
+DEFAULT_STATE_DIR: Final = "/var/lib/corepin"
+DEFAULT_CGROUP_ROOT: Final = "/sys/fs/cgroup"
+DEFAULT_POLICY: Final = "topology-aware"
+CGROUP_MODES: Final = ("auto", "on", "off")
+#: Name of corepin's own cgroup under the cpuset hierarchy (`<root>/cpuset/corepin/<id>`).
+CGROUP_PARENT: Final = "corepin"
+
+
+@dataclass(frozen=True, slots=True)
+class HostSettings:
+    """Everything host mode needs to know about where things are."""
+
+    state_dir: str = DEFAULT_STATE_DIR
+    sysfs_root: str = "/"
+    proc_root: str = "/proc"
+    cgroup_root: str = DEFAULT_CGROUP_ROOT
+    cgroups: str = "auto"
+    policy: str = DEFAULT_POLICY
+    cgroup_parent: str = CGROUP_PARENT
+
+    def __post_init__(self) -> None:
+        if self.cgroups not in CGROUP_MODES:
+            raise InputError(
+                f"unknown cgroup mode {self.cgroups!r} (choose from {', '.join(CGROUP_MODES)})",
+                reason="bad_cgroup_mode",
+            )
+        if not self.state_dir:
+            raise InputError("the state directory must not be empty", reason="bad_state_dir")
+
+    @classmethod
+    def from_args(cls, args: Any, environ: Mapping[str, str]) -> HostSettings:
+        """Options from argparse `args` (missing attributes are fine), else the environment."""
+
+        def pick(attr: str, env: str, default: str) -> str:
+            value = getattr(args, attr, None)
+            if value:
+                return str(value)
+            return environ.get(env) or default
+
+        return cls(
+            state_dir=pick("state_dir", "COREPIN_STATE_DIR", DEFAULT_STATE_DIR),
+            sysfs_root=getattr(args, "sysfs_root", None) or "/",
+            proc_root=getattr(args, "proc_root", None) or "/proc",
+            cgroup_root=pick("cgroup_root", "COREPIN_CGROUP_ROOT", DEFAULT_CGROUP_ROOT),
+            cgroups=pick("cgroups", "COREPIN_CGROUPS", "auto"),
+            policy=pick("policy", "COREPIN_POLICY", DEFAULT_POLICY),
+        )
