@@ -143,3 +143,33 @@ class Policy(Protocol):
     name: str
 
     def decide(self, topology: Topology, request: Request, available: CPUSet) -> Decision: ...
+
+
+_TRUE: Final = frozenset({"", "true", "yes", "on", "1"})
+_FALSE: Final = frozenset({"false", "no", "off", "0"})
+
+
+def option_flag(options: Mapping[str, str], name: str) -> bool:
+    """The boolean option `name` ("name" alone or "name=true|false|yes|no|on|off|1|0")."""
+    value = options.get(name)
+    if value is None:
+        return False
+    text = value.strip().lower()
+    if text in _TRUE:
+        return True
+    if text in _FALSE:
+        return False
+    raise RequestError(
+        f"option {name!r} takes true or false, got {value!r}", reason="bad_option_value"
+    )
+
+
+def check_options(options: Mapping[str, str], accepted: tuple[str, ...], policy: str) -> None:
+    """RequestError naming the first option `policy` does not know."""
+    for name in sorted(options):
+        if name not in accepted:
+            known = ", ".join(accepted) if accepted else "none"
+            raise RequestError(
+                f"unknown option {name!r} for policy {policy!r} (it accepts: {known})",
+                reason="unknown_option",
+            )
