@@ -1,0 +1,165 @@
+"""Low-level sysfs file access shared by the topology readers.
+
+Every path is resolved under a root directory (`/` on a live host, a fixture directory in
+tests). Three rules hold for every read:
+
+- a missing *required* file raises `SysfsError` naming the full path;
+- a file whose contents cannot be parsed (not an integer, not a CPU list, ...) raises
+  `SysfsError` naming the full path and quoting the bad text, whether the file was required or
+  optional: garbage is never silently replaced by a default;
+- a missing *optional* file returns `None`; the caller decides the fallback and reports it
+  through `Fallbacks.note()`, which logs ONE warning per kind of fallback on the logger
+  `corepin.sysfs` (structured `key=value` text) and counts the rest.
+
+CPU list texts repeat a lot (every CPU of an L3 lists the same `shared_cpu_list`), so parsed
+lists are cached by their text: a 1024-CPU tree parses each distinct list once.
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+from collections.abc import Callable
+from dataclasses import dataclass, field
+
+from corepin.core.cpuset import CPUSet
+from corepin.core.errors import SysfsError
+
+__all__ = ["Fallbacks", "SysfsFiles", "logger"]
+
+logger = logging.getLogger("corepin.sysfs")
+
+#: Signature of the fallback callback handed to pure code (topology.build).
+FallbackNote = Callable[[str, str, str], None]
+
+
+@dataclass
+class Fallbacks:
+    """Which fallbacks one discovery used: `kind -> (first path, what was done, count)`.
+
+    The first occurrence of a kind logs a warning; later ones only increase the count, so an
+    old kernel without `die_id` gives one warning, not one per CPU.
+    """
+
+    seen: dict[str, tuple[str, str, int]] = field(default_factory=dict)
+
+    def note(self, kind: str, path: str, action: str) -> None:
+        first = self.seen.get(kind)
+        if first is None:
+            self.seen[kind] = (path, action, 1)
+            logger.warning("sysfs fallback kind=%s path=%s action=%r", kind, path, action)
+        else:
+            self.seen[kind] = (first[0], first[1], first[2] + 1)
+
+    @property
+    def kinds(self) -> list[str]:
+        return sorted(self.seen)
+
+
+class SysfsFiles:
+    """Reads files below `root`; paths given to the methods are absolute host paths
+    (e.g. `sys/devices/system/cpu/online`, without the leading slash is fine too)."""
+
+    def __init__(self, root: str | os.PathLike[str] = "/") -> None:
+        self.root = os.fspath(root)
+        self.fallbacks = Fallbacks()
+        self._lists: dict[str, CPUSet] = {}
+        self._masks: dict[str, CPUSet] = {}
+
+    # ------------------------------------------------------------------ paths
+    def path(self, *parts: str) -> str:
+        return os.path.join(self.root, *(p.lstrip("/") for p in parts))
+
+    def is_dir(self, path: str) -> bool:
+        return os.path.isdir(path)
+
+    def exists(self, path: str) -> bool:
+        return os.path.exists(path)
+
+    def listdir(self, path: str, *, required: bool = True) -> list[str] | None:
+        try:
+            return os.listdir(path)
+        except FileNotFoundError:
+            if required:
+                raise SysfsError(
+                    path, "directory is missing (is sysfs mounted under this root?)"
+                ) from None
+            return None
+        except NotADirectoryError:
+            raise SysfsError(path, "expected a directory, found a file") from None
+        except OSError as exc:
+            raise SysfsError(path, f"cannot list directory: {exc.strerror}") from exc
+
+    # ------------------------------------------------------------------ raw text
+    def text(self, path: str, *, required: bool = True) -> str | None:
+        """The file's text with surrounding whitespace and NUL padding removed."""
+        try:
+            with open(path, "rb") as handle:
+                raw = handle.read()
+        except FileNotFoundError:
+            if required:
+                raise SysfsError(path, "required file is missing") from None
+            return None
+        except IsADirectoryError:
+            raise SysfsError(path, "expected a file, found a directory") from None
+        except NotADirectoryError:
+            if required:
+                raise SysfsError(
+                    path, "required file is missing (a parent is not a directory)"
+                ) from None
+            return None
+        except OSError as exc:
+            raise SysfsError(path, f"cannot read: {exc.strerror}") from exc
+        try:
+            return raw.decode("ascii").strip().strip("\0").strip()
+        except UnicodeDecodeError:
+            raise SysfsError(path, f"not ASCII text: {raw[:40]!r}") from None
+
+    # ------------------------------------------------------------------ typed
+    def integer(self, path: str, *, required: bool = True) -> int | None:
+        text = self.text(path, required=required)
+        if text is None:
+            return None
+        try:
+            return int(text, 10)
+        except ValueError:
+            raise SysfsError(path, f"expected an integer, got {text[:60]!r}") from None
+
+    def cpulist(self, path: str, *, required: bool = True) -> CPUSet | None:
+        """A CPU (or node) list in the kernel's list format, e.g. `0-3,8`; empty file = empty."""
+        text = self.text(path, required=required)
+        if text is None:
+            return None
+        return self.parse_cpulist(path, text)
+
+    def parse_cpulist(self, path: str, text: str) -> CPUSet:
+        cached = self._lists.get(text)
+        if cached is not None:
+            return cached
+        if text == "(null)":  # how some kernels print an empty mask (e.g. nohz_full)
+            parsed = CPUSet()
+        else:
+            try:
+                parsed = CPUSet.parse(text)
+            except ValueError as exc:
+                raise SysfsError(path, f"not a CPU list: {exc}") from None
+        self._lists[text] = parsed
+        return parsed
+
+    def cpumask(self, path: str, *, required: bool = True) -> CPUSet | None:
+        """A hex CPU mask as in `cpumap` / `shared_cpu_map` (`ff,ffffffff`)."""
+        text = self.text(path, required=required)
+        if text is None:
+            return None
+        cached = self._masks.get(text)
+        if cached is not None:
+            return cached
+        try:
+            parsed = CPUSet.from_mask(text) if text else CPUSet()
+        except ValueError as exc:
+            raise SysfsError(path, f"not a hex CPU mask: {exc}") from None
+        self._masks[text] = parsed
+        return parsed
+
+    def note(self, kind: str, path: str, action: str) -> None:
+        self.fallbacks.note(kind, path, action)
