@@ -33,7 +33,7 @@ NAME: Final = "topology-aware"
 OPTIONS: Final = ("full-pcpus-only", "allow-isolated")
 
 
-def _lowest(mask: int, k: int) -> int:
+def lowest_bits(mask: int, k: int) -> int:
     """The k lowest set bits of mask."""
     out = 0
     while k > 0 and mask:
@@ -59,22 +59,24 @@ def _ids(masks: int, units: tuple[NumaUnit, ...]) -> str:
     return ",".join(str(u.id) for u in units if u.mask & masks)
 
 
-class _Selector:
+class Selector:
     """One decision's working state: the index, the usable mask, SMT settings, the steps."""
 
-    __slots__ = ("idx", "mask", "spread", "steps", "t")
+    __slots__ = ("idx", "mask", "mode", "steps", "t")
 
-    def __init__(self, idx: TopologyIndex, mask: int, spread: bool) -> None:
+    def __init__(self, idx: TopologyIndex, mask: int, mode: str = "whole") -> None:
+        """`mode`: "whole" (whole cores, one partial core at most), "spread" (one thread per
+        core first) or "packed" (fill the free siblings of partly used cores first)."""
         self.idx = idx
         self.mask = mask
         self.t = idx.threads_per_core
-        self.spread = spread
+        self.mode = mode
         self.steps: list[Step] = []
 
     # -------------------------------------------------------------- scoring helpers
     def core_penalty(self, cores: tuple[int, ...], n: int) -> int:
         """CPUs of n (minus the odd remainder) that whole free cores cannot supply (0 = fine)."""
-        if self.t <= 1 or self.spread:
+        if self.t <= 1 or self.mode != "whole":
             return 0
         want = n - n % self.t
         if want == 0:
@@ -253,7 +255,17 @@ class _Selector:
         m = self.mask
         whole = [c for c in cores if c & m == c]
         partial = [c & m for c in cores if c & m and c & m != c]
-        if self.spread:
+        if self.mode == "packed":
+            out = 0
+            need = n
+            for c in partial + whole:
+                if need == 0:
+                    break
+                got = lowest_bits(c & m, need)
+                out |= got
+                need -= got.bit_count()
+            return out, f"{n} CPUs packed onto the fewest cores, partly used cores first"
+        if self.mode == "spread":
             out = 0
             need = n
             for group in (whole, partial):
@@ -266,7 +278,7 @@ class _Selector:
             for c in cores:
                 if need == 0:
                     break
-                extra = _lowest(c & rest, need)
+                extra = lowest_bits(c & rest, need)
                 out |= extra
                 need -= extra.bit_count()
             return out, f"{n} CPUs, one thread per core first"
@@ -288,7 +300,7 @@ class _Selector:
             fitting = [c for c in leftovers if c.bit_count() >= need]
             if fitting:
                 best = min(fitting, key=lambda c: (c.bit_count(), leftovers.index(c)))
-                out |= _lowest(best, need)
+                out |= lowest_bits(best, need)
                 need = 0
                 partial_used += 1
                 break
@@ -303,7 +315,7 @@ class _Selector:
         return out, note
 
 
-def _mems(idx: TopologyIndex, cpus: int) -> CPUSet:
+def mems_of(idx: TopologyIndex, cpus: int) -> CPUSet:
     return CPUSet(u.id for u in idx.numa if u.mask & cpus and u.id >= 0)
 
 
@@ -354,12 +366,12 @@ class TopologyAwarePolicy:
                         "are reserved with the decision",
                     )
                 )
-            sel = _Selector(idx, usable, request.smt == "spread")
+            sel = Selector(idx, usable, "spread" if request.smt == "spread" else "whole")
             cpus = sel.select(n)
             steps.extend(sel.steps)
             return Decision(
                 cpus=CPUSet.from_bits(cpus),
-                mems=_mems(idx, cpus),
+                mems=mems_of(idx, cpus),
                 reserved=CPUSet.from_bits(idx.reserved_mask(level, cpus)),
                 policy=NAME,
                 explanation=tuple(steps),
@@ -417,7 +429,7 @@ def shared_decision(idx: TopologyIndex, avail: int, request: Request, policy: st
         )
     return Decision(
         cpus=CPUSet.from_bits(pool),
-        mems=_mems(idx, pool),
+        mems=mems_of(idx, pool),
         reserved=CPUSet.from_bits(0),
         policy=policy,
         explanation=(Step("pool", "shared", "shared requests run on the whole shared pool"),),
