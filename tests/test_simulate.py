@@ -433,3 +433,76 @@ class TestCLIWithRealPolicies:
         assert len(CPUSet.parse(first[0]["cpus"])) == 4
         table = capsys.readouterr().out
         assert "topology-aware" in table and "NUMA-ALIGNED" in table
+
+
+class TestOutput:
+    def test_progress_bar_draws_with_carriage_returns_and_ends_with_a_newline(self) -> None:
+        import io
+
+        from corepin.cli.simulate_cmd import _ProgressBar
+
+        stream = io.StringIO()
+        bar = _ProgressBar(stream, "topology-aware", width=10)
+        bar(5, 10)
+        bar(10, 10)
+        text = stream.getvalue()
+        assert text.count("\r") == 2
+        assert "[#####-----]  50% 5/10 events" in text
+        assert text.endswith("100% 10/10 events\n")
+
+    def test_no_progress_bar_when_stderr_is_not_a_terminal(
+        self, tmp_path: Path, capsys: pytest.CaptureFixture[str]
+    ) -> None:
+        from corepin.cli import simulate_cmd
+
+        topo = write_topology(tmp_path, two_l3_per_numa())
+        out = tmp_path / "t.json"
+        assert (
+            main(
+                [
+                    "simulate",
+                    "--generate",
+                    "--topology",
+                    topo,
+                    "--events",
+                    str(simulate_cmd.PROGRESS_MIN_EVENTS),
+                    "--out",
+                    str(out),
+                ]
+            )
+            == 0
+        )
+        policy = "topology-aware"
+        if not _policy_available(policy):
+            pytest.skip("topology-aware not built yet")
+        assert main(["simulate", "--topology", topo, "--trace", str(out), "--policy", policy]) == 0
+        captured = capsys.readouterr()
+        assert "\r" not in captured.err
+        assert captured.out.splitlines()[0].split()[:3] == ["POLICY", "ADMITTED", "REJECTED"]
+
+
+def test_simulate_runs_on_a_real_machine_sysfs_tree(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    root = (
+        Path(__file__).resolve().parents[1].parent
+        / "shared"
+        / "fixtures"
+        / "sysfs"
+        / "intel-2s-8c-ht-32cpu"
+    )
+    if not root.is_dir():
+        pytest.skip("real-machine sysfs fixtures are not present")
+    if not _policy_available("topology-aware"):
+        pytest.skip("topology-aware not built yet")
+    trace = write_trace(
+        tmp_path,
+        [{"op": "add", "id": f"ns/p{i}/c", "cpus": 4} for i in range(9)],
+    )
+    args = ["simulate", "--sysfs-root", str(root), "--trace", trace]
+    assert main([*args, "--policy", "topology-aware", "-o", "json"]) == 0
+    (result,) = json.loads(capsys.readouterr().out)
+    # 32 CPUs: eight 4-CPU requests fit as two whole cores inside one socket each; the ninth not.
+    assert (result["admitted"], result["rejected"]) == (8, 1)
+    assert result["numa_aligned_ratio"] == 1.0
+    assert result["full_core_ratio"] == 1.0
