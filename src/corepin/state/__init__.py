@@ -1,0 +1,75 @@
+"""corepin state layer: what standalone host mode and the node agent persist.
+
+- `model`: `Assignment`, `HostState` (immutable values, pure updates, derived pools);
+- `checkpoint`: versioned, checksummed JSON checkpoint, atomic writer, migrations;
+- `store`: `StateStore` (state directory, flock, transactions, quarantine);
+- `validate`: restored state against the live topology (repair or refuse);
+- `kubelet`: import of the kubelet's cpu_manager_state (loaded on first use).
+"""
+
+from __future__ import annotations
+
+from typing import TYPE_CHECKING, Any
+
+from corepin.state.checkpoint import (
+    CURRENT_VERSION,
+    decode_checkpoint,
+    encode_checkpoint,
+    read_checkpoint,
+    write_checkpoint,
+)
+from corepin.state.model import KINDS, STRICT_RESERVATION, Assignment, HostState, fingerprint
+from corepin.state.store import (
+    DEFAULT_STATE_DIR,
+    STATE_DIR_ENV,
+    StateStore,
+    Transaction,
+    state_dir_from,
+)
+from corepin.state.validate import validate
+
+if TYPE_CHECKING:
+    from corepin.state.kubelet import (
+        KubeletCheckpoint,
+        kubelet_to_host_state,
+        parse_kubelet_state,
+        read_kubelet_state,
+    )
+
+__all__ = [
+    "CURRENT_VERSION",
+    "DEFAULT_STATE_DIR",
+    "KINDS",
+    "STATE_DIR_ENV",
+    "STRICT_RESERVATION",
+    "Assignment",
+    "HostState",
+    "KubeletCheckpoint",
+    "StateStore",
+    "Transaction",
+    "decode_checkpoint",
+    "encode_checkpoint",
+    "fingerprint",
+    "kubelet_to_host_state",
+    "parse_kubelet_state",
+    "read_checkpoint",
+    "read_kubelet_state",
+    "state_dir_from",
+    "validate",
+    "write_checkpoint",
+]
+
+_KUBELET = (
+    "KubeletCheckpoint",
+    "kubelet_to_host_state",
+    "parse_kubelet_state",
+    "read_kubelet_state",
+)
+
+
+def __getattr__(name: str) -> Any:
+    if name in _KUBELET:
+        from corepin.state import kubelet
+
+        return getattr(kubelet, name)
+    raise AttributeError(f"module 'corepin.state' has no attribute {name!r}")

@@ -1,0 +1,472 @@
+"""The versioned, checksummed checkpoint file and its atomic writer.
+
+File format (UTF-8 JSON, one object, trailing newline):
+
+    {"version":2,"checksum":"sha256:<64 hex>","payload":<payload>}
+
+- `payload` is serialized canonically, exactly as
+  `json.dumps(payload, sort_keys=True, separators=(",", ":"), ensure_ascii=False)` encoded
+  as UTF-8, and those bytes are embedded verbatim in the file;
+- `checksum` is `sha256:` + the hex SHA-256 of those canonical payload bytes. A reader parses
+  the file, re-serializes `payload` canonically and compares: any edit, bit flip or truncation
+  is detected (a hand-reformatted file still verifies as long as the values are unchanged);
+- `version` is the payload format version. Older versions are migrated in memory by the chain
+  of functions in `MIGRATIONS` (vN -> vN+1); a newer version than this code knows is refused.
+
+Payload, version 2:
+
+    {"revision": int, "topology": "sha256:...", "online": "0-7", "reserved": "0",
+     "options": {"name": "value"},
+     "assignments": [{"id": str, "kind": "exclusive"|"shared"|"mixed", "cpus": "2-3",
+                      "reserved": "2-3", "mems": "0", "level": "cpu", "pid": int|null,
+                      "start_time": int|null, "cgroup": str|null, "created": float,
+                      "policy": str, "meta": {str: str}}]}   # sorted by id
+
+Version 1 (corepin 0.0.x) recorded `{"id", "exclusive": bool, "cpus", "pid", "created",
+"policy"}` per assignment: no kind, no process start time, no NUMA mems, no level.
+
+Writes are atomic: a temp file `.state.json.tmp-<pid>-<random>` in the same directory is
+written, flushed and fsynced, renamed over the checkpoint, then the directory is fsynced. A
+crash at any point leaves either the old or the new checkpoint; leftover temp files are removed
+by the next writer (under the lock). A corrupt checkpoint raises `StateFormatError` naming the
+file and the problem; it is never replaced silently (see `quarantine`).
+"""
+
+from __future__ import annotations
+
+import contextlib
+import json
+import os
+from collections.abc import Callable, Mapping
+from typing import Any, Final
+
+from corepin.core.cpuset import CPUSet
+from corepin.core.errors import CorepinError, StateError, StateFormatError
+from corepin.state.model import KINDS, Assignment, HostState
+
+try:  # the builtin module is much cheaper to import than hashlib (OpenSSL)
+    from _sha256 import sha256 as _sha256  # type: ignore[import-not-found,unused-ignore]
+except ImportError:  # pragma: no cover - Python >= 3.12 names it _sha2
+    try:
+        from _sha2 import sha256 as _sha256  # type: ignore[import-not-found,unused-ignore]
+    except ImportError:
+        from hashlib import sha256 as _sha256
+
+CURRENT_VERSION: Final = 2
+STATE_FILE: Final = "state.json"
+TEMP_MARK: Final = ".tmp-"
+
+#: Points at which `write_checkpoint` calls its hook (crash-injection tests use them).
+WRITE_POINTS: Final = ("opened", "written", "fsynced", "renamed", "dir_fsynced")
+
+WriteHook = Callable[[str], None]
+
+
+def canonical_bytes(payload: Any) -> bytes:
+    """The one serialization the checksum is computed over (see the module docstring)."""
+    return json.dumps(payload, sort_keys=True, separators=(",", ":"), ensure_ascii=False).encode(
+        "utf-8"
+    )
+
+
+def sha256_hex(data: bytes) -> str:
+    return str(_sha256(data).hexdigest())
+
+
+def payload_checksum(payload: Any) -> str:
+    return "sha256:" + sha256_hex(canonical_bytes(payload))
+
+
+# ---------------------------------------------------------------------- encoding
+
+
+def _assignment_to_json(a: Assignment) -> dict[str, Any]:
+    return {
+        "id": a.id,
+        "kind": a.kind,
+        "cpus": str(a.cpus),
+        "reserved": str(a.reserved),
+        "mems": str(a.mems),
+        "level": a.level,
+        "pid": a.pid,
+        "start_time": a.start_time,
+        "cgroup": a.cgroup,
+        "created": a.created,
+        "policy": a.policy,
+        "meta": dict(a.meta),
+    }
+
+
+def state_to_payload(state: HostState) -> dict[str, Any]:
+    return {
+        "revision": state.revision,
+        "topology": state.topology,
+        "online": str(state.online),
+        "reserved": str(state.reserved),
+        "options": dict(state.options),
+        "assignments": [_assignment_to_json(a) for a in state.assignments.values()],
+    }
+
+
+def encode_checkpoint(state: HostState) -> bytes:
+    """The full file content for `state` (current version)."""
+    body = canonical_bytes(state_to_payload(state))
+    head = f'{{"version":{CURRENT_VERSION},"checksum":"sha256:{sha256_hex(body)}","payload":'
+    return head.encode("ascii") + body + b"}\n"
+
+
+# ---------------------------------------------------------------------- decoding
+
+
+class _Reader:
+    """Typed field access that names the file and the JSON path in every error."""
+
+    def __init__(self, source: str) -> None:
+        self.source = source
+
+    def fail(self, where: str, problem: str, reason: str = "bad_field") -> StateFormatError:
+        return StateFormatError(f"{self.source}: {where}: {problem}", reason=reason)
+
+    def obj(self, value: Any, where: str) -> Mapping[str, Any]:
+        if not isinstance(value, dict):
+            raise self.fail(where, f"expected a JSON object, got {_kind(value)}")
+        return value
+
+    def field(self, obj: Mapping[str, Any], key: str, where: str) -> Any:
+        if key not in obj:
+            raise self.fail(where, f"missing field {key!r}", "missing_field")
+        return obj[key]
+
+    def str_(self, obj: Mapping[str, Any], key: str, where: str, *, optional: bool = False) -> Any:
+        value = obj.get(key) if optional else self.field(obj, key, where)
+        if value is None and optional:
+            return None
+        if not isinstance(value, str):
+            raise self.fail(f"{where}.{key}", f"expected a string, got {_kind(value)}")
+        return value
+
+    def int_(self, obj: Mapping[str, Any], key: str, where: str, *, optional: bool = False) -> Any:
+        value = obj.get(key) if optional else self.field(obj, key, where)
+        if value is None and optional:
+            return None
+        if isinstance(value, bool) or not isinstance(value, int):
+            raise self.fail(f"{where}.{key}", f"expected an integer, got {_kind(value)}")
+        return value
+
+    def cpus(self, obj: Mapping[str, Any], key: str, where: str) -> CPUSet:
+        text = self.str_(obj, key, where)
+        try:
+            return CPUSet.parse(text)
+        except ValueError as exc:
+            raise self.fail(f"{where}.{key}", str(exc)) from None
+
+    def strmap(self, obj: Mapping[str, Any], key: str, where: str) -> dict[str, str]:
+        value = obj.get(key, {})
+        m = self.obj(value, f"{where}.{key}")
+        for k, v in m.items():
+            if not isinstance(v, str):
+                raise self.fail(f"{where}.{key}.{k}", f"expected a string, got {_kind(v)}")
+        return dict(m)
+
+
+def _kind(value: Any) -> str:
+    if value is None:
+        return "null"
+    if isinstance(value, bool):
+        return f"boolean {value!r}"
+    if isinstance(value, (int, float)):
+        return f"number {value!r}"
+    if isinstance(value, str):
+        return f"string {value[:40]!r}"
+    if isinstance(value, list):
+        return "a list"
+    return type(value).__name__
+
+
+def _assignment_from_json(r: _Reader, row: Any, where: str) -> Assignment:
+    row = r.obj(row, where)
+    ident = r.str_(row, "id", where)
+    where = f"{where} (id {ident!r})"
+    kind = r.str_(row, "kind", where)
+    if kind not in KINDS:
+        raise r.fail(f"{where}.kind", f"expected one of {', '.join(KINDS)}, got {kind!r}")
+    created = r.field(row, "created", where)
+    if isinstance(created, bool) or not isinstance(created, (int, float)):
+        raise r.fail(f"{where}.created", f"expected a number, got {_kind(created)}")
+    try:
+        return Assignment(
+            id=ident,
+            kind=kind,
+            cpus=r.cpus(row, "cpus", where),
+            reserved=r.cpus(row, "reserved", where),
+            mems=r.cpus(row, "mems", where),
+            level=r.str_(row, "level", where),
+            pid=r.int_(row, "pid", where, optional=True),
+            start_time=r.int_(row, "start_time", where, optional=True),
+            cgroup=r.str_(row, "cgroup", where, optional=True),
+            created=float(created),
+            policy=r.str_(row, "policy", where),
+            meta=r.strmap(row, "meta", where),
+        )
+    except StateFormatError:
+        raise
+    except CorepinError as exc:
+        raise r.fail(where, exc.message) from None
+
+
+def payload_to_state(payload: Any, source: str) -> HostState:
+    """Decode a current-version payload; StateFormatError naming `source` on any problem."""
+    r = _Reader(source)
+    p = r.obj(payload, "payload")
+    rows = r.field(p, "assignments", "payload")
+    if not isinstance(rows, list):
+        raise r.fail("payload.assignments", f"expected a list, got {_kind(rows)}")
+    items: dict[str, Assignment] = {}
+    for i, row in enumerate(rows):
+        a = _assignment_from_json(r, row, f"payload.assignments[{i}]")
+        if a.id in items:
+            raise r.fail(f"payload.assignments[{i}]", f"duplicate id {a.id!r}")
+        items[a.id] = a
+    try:
+        return HostState(
+            revision=r.int_(p, "revision", "payload"),
+            topology=r.str_(p, "topology", "payload"),
+            online=r.cpus(p, "online", "payload"),
+            reserved=r.cpus(p, "reserved", "payload"),
+            options=r.strmap(p, "options", "payload"),
+            assignments=items,
+        )
+    except StateFormatError:
+        raise
+    except CorepinError as exc:
+        raise r.fail("payload", exc.message) from None
+
+
+# ---------------------------------------------------------------------- migrations
+
+
+def _v1_to_v2(payload: dict[str, Any], source: str) -> dict[str, Any]:
+    """v1 -> v2: kinds replace the `exclusive` flag; add start_time, mems, level, reserved.
+
+    A v1 assignment has no process start time (`start_time` becomes null: the process is then
+    identified by pid alone until it is re-recorded) and no NUMA mems (empty: `validate`
+    recomputes them from the live topology).
+    """
+    r = _Reader(source)
+    rows = r.field(payload, "assignments", "payload")
+    if not isinstance(rows, list):
+        raise r.fail("payload.assignments", f"expected a list, got {_kind(rows)}")
+    out_rows = []
+    for i, row in enumerate(rows):
+        where = f"payload.assignments[{i}]"
+        row = r.obj(row, where)
+        exclusive = r.field(row, "exclusive", where)
+        if not isinstance(exclusive, bool):
+            raise r.fail(f"{where}.exclusive", f"expected true or false, got {_kind(exclusive)}")
+        cpus = r.str_(row, "cpus", where)
+        new = {
+            "id": r.str_(row, "id", where),
+            "kind": "exclusive" if exclusive else "shared",
+            "cpus": cpus if exclusive else "",
+            "reserved": cpus if exclusive else "",
+            "mems": "",
+            "level": "cpu",
+            "pid": row.get("pid"),
+            "start_time": None,
+            "cgroup": None,
+            "created": row.get("created", 0.0),
+            "policy": row.get("policy", ""),
+            "meta": {},
+        }
+        out_rows.append(new)
+    out = dict(payload)
+    out["assignments"] = out_rows
+    return out
+
+
+#: version N -> function producing the version N+1 payload.
+MIGRATIONS: Final[dict[int, Callable[[dict[str, Any], str], dict[str, Any]]]] = {
+    1: _v1_to_v2,
+}
+
+
+def migrate(version: int, payload: dict[str, Any], source: str) -> dict[str, Any]:
+    """Run the migration chain from `version` up to CURRENT_VERSION."""
+    while version < CURRENT_VERSION:
+        step = MIGRATIONS.get(version)
+        if step is None:
+            raise StateFormatError(
+                f"{source}: no migration from state format version {version}",
+                reason="unknown_version",
+            )
+        payload = step(payload, source)
+        version += 1
+    return payload
+
+
+def decode_checkpoint(data: bytes, source: str) -> HostState:
+    """Parse, verify and migrate checkpoint bytes. StateFormatError names `source`."""
+    if not data:
+        raise StateFormatError(f"{source}: file is empty (0 bytes)", reason="truncated")
+    try:
+        text = data.decode("utf-8")
+    except UnicodeDecodeError as exc:
+        raise StateFormatError(
+            f"{source}: not UTF-8 text (bad byte at offset {exc.start})", reason="bad_json"
+        ) from None
+    try:
+        doc = json.loads(text)
+    except json.JSONDecodeError as exc:
+        if exc.pos >= len(text.rstrip()):
+            raise StateFormatError(
+                f"{source}: truncated: the JSON ends early at byte {len(data)} ({exc.msg})",
+                reason="truncated",
+            ) from None
+        raise StateFormatError(
+            f"{source}: not valid JSON: {exc.msg} at line {exc.lineno} column {exc.colno}",
+            reason="bad_json",
+        ) from None
+    except RecursionError:
+        raise StateFormatError(f"{source}: JSON nested too deeply", reason="bad_json") from None
+    r = _Reader(source)
+    top = r.obj(doc, "top level")
+    for key in ("version", "payload", "checksum"):
+        if key not in top:
+            raise r.fail("top level", f"missing field {key!r}", "missing_field")
+    version = top["version"]
+    if isinstance(version, bool) or not isinstance(version, int) or version < 1:
+        raise r.fail("version", f"expected a positive integer, got {_kind(version)}")
+    if version > CURRENT_VERSION:
+        raise StateFormatError(
+            f"{source}: state format version {version} is newer than this corepin understands "
+            f"(1..{CURRENT_VERSION}); upgrade corepin, or move the file away to start from an "
+            "empty state",
+            reason="unknown_version",
+        )
+    checksum = top["checksum"]
+    if not isinstance(checksum, str) or not checksum.startswith("sha256:"):
+        raise r.fail("checksum", f'expected "sha256:<hex>", got {_kind(checksum)}')
+    payload = r.obj(top["payload"], "payload")
+    actual = payload_checksum(payload)
+    if actual != checksum:
+        raise StateFormatError(
+            f"{source}: checksum mismatch: the file says {checksum} but its payload hashes to "
+            f"{actual}; the checkpoint is corrupt (kept as is: inspect it, then restore it or "
+            "quarantine it)",
+            reason="checksum_mismatch",
+        )
+    return payload_to_state(migrate(version, dict(payload), source), source)
+
+
+def encode_legacy(payload: Mapping[str, Any], version: int) -> bytes:
+    """A checkpoint file of an older `version` around a payload of that version (tests, tools)."""
+    body = canonical_bytes(payload)
+    head = f'{{"version":{version},"checksum":"sha256:{sha256_hex(body)}","payload":'
+    return head.encode("ascii") + body + b"}\n"
+
+
+# ---------------------------------------------------------------------- files
+
+
+def read_checkpoint(path: str) -> HostState | None:
+    """The state in `path`, or None when there is no checkpoint yet."""
+    try:
+        with open(path, "rb") as f:
+            data = f.read()
+    except FileNotFoundError:
+        return None
+    except IsADirectoryError:
+        raise StateFormatError(f"{path}: is a directory, not a state file") from None
+    except PermissionError as exc:
+        raise StateError(
+            f"{path}: cannot read the state file ({exc.strerror}); run corepin as the user "
+            "that owns the state directory (usually root) or pass --state-dir",
+            reason="state_permission",
+        ) from None
+    except OSError as exc:
+        raise StateError(f"{path}: cannot read the state file: {exc.strerror}") from None
+    return decode_checkpoint(data, path)
+
+
+def _fsync_dir(directory: str) -> None:
+    fd = os.open(directory, os.O_RDONLY | os.O_DIRECTORY | os.O_CLOEXEC)
+    try:
+        os.fsync(fd)
+    finally:
+        os.close(fd)
+
+
+def write_checkpoint(path: str, state: HostState, *, hook: WriteHook | None = None) -> None:
+    """Atomically replace `path` with the checkpoint of `state` (see the module docstring).
+
+    `hook`, when given, is called with each name of WRITE_POINTS as the write reaches it.
+    OSError becomes StateError naming the path.
+    """
+    data = encode_checkpoint(state)
+    directory = os.path.dirname(path) or "."
+    tmp = os.path.join(
+        directory, f".{os.path.basename(path)}{TEMP_MARK}{os.getpid()}-{os.urandom(4).hex()}"
+    )
+    try:
+        fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_CLOEXEC, 0o600)
+    except OSError as exc:
+        raise StateError(
+            f"{directory}: cannot create a file in the state directory ({exc.strerror}); "
+            "make it writable for this user or pass another --state-dir",
+            reason="state_permission" if isinstance(exc, PermissionError) else "state",
+        ) from None
+    renamed = False
+    try:
+        if hook:
+            hook("opened")
+        view = memoryview(data)
+        while view:
+            written = os.write(fd, view)
+            view = view[written:]
+        if hook:
+            hook("written")
+        os.fsync(fd)
+        if hook:
+            hook("fsynced")
+        os.close(fd)
+        fd = -1
+        os.replace(tmp, path)
+        renamed = True
+        if hook:
+            hook("renamed")
+        _fsync_dir(directory)
+        if hook:
+            hook("dir_fsynced")
+    except OSError as exc:
+        raise StateError(f"{path}: writing the state checkpoint failed: {exc.strerror}") from None
+    finally:
+        if fd >= 0:
+            os.close(fd)
+        if not renamed:
+            with contextlib.suppress(OSError):
+                os.unlink(tmp)
+
+
+def leftover_temp_files(directory: str, name: str = STATE_FILE) -> list[str]:
+    prefix = f".{name}{TEMP_MARK}"
+    try:
+        return sorted(n for n in os.listdir(directory) if n.startswith(prefix))
+    except OSError:
+        return []
+
+
+def remove_temp_files(directory: str, name: str = STATE_FILE) -> list[str]:
+    """Delete temp files left by crashed writers; returns their names. Call under the lock."""
+    removed = []
+    for leftover in leftover_temp_files(directory, name):
+        try:
+            os.unlink(os.path.join(directory, leftover))
+            removed.append(leftover)
+        except FileNotFoundError:
+            pass
+        except OSError as exc:
+            raise StateError(
+                f"{os.path.join(directory, leftover)}: cannot remove a leftover temp file: "
+                f"{exc.strerror}"
+            ) from None
+    return removed
