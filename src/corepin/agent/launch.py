@@ -13,6 +13,7 @@ process CMD forks starts with it.
 
 from __future__ import annotations
 
+import contextlib
 import errno
 import os
 import signal
@@ -103,10 +104,8 @@ class Launch:
         pid = self.pid
 
         def forward(signum: int, _frame: FrameType | None) -> None:
-            try:
+            with contextlib.suppress(ProcessLookupError):
                 os.kill(pid, signum)
-            except ProcessLookupError:
-                pass
 
         self._previous = {sig: signal.signal(sig, forward) for sig in FORWARDED}
         try:
@@ -147,10 +146,8 @@ class Launch:
             os.close(self._err_r)
             self._err_r = -1
         if self.pid:
-            try:
+            with contextlib.suppress(ChildProcessError):
                 os.waitpid(self.pid, 0)
-            except ChildProcessError:
-                pass
 
     def wait(self) -> int:
         """Wait for CMD, forwarding corepin's signals to it; its exit code (128+N if killed)."""

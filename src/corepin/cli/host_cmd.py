@@ -129,7 +129,7 @@ def add_arguments(parser: argparse.ArgumentParser, name: str) -> None:
 
 
 def run(args: Any) -> int:
-    from corepin.agent import host
+    from corepin.agent import host as host
     from corepin.agent.settings import HostSettings
 
     settings = HostSettings.from_args(args, os.environ)
