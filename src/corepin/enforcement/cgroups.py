@@ -1,0 +1,567 @@
+"""cgroup drivers for v1 (one mount per controller) and v2 (the unified hierarchy).
+
+A driver reads and writes the cpuset and CPU-bandwidth files of cgroups given by a path RELATIVE
+to the hierarchy root (`kubepods/burstable/pod<uid>/<id>`). Every relative path is split and
+validated by `corepin.core.ids.split_cgroup_path` before any file is touched, so a path holding
+`..`, NUL or characters outside the expected alphabet is rejected, never written to.
+
+The mount roots are parameters (`CgroupV1(cpuset_root, cpu_root)`, `CgroupV2(root)`), so the same
+code drives a fake tree in a temp dir and the real `/sys/fs/cgroup/cpuset`. `detect_mounts` reads
+them from a mountinfo file and `open_cgroups` picks the hierarchy that carries the cpuset
+controller.
+
+Kernel errors of writes are mapped to `CgroupError` with a `reason`:
+
+- EBUSY -> cgroup_busy: a child cpuset uses CPUs/nodes the new value drops (shrink children
+  first), or rmdir of a group that still has tasks or children.
+- ENOSPC -> cgroup_empty_cpuset: tasks cannot join a cpuset whose cpus or mems are empty, or the
+  value would leave its tasks without any.
+- ERANGE -> cgroup_out_of_range: a CPU or node number beyond what the kernel supports.
+- EINVAL -> cgroup_invalid_value: CPUs/nodes not present or online, a malformed value, a quota out
+  of range (v1: above the parent's quota).
+- EACCES at write -> cgroup_not_within_parent: a v1 cpuset must lie within its parent's.
+- EACCES/EPERM/EROFS at open, EPERM at write -> cgroup_permission.
+"""
+
+from __future__ import annotations
+
+import errno
+import os
+from collections.abc import Iterable, Mapping
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Final
+
+from corepin.core.cpuset import CPUSet
+from corepin.core.errors import CgroupError, CPUSetParseError
+from corepin.core.ids import split_cgroup_path, validate_pid
+from corepin.sysfs.procfs import read_mountinfo
+
+__all__ = [
+    "CgroupDriver",
+    "CgroupMounts",
+    "CgroupV1",
+    "CgroupV2",
+    "CpuQuota",
+    "detect_mounts",
+    "open_cgroups",
+]
+
+DEFAULT_PERIOD_US: Final = 100_000
+
+_WRITE_ERRORS: Final[Mapping[int, tuple[str, str]]] = {
+    errno.EBUSY: (
+        "cgroup_busy",
+        "the kernel refused with EBUSY: a child cgroup still uses CPUs or memory nodes this "
+        "value removes (shrink children first), or the group still has tasks",
+    ),
+    errno.ENOSPC: (
+        "cgroup_empty_cpuset",
+        "the kernel refused with ENOSPC: the cpuset has no CPUs or no memory nodes (a v1 cpuset "
+        "needs cpuset.cpus and cpuset.mems set before tasks can join), or the value would leave "
+        "its tasks with none",
+    ),
+    errno.ERANGE: (
+        "cgroup_out_of_range",
+        "the kernel refused with ERANGE: a CPU or memory node number is beyond what this kernel "
+        "supports",
+    ),
+    errno.EINVAL: (
+        "cgroup_invalid_value",
+        "the kernel refused with EINVAL: CPUs or memory nodes that are not present or online, a "
+        "malformed value, or a CPU quota out of range (v1: above the parent's quota)",
+    ),
+    errno.EACCES: (
+        "cgroup_not_within_parent",
+        "the kernel refused with EACCES: a v1 cpuset must stay within its parent's cpuset "
+        "(widen the parent first)",
+    ),
+    errno.EPERM: (
+        "cgroup_permission",
+        "the kernel refused with EPERM: not permitted (corepin needs root or a delegated cgroup)",
+    ),
+    errno.ENODEV: (
+        "cgroup_no_controller",
+        "the kernel refused with ENODEV: the controller is not enabled for this group",
+    ),
+    errno.ESRCH: ("process_gone", "the process exited before it could be moved"),
+}
+
+
+def _write_error(path: str, value: str, err: OSError, *, at_open: bool) -> CgroupError:
+    if at_open and err.errno in (errno.EACCES, errno.EPERM, errno.EROFS):
+        return CgroupError(
+            path,
+            f"cannot open for writing ({err.strerror}): corepin needs root or a writable, "
+            "delegated cgroup hierarchy",
+            reason="cgroup_permission",
+        )
+    if at_open and err.errno == errno.ENOENT:
+        return CgroupError(path, "does not exist (cgroup removed?)", reason="cgroup_missing")
+    reason, text = _WRITE_ERRORS.get(
+        err.errno or 0, ("cgroup_write_failed", f"write failed: {err.strerror or err}")
+    )
+    return CgroupError(path, f"writing {value!r}: {text}", reason=reason)
+
+
+@dataclass(frozen=True, slots=True)
+class CpuQuota:
+    """CFS bandwidth: `quota_us` per `period_us`; quota None means unlimited.
+
+    `period_us` None means "leave the period as it is" (it is irrelevant when unlimited).
+    """
+
+    quota_us: int | None
+    period_us: int | None = None
+
+    def __post_init__(self) -> None:
+        if self.quota_us is not None and self.quota_us < 1000:
+            raise ValueError(f"CPU quota {self.quota_us}us is below the kernel's 1000us minimum")
+        if self.period_us is not None and not 1000 <= self.period_us <= 1_000_000:
+            raise ValueError(f"CPU period {self.period_us}us is outside 1000..1000000")
+
+    @classmethod
+    def unlimited(cls) -> CpuQuota:
+        return cls(None, None)
+
+    @classmethod
+    def for_cpus(cls, count: float, period_us: int = DEFAULT_PERIOD_US) -> CpuQuota:
+        """A quota worth `count` CPUs at `period_us` (what the kubelet writes for a limit)."""
+        return cls(max(1000, round(count * period_us)), period_us)
+
+    @property
+    def is_unlimited(self) -> bool:
+        return self.quota_us is None
+
+    def satisfied_by(self, current: CpuQuota) -> bool:
+        """True when `current` already is this quota (period only compared when set here)."""
+        if current.quota_us != self.quota_us:
+            return False
+        return self.period_us is None or current.period_us == self.period_us
+
+    def at_least(self, other: CpuQuota) -> bool:
+        """True when this quota gives at least as much CPU time per second as `other`."""
+        if self.quota_us is None:
+            return True
+        if other.quota_us is None:
+            return False
+        mine = self.quota_us / (self.period_us or DEFAULT_PERIOD_US)
+        theirs = other.quota_us / (other.period_us or DEFAULT_PERIOD_US)
+        return mine >= theirs
+
+    def __str__(self) -> str:
+        quota = "max" if self.quota_us is None else str(self.quota_us)
+        return quota if self.period_us is None else f"{quota} {self.period_us}"
+
+
+def _read_text(path: str) -> str:
+    fd = os.open(path, os.O_RDONLY)
+    try:
+        return os.read(fd, 65536).decode("ascii", "replace")
+    finally:
+        os.close(fd)
+
+
+@dataclass
+class CgroupDriver:
+    """Common part of the v1 and v2 drivers. Subclasses set the file names and the roots."""
+
+    root: Path
+    #: number of successful writes since creation (steady-state reconcile must keep it at 0)
+    writes: int = field(default=0, init=False)
+    #: every write as (absolute file path, value), in order, when `record` is True
+    journal: list[tuple[str, str]] = field(default_factory=list, init=False)
+    record: bool = field(default=False, init=False)
+    #: a plain directory tree standing in for cgroupfs (tests, benchmarks): writes create files
+    fake_tree: bool = field(default=False, kw_only=True)
+
+    version: int = field(default=0, init=False)
+    cpus_file: str = field(default="cpuset.cpus", init=False)
+    mems_file: str = field(default="cpuset.mems", init=False)
+
+    # ------------------------------------------------------------------ paths
+    def rel(self, path: str) -> str:
+        """Canonical form of a relative cgroup path (validated)."""
+        return "/".join(split_cgroup_path(path))
+
+    def dir(self, path: str, root: Path | None = None) -> str:
+        parts = split_cgroup_path(path)
+        return os.path.join(os.fspath(root or self.root), *parts)
+
+    def exists(self, path: str) -> bool:
+        return os.path.isdir(self.dir(path))
+
+    @staticmethod
+    def parent(path: str) -> str | None:
+        """The parent's relative path, None for the root."""
+        parts = split_cgroup_path(path)
+        if not parts:
+            return None
+        return "/".join(parts[:-1])
+
+    def child_groups(self, path: str) -> list[str]:
+        """Relative paths of the direct child cgroups of `path`."""
+        base = self.dir(path)
+        prefix = self.rel(path)
+        try:
+            with os.scandir(base) as entries:
+                names = sorted(e.name for e in entries if e.is_dir(follow_symlinks=False))
+        except FileNotFoundError:
+            return []
+        return [f"{prefix}/{n}" if prefix else n for n in names]
+
+    # ------------------------------------------------------------------ raw io
+    def read_file(self, path: str, name: str, root: Path | None = None) -> str:
+        file = os.path.join(self.dir(path, root), name)
+        try:
+            return _read_text(file).strip()
+        except FileNotFoundError:
+            raise CgroupError(file, "does not exist", reason="cgroup_missing") from None
+        except OSError as err:
+            raise CgroupError(file, f"cannot read: {err.strerror or err}") from err
+
+    def write_file(self, path: str, name: str, value: str, root: Path | None = None) -> None:
+        file = os.path.join(self.dir(path, root), name)
+        try:
+            flags = os.O_WRONLY | os.O_TRUNC | (os.O_CREAT if self.fake_tree else 0)
+            fd = os.open(file, flags, 0o644)
+        except FileNotFoundError:
+            if not os.path.isdir(os.path.dirname(file)):
+                raise CgroupError(
+                    file, "does not exist (cgroup removed?)", reason="cgroup_missing"
+                ) from None
+            raise CgroupError(
+                file, "does not exist: is the controller enabled here?", reason="cgroup_missing"
+            ) from None
+        except OSError as err:
+            raise _write_error(file, value, err, at_open=True) from err
+        try:
+            os.write(fd, value.encode("ascii"))
+        except OSError as err:
+            raise _write_error(file, value, err, at_open=False) from err
+        finally:
+            os.close(fd)
+        self.writes += 1
+        if self.record:
+            self.journal.append((file, value))
+
+    def _read_set(self, path: str, name: str) -> CPUSet:
+        text = self.read_file(path, name)
+        try:
+            return CPUSet.parse(text)
+        except CPUSetParseError as err:
+            raise CgroupError(
+                os.path.join(self.dir(path), name), f"unparseable value: {err.problem}"
+            ) from err
+
+    # ------------------------------------------------------------------ cpuset
+    def read_cpus(self, path: str) -> CPUSet:
+        return self._read_set(path, self.cpus_file)
+
+    def read_mems(self, path: str) -> CPUSet:
+        return self._read_set(path, self.mems_file)
+
+    def read_cpus_text(self, path: str) -> str:
+        """The raw (stripped) cpuset.cpus text: the fast path of idempotency checks."""
+        return self.read_file(path, self.cpus_file)
+
+    def read_mems_text(self, path: str) -> str:
+        return self.read_file(path, self.mems_file)
+
+    def write_cpus(self, path: str, cpus: CPUSet) -> None:
+        self.write_file(path, self.cpus_file, str(cpus) or "\n")
+
+    def write_mems(self, path: str, mems: CPUSet) -> None:
+        self.write_file(path, self.mems_file, str(mems) or "\n")
+
+    def effective_cpus(self, path: str) -> CPUSet:
+        raise NotImplementedError
+
+    def effective_mems(self, path: str) -> CPUSet:
+        raise NotImplementedError
+
+    # ------------------------------------------------------------------ quota
+    def has_cpu_controller(self) -> bool:
+        raise NotImplementedError
+
+    def read_quota(self, path: str) -> CpuQuota:
+        raise NotImplementedError
+
+    def read_quota_fast(self, path: str, want: CpuQuota) -> CpuQuota:
+        """Read only what comparing against `want` needs (the period only when `want` sets it)."""
+        raise NotImplementedError
+
+    def write_quota(self, path: str, quota: CpuQuota) -> None:
+        raise NotImplementedError
+
+    # ------------------------------------------------------------------ groups and tasks
+    def create(self, path: str) -> list[str]:
+        """Create `path` and any missing ancestors; return the relative paths created."""
+        raise NotImplementedError
+
+    def remove(self, path: str) -> None:
+        """Remove the (empty) group `path`."""
+        raise NotImplementedError
+
+    def procs(self, path: str) -> list[int]:
+        text = self.read_file(path, "cgroup.procs")
+        return [int(x) for x in text.split()]
+
+    def add_process(self, path: str, pid: int) -> None:
+        """Move process `pid` (all its threads) into the group."""
+        self.write_file(path, "cgroup.procs", str(validate_pid(pid)))
+
+    def _mkdir(self, path: str, root: Path | None) -> bool:
+        target = self.dir(path, root)
+        try:
+            os.mkdir(target)
+        except FileExistsError:
+            return False
+        except OSError as err:
+            reason = "cgroup_permission" if err.errno in (errno.EACCES, errno.EPERM) else None
+            raise CgroupError(
+                target, f"cannot create the group: {err.strerror or err}", reason=reason
+            ) from err
+        return True
+
+    def _rmdir(self, path: str, root: Path | None) -> None:
+        target = self.dir(path, root)
+        try:
+            os.rmdir(target)
+        except FileNotFoundError:
+            return
+        except OSError as err:
+            if err.errno == errno.EBUSY or err.errno == errno.ENOTEMPTY:
+                raise CgroupError(
+                    target,
+                    "cannot remove: the group still has processes or child groups",
+                    reason="cgroup_busy",
+                ) from err
+            raise CgroupError(target, f"cannot remove: {err.strerror or err}") from err
+
+
+@dataclass
+class CgroupV1(CgroupDriver):
+    """cgroup v1: the cpuset controller at `root`, the cpu controller (quota) at `cpu_root`.
+
+    `cpu_root` may be the same mount as `root` (co-mounted controllers) or None when CFS quota is
+    not managed. File names follow the mount: `cpuset.cpus`, or `cpus` with `noprefix`.
+    """
+
+    cpu_root: Path | None = None
+
+    def __post_init__(self) -> None:
+        self.version = 1
+        self.root = Path(self.root)
+        if self.cpu_root is not None:
+            self.cpu_root = Path(self.cpu_root)
+        if not os.path.exists(os.path.join(self.root, "cpuset.cpus")) and os.path.exists(
+            os.path.join(self.root, "cpus")
+        ):
+            self.cpus_file, self.mems_file = "cpus", "mems"
+
+    def effective_cpus(self, path: str) -> CPUSet:
+        return self._read_set(path, "cpuset.effective_cpus")
+
+    def effective_mems(self, path: str) -> CPUSet:
+        return self._read_set(path, "cpuset.effective_mems")
+
+    def has_cpu_controller(self) -> bool:
+        return self.cpu_root is not None
+
+    def _cpu_root(self, path: str) -> Path:
+        if self.cpu_root is None:
+            raise CgroupError(
+                self.dir(path), "no cpu controller mount is configured", reason="no_cpu_controller"
+            )
+        return self.cpu_root
+
+    def read_quota(self, path: str) -> CpuQuota:
+        root = self._cpu_root(path)
+        quota = int(self.read_file(path, "cpu.cfs_quota_us", root))
+        period = int(self.read_file(path, "cpu.cfs_period_us", root))
+        return CpuQuota(None if quota < 0 else quota, period)
+
+    def read_quota_fast(self, path: str, want: CpuQuota) -> CpuQuota:
+        """Read only what `want` compares (quota, and period only when `want` sets one)."""
+        root = self._cpu_root(path)
+        quota = int(self.read_file(path, "cpu.cfs_quota_us", root))
+        period = None
+        if want.period_us is not None:
+            period = int(self.read_file(path, "cpu.cfs_period_us", root))
+        return CpuQuota(None if quota < 0 else quota, period)
+
+    def write_quota(self, path: str, quota: CpuQuota) -> None:
+        root = self._cpu_root(path)
+        if quota.quota_us is None:
+            self.write_file(path, "cpu.cfs_quota_us", "-1", root)
+            if quota.period_us is not None:
+                self.write_file(path, "cpu.cfs_period_us", str(quota.period_us), root)
+            return
+        if quota.period_us is not None:
+            # The quota must stay >= 1ms for either period: write the period first.
+            self.write_file(path, "cpu.cfs_period_us", str(quota.period_us), root)
+        self.write_file(path, "cpu.cfs_quota_us", str(quota.quota_us), root)
+
+    def create(self, path: str) -> list[str]:
+        """mkdir `path` (and missing ancestors) in the cpuset and cpu hierarchies.
+
+        A new v1 cpuset starts with empty cpus and mems (unless cgroup.clone_children is set):
+        tasks could not join, so each new group gets its parent's values, mems first.
+        """
+        parts = split_cgroup_path(path)
+        created: list[str] = []
+        for depth in range(1, len(parts) + 1):
+            rel = "/".join(parts[:depth])
+            if self._mkdir(rel, self.root):
+                created.append(rel)
+                parent = "/".join(parts[: depth - 1])
+                for name in (self.mems_file, self.cpus_file):
+                    current = self.read_file(rel, name) if self._has(rel, name) else ""
+                    if not current:
+                        self.write_file(rel, name, self.read_file(parent, name) or "\n")
+            if self.cpu_root is not None and self.cpu_root != self.root:
+                self._mkdir(rel, self.cpu_root)
+        return created
+
+    def _has(self, path: str, name: str) -> bool:
+        return os.path.exists(os.path.join(self.dir(path), name))
+
+    def remove(self, path: str) -> None:
+        if not split_cgroup_path(path):
+            raise CgroupError(os.fspath(self.root), "refusing to remove the hierarchy root")
+        self._rmdir(path, self.root)
+        if self.cpu_root is not None and self.cpu_root != self.root:
+            self._rmdir(path, self.cpu_root)
+
+
+@dataclass
+class CgroupV2(CgroupDriver):
+    """cgroup v2 (unified): cpuset.cpus, cpuset.mems and cpu.max in one tree at `root`.
+
+    An empty cpuset.cpus in v2 means "inherit the parent's"; the effective set is in
+    cpuset.cpus.effective.
+    """
+
+    def __post_init__(self) -> None:
+        self.version = 2
+        self.root = Path(self.root)
+
+    def effective_cpus(self, path: str) -> CPUSet:
+        return self._read_set(path, "cpuset.cpus.effective")
+
+    def effective_mems(self, path: str) -> CPUSet:
+        return self._read_set(path, "cpuset.mems.effective")
+
+    def has_cpu_controller(self) -> bool:
+        return True
+
+    def read_quota(self, path: str) -> CpuQuota:
+        text = self.read_file(path, "cpu.max")
+        quota, _, period = text.partition(" ")
+        try:
+            return CpuQuota(
+                None if quota == "max" else int(quota),
+                int(period) if period else DEFAULT_PERIOD_US,
+            )
+        except ValueError as err:
+            raise CgroupError(
+                os.path.join(self.dir(path), "cpu.max"), f"unparseable value {text!r}"
+            ) from err
+
+    def read_quota_fast(self, path: str, want: CpuQuota) -> CpuQuota:
+        got = self.read_quota(path)
+        return got if want.period_us is not None else CpuQuota(got.quota_us, None)
+
+    def write_quota(self, path: str, quota: CpuQuota) -> None:
+        self.write_file(path, "cpu.max", str(quota))
+
+    def enable_controllers(self, path: str, controllers: Iterable[str]) -> None:
+        """Make `controllers` available to the children of `path` (cgroup.subtree_control)."""
+        try:
+            text = self.read_file(path, "cgroup.subtree_control")
+            current = {c.lstrip("+") for c in text.split()}
+        except CgroupError:
+            current = set()
+        missing = [c for c in controllers if c not in current]
+        if missing:
+            self.write_file(path, "cgroup.subtree_control", " ".join(f"+{c}" for c in missing))
+
+    def create(self, path: str) -> list[str]:
+        parts = split_cgroup_path(path)
+        created: list[str] = []
+        for depth in range(1, len(parts) + 1):
+            parent = "/".join(parts[: depth - 1])
+            rel = "/".join(parts[:depth])
+            if not os.path.isdir(self.dir(rel)):
+                self.enable_controllers(parent, ("cpuset", "cpu"))
+            if self._mkdir(rel, self.root):
+                created.append(rel)
+        return created
+
+    def remove(self, path: str) -> None:
+        if not split_cgroup_path(path):
+            raise CgroupError(os.fspath(self.root), "refusing to remove the hierarchy root")
+        self._rmdir(path, self.root)
+
+
+# ---------------------------------------------------------------------- detection
+
+
+@dataclass(frozen=True, slots=True)
+class CgroupMounts:
+    """Where the cgroup hierarchies are mounted: v1 controller -> mount point, and v2."""
+
+    v1: Mapping[str, Path]
+    unified: Path | None
+    unified_controllers: frozenset[str] = frozenset()
+
+    @property
+    def cpuset_version(self) -> int | None:
+        """Which hierarchy carries the cpuset controller (v1 wins: a controller is in one)."""
+        if "cpuset" in self.v1:
+            return 1
+        if self.unified is not None and "cpuset" in self.unified_controllers:
+            return 2
+        return None
+
+
+def detect_mounts(mountinfo: str | os.PathLike[str] = "/proc/self/mountinfo") -> CgroupMounts:
+    """Find the cgroup mounts listed in a mountinfo file (first mount of each controller)."""
+    v1: dict[str, Path] = {}
+    unified: Path | None = None
+    for mount in read_mountinfo(mountinfo):
+        if mount.fstype == "cgroup2" and unified is None:
+            unified = Path(mount.mount_point)
+        elif mount.fstype == "cgroup":
+            for controller in mount.cgroup_controllers:
+                v1.setdefault(controller, Path(mount.mount_point))
+    controllers: frozenset[str] = frozenset()
+    if unified is not None:
+        try:
+            controllers = frozenset(_read_text(os.path.join(unified, "cgroup.controllers")).split())
+        except OSError:
+            controllers = frozenset()
+    return CgroupMounts(v1, unified, controllers)
+
+
+def open_cgroups(
+    mounts: CgroupMounts | None = None,
+    *,
+    mountinfo: str | os.PathLike[str] = "/proc/self/mountinfo",
+    version: int | None = None,
+) -> CgroupDriver:
+    """The driver for the hierarchy that carries the cpuset controller (or `version`)."""
+    found = mounts if mounts is not None else detect_mounts(mountinfo)
+    want = version or found.cpuset_version
+    if want == 1 and "cpuset" in found.v1:
+        return CgroupV1(found.v1["cpuset"], found.v1.get("cpu"))
+    if want == 2 and found.unified is not None:
+        return CgroupV2(found.unified)
+    raise CgroupError(
+        os.fspath(mountinfo),
+        "no cgroup hierarchy with the cpuset controller is mounted"
+        + (f" (asked for cgroup v{version})" if version else "")
+        + ": mount cgroup v1 cpuset or enable cpuset in cgroup v2",
+        reason="no_cpuset_hierarchy",
+    )
