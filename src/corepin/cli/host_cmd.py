@@ -8,7 +8,13 @@ from __future__ import annotations
 
 import argparse
 import os
-from typing import Any
+from collections.abc import Mapping
+from typing import TYPE_CHECKING, Any
+
+if TYPE_CHECKING:
+    from corepin.agent.settings import HostSettings
+    from corepin.state.model import HostState
+    from corepin.topology.model import Topology
 
 LEVELS = ("cpu", "core", "l3", "numa", "socket")
 
@@ -129,12 +135,142 @@ def add_arguments(parser: argparse.ArgumentParser, name: str) -> None:
 
 
 def run(args: Any) -> int:
-    from corepin.agent import host as host
     from corepin.agent.settings import HostSettings
 
     settings = HostSettings.from_args(args, os.environ)
     if args.command == "run":
-        return host.cmd_run(settings, args)
+        return _cmd_run(settings, args)
     if args.command == "report":
-        return host.cmd_report(settings, args)
-    return host.cmd_reconcile(settings, args)
+        return _cmd_report(settings, args)
+    return _cmd_reconcile(settings, args)
+
+
+def _cmd_run(settings: HostSettings, args: Any) -> int:
+    from corepin.agent.host import HostAgent, parse_options
+    from corepin.core.errors import InputError
+
+    argv = list(args.cmd or [])
+    if argv and argv[0] == "--":
+        argv = argv[1:]
+    if not argv:
+        raise InputError(
+            "no command given: use `corepin run [options] -- CMD ARGS...`",
+            reason="missing_command",
+        )
+    if args.with_shared and args.exclusive is None:
+        raise InputError("--with-shared needs --exclusive N", reason="bad_usage")
+    if args.exclusive is None and args.level != "cpu":
+        raise InputError("--level applies to --exclusive runs only", reason="bad_usage")
+    agent = HostAgent(settings)
+    return agent.run(
+        argv,
+        exclusive=args.exclusive,
+        with_shared=bool(args.with_shared),
+        level=args.level,
+        options=parse_options(args.option),
+        name=args.name,
+    )
+
+
+def _cmd_report(settings: HostSettings, args: Any) -> int:
+    from corepin.agent.host import HostAgent
+    from corepin.cli.common import dump, write_output
+
+    agent = HostAgent(settings)
+    state = agent.read_state()
+    data = agent.report(state)
+    fmt = args.output
+    if fmt in ("json", "yaml"):
+        text = dump(data, fmt)
+    elif fmt == "svg":
+        text = _report_svg(agent.topology, state, data)
+    else:
+        text = _report_table(data)
+    write_output(text, args.out)
+    return 0
+
+
+def _report_table(data: Mapping[str, Any]) -> str:
+    rows = [("ID", "NAME", "PID", "KIND", "CPUS", "MEMS", "COMMAND")]
+    for a in data["allocations"]:
+        rows.append(
+            (
+                a["id"],
+                a["name"],
+                str(a["pid"] or "-"),
+                a["kind"],
+                a["cpus"] or "-",
+                a["mems"] or "-",
+                a["command"][:40],
+            )
+        )
+    widths = [max(len(r[i]) for r in rows) for i in range(len(rows[0]))]
+    lines = ["  ".join(c.ljust(w) for c, w in zip(r, widths, strict=True)).rstrip() for r in rows]
+    if len(rows) == 1:
+        lines.append("(no allocations)")
+    lines.append("")
+    lines.append(f"shared pool: {data['shared_pool'] or '(empty)'}")
+    lines.append(f"free:        {data['free'] or '(none)'}")
+    if data["reserved"]:
+        lines.append(f"reserved:    {data['reserved']}")
+    return "\n".join(lines) + "\n"
+
+
+def _report_svg(topology: Topology, state: HostState, data: Mapping[str, Any]) -> str:
+    from corepin.agent.host import META_NAME
+    from corepin.cli.render.svg import render_svg
+
+    owners: dict[int, str] = {}
+    for cpu in topology.online_cpus:
+        owners[cpu] = "free"
+    for cpu in state.shared_pool:
+        owners[cpu] = "shared"
+    for cpu in state.reserved:
+        owners[cpu] = "reserved"
+    for a in state:
+        label = f"{a.meta.get(META_NAME) or a.id} (pid {a.pid})" if a.pid else a.id
+        for cpu in a.reserved:
+            owners[cpu] = label
+    shared_users = [a for a in state if a.kind == "shared"]
+    title = (
+        f"corepin report: {len(data['allocations'])} allocation(s), "
+        f"{len(shared_users)} in the shared pool {data['shared_pool'] or '(empty)'}"
+    )
+    return render_svg(topology, owners, title=title)
+
+
+def _cmd_reconcile(settings: HostSettings, args: Any) -> int:
+    import json
+    import signal
+    import time
+
+    from corepin.agent.host import Change, HostAgent
+
+    agent = HostAgent(settings)
+
+    def show(changes: list[Change]) -> None:
+        if args.output == "json":
+            print(json.dumps({"changes": [c.to_json() for c in changes]}), flush=True)
+        elif changes:
+            for change in changes:
+                print(change, flush=True)
+        elif args.once:
+            print("nothing to do", flush=True)
+
+    if args.once:
+        show(agent.reconcile_once())
+        return 0
+    stop = False
+
+    def on_signal(_signum: int, _frame: object) -> None:
+        nonlocal stop
+        stop = True
+
+    signal.signal(signal.SIGTERM, on_signal)
+    signal.signal(signal.SIGINT, on_signal)
+    while not stop:
+        show(agent.reconcile_once())
+        deadline = time.monotonic() + args.interval
+        while not stop and time.monotonic() < deadline:
+            time.sleep(min(0.2, max(0.0, deadline - time.monotonic())))
+    return 0
