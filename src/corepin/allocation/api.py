@@ -17,12 +17,12 @@ from collections.abc import Iterable, Mapping
 from typing import Final
 
 from corepin.allocation.policies import DEFAULT_POLICY, get_policy
-from corepin.allocation.types import Decision, Request, option_flag
+from corepin.allocation.types import REQUEST_OPTIONS, Decision, Request, option_flag
 from corepin.core.cpuset import CPUSet
 from corepin.core.errors import CPUSetParseError, RequestError
 from corepin.topology.model import Topology
 
-GENERIC_OPTIONS: Final = ("level", "workload", "smt", "numa", "prefer-isolated", "shared")
+GENERIC_OPTIONS: Final = REQUEST_OPTIONS
 
 OptionsArg = Iterable[str] | Mapping[str, str | bool | int]
 

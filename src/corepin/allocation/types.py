@@ -27,6 +27,8 @@ LEVELS: Final = ("cpu", "core", "l3", "numa", "socket")
 WORKLOADS: Final = ("memory-bound", "cpu-bound", "io-bound", "best-effort")
 #: SMT preferences: policy default, whole physical cores, or one thread per core.
 SMT_MODES: Final = ("auto", "whole-cores", "spread")
+#: Options that every policy understands: they become Request fields (allocation/api.py).
+REQUEST_OPTIONS: Final = ("level", "workload", "smt", "numa", "prefer-isolated", "shared")
 
 _NO_OPTIONS: Final[Mapping[str, str]] = MappingProxyType({})
 
@@ -170,6 +172,7 @@ def check_options(options: Mapping[str, str], accepted: tuple[str, ...], policy:
         if name not in accepted:
             known = ", ".join(accepted) if accepted else "none"
             raise RequestError(
-                f"unknown option {name!r} for policy {policy!r} (it accepts: {known})",
+                f"unknown option {name!r} for policy {policy!r} (request options: "
+                f"{', '.join(REQUEST_OPTIONS)}; policy options: {known})",
                 reason="unknown_option",
             )

@@ -1,0 +1,81 @@
+"""`corepin allocate`: one allocation decision, no side effects (CONTRACTS.md section 3)."""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+
+from corepin.cli.common import add_topology_source, load_topology
+from corepin.core.errors import EXIT_OK, EXIT_UNSATISFIABLE, AllocationError, RequestError
+
+
+def add_arguments(parser: argparse.ArgumentParser, name: str) -> None:
+    add_topology_source(parser)
+    parser.add_argument(
+        "--count",
+        required=True,
+        metavar="N",
+        help="number of CPUs (a positive integer)",
+    )
+    parser.add_argument(
+        "--available",
+        metavar="CPUSET",
+        default=None,
+        help="CPUs to choose from, Linux list form (default: every online CPU)",
+    )
+    parser.add_argument(
+        "--policy",
+        default="topology-aware",
+        metavar="NAME",
+        help="topology-aware (default), kubelet-static or workload-aware",
+    )
+    parser.add_argument(
+        "--option",
+        action="append",
+        default=[],
+        metavar="NAME[=VALUE]",
+        help="request or policy option, repeatable: level=cpu|core|l3|numa|socket, "
+        "workload=memory-bound|cpu-bound|io-bound|best-effort, smt=auto|whole-cores|spread, "
+        "numa=NODES, prefer-isolated=false, shared; kubelet-static: full-pcpus-only, "
+        "distribute-cpus-across-numa, distribute-cpus-across-cores, "
+        "prefer-align-cpus-by-uncorecache, align-by-socket",
+    )
+    parser.add_argument(
+        "-o",
+        "--output",
+        choices=("text", "json"),
+        default="text",
+        help="text (the CPU list) or json (cpus, mems, reserved, policy, explanation)",
+    )
+
+
+def parse_count(text: str) -> int:
+    body = text.strip()
+    if not body.lstrip("+").isdigit() or not body.isascii():
+        raise RequestError(f"--count {text!r} is not a positive integer", reason="bad_count")
+    value = int(body)
+    if value <= 0:
+        raise RequestError(f"--count {text!r} is not a positive integer", reason="bad_count")
+    return value
+
+
+def run(args: argparse.Namespace) -> int:
+    from corepin.allocation.api import decide
+    from corepin.core.cpuset import CPUSet
+
+    count = parse_count(args.count)
+    available = CPUSet.parse(args.available) if args.available is not None else None
+    topology = load_topology(args)
+    try:
+        decision = decide(
+            topology, count, available=available, policy=args.policy, options=args.option
+        )
+    except AllocationError as exc:
+        print(f"corepin allocate: {exc} (reason: {exc.reason})", file=sys.stderr)
+        return EXIT_UNSATISFIABLE
+    if args.output == "json":
+        sys.stdout.write(json.dumps(decision.to_json(), indent=2) + "\n")
+    else:
+        sys.stdout.write(f"{decision.cpus}\n")
+    return EXIT_OK
