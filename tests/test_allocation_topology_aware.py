@@ -1,0 +1,334 @@
+"""Table-driven cases for the `topology-aware` policy and the exclusiveness levels."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+import pytest
+
+import alloc_topologies as T
+from corepin.allocation.levels import free_units, index_of, reserved_for, units_of
+from corepin.allocation.topology_aware import TopologyAwarePolicy
+from corepin.allocation.types import Request
+from corepin.core.cpuset import CPUSet
+from corepin.core.errors import AllocationError, RequestError, SMTAlignmentError
+from corepin.topology.model import Topology
+
+POLICY = TopologyAwarePolicy()
+
+
+@dataclass(frozen=True)
+class Case:
+    id: str
+    topology: str
+    count: int
+    expect: str
+    available: str | None = None  # default: all online
+    kwargs: dict[str, object] = field(default_factory=dict)
+    reserved: str | None = None
+
+
+def _topo(name: str) -> Topology:
+    return T.NAMED[name]()
+
+
+CASES = [
+    Case(
+        "two CPUs on an empty hyperthreaded socket take one whole core",
+        "single-socket-ht",
+        2,
+        "0,4",
+    ),
+    Case(
+        "six CPUs on an empty dual socket machine take three whole cores of socket 0",
+        "dual-socket-ht",
+        6,
+        "0-2,12-14",
+    ),
+    Case(
+        "a partly used socket is filled first so the empty socket stays whole (best fit)",
+        "dual-socket-ht",
+        4,
+        "1-2,13-14",
+        available="1-11,13-23",
+    ),
+    Case(
+        "twelve CPUs span the two NUMA nodes of one socket: all of node 0 then two cores of node 1",
+        "multi-numa-per-socket",
+        12,
+        "0-5,16-21",
+    ),
+    Case(
+        "fewest NUMA nodes beats best fit: one whole node of socket 1 rather than two half nodes",
+        "multi-numa-per-socket",
+        6,
+        "8-10,24-26",
+        available="2-3,6-15,17-19,21-31",
+    ),
+    Case(
+        "eight CPUs fill exactly one L3 instance",
+        "multi-l3-per-numa",
+        8,
+        "0-3,32-35",
+    ),
+    Case(
+        "eight CPUs skip an L3 with only seven free and take a whole one instead of two",
+        "multi-l3-per-numa",
+        8,
+        "4-7,36-39",
+        available="1-63",
+    ),
+    Case(
+        "four CPUs go to the partly used L3 (six free) rather than an empty one",
+        "multi-l3-per-numa",
+        4,
+        "1-2,33-34",
+        available="1-31,33-63",
+    ),
+    Case(
+        "an odd count takes whole cores plus the free sibling of a partly used core",
+        "single-socket-ht",
+        3,
+        "1,4-5",
+        available="1-7",
+    ),
+    Case(
+        "five CPUs without SMT fill one L3 and take one CPU of the next in the same node",
+        "no-smt",
+        5,
+        "0-4",
+    ),
+    Case(
+        "isolated CPUs are taken first for an exclusive request",
+        "isolated",
+        2,
+        "2,6",
+    ),
+    Case(
+        "with prefer_isolated false isolated CPUs are avoided",
+        "isolated",
+        2,
+        "0,4",
+        kwargs={"prefer_isolated": False},
+    ),
+    Case(
+        "a NUMA hint places the CPUs in the hinted node",
+        "multi-numa-per-socket",
+        2,
+        "12,28",
+        kwargs={"numa_hint": CPUSet.of(3)},
+    ),
+    Case(
+        "a NUMA hint that cannot hold the request falls back to the best node",
+        "multi-numa-per-socket",
+        4,
+        "0-1,16-17",
+        available="0-12,16-28",
+        kwargs={"numa_hint": CPUSet.of(3)},
+    ),
+    Case(
+        "smt spread takes one thread of distinct cores",
+        "single-socket-ht",
+        2,
+        "0-1",
+        kwargs={"smt": "spread"},
+    ),
+    Case(
+        "offline CPUs are never chosen: the larger socket whole, then one CPU of the other",
+        "offline",
+        12,
+        "0,6-11,18-19,21-23",
+        available=None,
+    ),
+    Case(
+        "level core withholds the sibling of a single chosen CPU",
+        "single-socket-ht",
+        1,
+        "1",
+        available="1-7",
+        kwargs={"level": "core"},
+        reserved="1,5",
+    ),
+    Case(
+        "level core skips a core whose sibling is taken",
+        "single-socket-ht",
+        2,
+        "1,5",
+        available="1-7",
+        kwargs={"level": "core"},
+        reserved="1,5",
+    ),
+    Case(
+        "level l3 uses a fully free L3 in the partly used node and reserves all of it",
+        "multi-l3-per-numa",
+        3,
+        "4-5,36",
+        available="1-63",
+        kwargs={"level": "l3"},
+        reserved="4-7,36-39",
+    ),
+    Case(
+        "level numa reserves the whole first entirely free NUMA node",
+        "multi-numa-per-socket",
+        2,
+        "4,20",
+        available="1-31",
+        kwargs={"level": "numa"},
+        reserved="4-7,20-23",
+    ),
+    Case(
+        "level socket reserves the whole socket that is entirely free",
+        "dual-socket-ht",
+        2,
+        "6,18",
+        available="1-23",
+        kwargs={"level": "socket"},
+        reserved="6-11,18-23",
+    ),
+    Case(
+        "full-pcpus-only takes only whole free cores",
+        "single-socket-ht",
+        2,
+        "1,5",
+        available="1-7",
+        kwargs={"options": {"full-pcpus-only": "true"}},
+    ),
+]
+
+
+@pytest.mark.parametrize("case", CASES, ids=[c.id for c in CASES])
+def test_topology_aware_table(case: Case) -> None:
+    topo = _topo(case.topology)
+    avail = CPUSet.parse(case.available) if case.available is not None else topo.online_cpus
+    decision = POLICY.decide(topo, Request(case.count, **case.kwargs), avail)  # type: ignore[arg-type]
+    assert str(decision.cpus) == case.expect
+    assert len(decision.cpus) == case.count
+    assert decision.cpus <= avail
+    assert decision.policy == "topology-aware"
+    assert decision.mems == topo.mems_of(decision.cpus)
+    if case.reserved is not None:
+        assert str(decision.reserved) == case.reserved
+    assert decision.reserved >= decision.cpus
+
+
+def test_the_explanation_lists_the_levels_tried_and_why() -> None:
+    topo = T.multi_l3_per_numa()
+    d = POLICY.decide(topo, Request(4), CPUSet.parse("1-31,33-63"))
+    levels = [s.level for s in d.explanation]
+    assert levels[0] == "pool"
+    assert "numa" in levels and "l3" in levels and "core" in levels
+    assert all(s.reason for s in d.explanation)
+    data = d.to_json()
+    assert data["cpus"] == "1-2,33-34"
+    assert data["explanation"][0] == {
+        "level": "pool",
+        "choice": "available CPUs",
+        "reason": d.explanation[0].reason,
+    }
+
+
+def test_a_skipped_pool_is_explained() -> None:
+    topo = T.with_isolated()
+    d = POLICY.decide(topo, Request(6), topo.online_cpus)
+    assert d.explanation[0].level == "pool"
+    assert d.explanation[0].reason.startswith("skipped")
+
+
+@pytest.mark.parametrize(
+    ("topology", "count", "available", "kwargs", "reason"),
+    [
+        ("single-socket-ht", 9, None, {}, "not_enough_cpus"),
+        ("single-socket-ht", 3, None, {"smt": "whole-cores"}, "smt_alignment"),
+        ("single-socket-ht", 4, "0-2,4", {"smt": "whole-cores"}, "smt_alignment"),
+        (
+            "multi-numa-per-socket",
+            1,
+            "1-3,5-7,9-11,13-31",
+            {"level": "numa"},
+            "level_unsatisfiable",
+        ),
+        ("dual-socket-ht", 13, None, {"level": "socket"}, "level_unsatisfiable"),
+    ],
+    ids=[
+        "more CPUs than available is not_enough_cpus",
+        "an odd count with whole cores required is an SMT alignment error",
+        "too few whole free cores with whole cores required is an SMT alignment error",
+        "no entirely free NUMA node makes level numa unsatisfiable",
+        "thirteen CPUs do not fit the one entirely free socket of twelve at level socket",
+    ],
+)
+def test_unsatisfiable_requests_raise_typed_errors(
+    topology: str, count: int, available: str | None, kwargs: dict[str, object], reason: str
+) -> None:
+    topo = _topo(topology)
+    avail = CPUSet.parse(available) if available is not None else topo.online_cpus
+    if topology == "dual-socket-ht":
+        avail = topo.online_cpus - CPUSet.of(0)  # socket 0 no longer entirely free
+    with pytest.raises(AllocationError) as info:
+        POLICY.decide(topo, Request(count, **kwargs), avail)  # type: ignore[arg-type]
+    assert info.value.reason == reason
+    assert info.value.exit_code == 3
+    if reason == "smt_alignment":
+        assert isinstance(info.value, SMTAlignmentError)
+
+
+def test_unknown_policy_option_is_a_request_error_naming_it() -> None:
+    topo = T.single_socket_ht()
+    with pytest.raises(RequestError, match="distribute-cpus-across-numa"):
+        POLICY.decide(
+            topo, Request(1, options={"distribute-cpus-across-numa": "true"}), topo.online_cpus
+        )
+
+
+@pytest.mark.parametrize(
+    ("kwargs", "match"),
+    [
+        ({"count": 0}, "positive integer, got 0"),
+        ({"count": -1}, "got -1"),
+        ({"count": 1.5}, "1.5"),
+        ({"count": True}, "True"),
+        ({"count": 1, "level": "rack"}, "'rack'"),
+        ({"count": 1, "workload": "gpu-bound"}, "'gpu-bound'"),
+        ({"count": 1, "smt": "sometimes"}, "'sometimes'"),
+    ],
+    ids=[
+        "count zero is rejected",
+        "a negative count is rejected",
+        "a fractional count is rejected",
+        "a boolean count is rejected",
+        "an unknown level is rejected by name",
+        "an unknown workload family is rejected by name",
+        "an unknown smt preference is rejected by name",
+    ],
+)
+def test_requests_validate_themselves(kwargs: dict[str, object], match: str) -> None:
+    with pytest.raises(RequestError, match=match) as info:
+        Request(**kwargs)  # type: ignore[arg-type]
+    assert info.value.exit_code == 2
+
+
+def test_shared_requests_get_the_shared_pool_without_isolated_cpus() -> None:
+    topo = T.with_isolated()
+    d = POLICY.decide(topo, Request(1, exclusive=False), topo.online_cpus)
+    assert str(d.cpus) == "0-1,4-5"
+    assert not d.reserved
+
+
+def test_level_helpers_agree_with_the_topology() -> None:
+    topo = T.multi_numa_per_socket()
+    assert len(units_of(topo, "core")) == 16
+    assert len(units_of(topo, "numa")) == 4
+    assert units_of(topo, "socket")[1] == CPUSet.parse("8-15,24-31")
+    # only core 0 (CPUs 0 and 16) has both threads inside 0-16
+    assert free_units(topo, "core", CPUSet.parse("0-16")) == CPUSet.parse("0,16")
+    assert reserved_for(topo, "numa", CPUSet.of(9)) == CPUSet.parse("8-11,24-27")
+    assert reserved_for(topo, "cpu", CPUSet.of(9)) == CPUSet.of(9)
+    assert index_of(topo) is index_of(topo)
+
+
+def test_a_large_machine_is_decided_without_enumerating_combinations() -> None:
+    topo = T.big(1024)
+    d = POLICY.decide(topo, Request(100), topo.online_cpus)
+    assert len(d.cpus) == 100
+    assert len(d.mems) == 2  # 64 CPUs per NUMA node: two nodes are the fewest
+    assert len(topo.sockets_in(d.cpus)) == 1
