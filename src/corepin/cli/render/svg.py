@@ -519,7 +519,7 @@ def _layout(topology: Topology, owners: Mapping[int, str] | None) -> _Box:
         box = _Builder(topology, owners).machine()
         _measure(box, float(width))
         ratio = box.w / max(box.h, 1.0)
-        score = abs(math.log(ratio / 1.6)) + (0.6 if box.w > 1900 else 0.0)
+        score = abs(math.log(ratio / 1.6)) + 2.0 * max(0.0, (box.w - 1800.0) / 1000.0)
         if best is None or score < best[0] - 1e-9:
             best = (score, box)
     assert best is not None
@@ -560,7 +560,10 @@ def render_svg(
     )
     top += 44
     _draw(machine, margin, top, body)
-    width = max(machine.w, _text_width(summary(topology), 12) + 10) + 2 * margin
+    width = (
+        max(machine.w, _text_width(summary(topology), 12) + 10, _text_width(heading, 16, True))
+        + 2 * margin
+    )
     height = top + machine.h + margin
     if legend:
         items = _legend_items(topology, owners, colours)
