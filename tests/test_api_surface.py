@@ -62,7 +62,7 @@ def test_cpuset_parse_and_str_follow_the_linux_list_form() -> None:
 
 def test_discover_takes_a_sysfs_root_defaulting_to_slash() -> None:
     params = inspect.signature(corepin.discover).parameters
-    assert list(params)[0] == "sysfs_root"
+    assert next(iter(params)) == "sysfs_root"
     assert params["sysfs_root"].default == "/"
 
 
