@@ -175,6 +175,7 @@ class HostAgent:
         """Make the pins of the live assignments (or just `ids`) match the state."""
         pool = state.shared_pool
         changes: list[Change] = []
+        self.pinner.forget_processes()
         for a in state:
             if ids is not None and a.id not in ids:
                 continue
@@ -261,15 +262,15 @@ class HostAgent:
             if launch is not None and launch.pid:
                 launch.abort()
                 if assignment_id:
-                    self._release(assignment_id)
+                    self.release(assignment_id)
             raise
         try:
             code = launch.wait()
         finally:
-            self._release(assignment_id)
+            self.release(assignment_id)
         return code
 
-    def _release(self, assignment_id: str) -> None:
+    def release(self, assignment_id: str) -> None:
         """Free the run's assignment, remove its cgroup, grow the shared pool."""
         old_handlers = {}
         for sig in (signal.SIGTERM, signal.SIGINT, signal.SIGHUP):
@@ -288,6 +289,71 @@ class HostAgent:
         finally:
             for sig, handler in old_handlers.items():
                 signal.signal(sig, handler)
+
+    # ------------------------------------------------------------------ containers
+    def pin_container(
+        self,
+        container_id: str,
+        *,
+        exclusive: int | None,
+        runtime: str | None = None,
+        level: str = "cpu",
+        options: Mapping[str, str] | None = None,
+        kubepods: str = "kubepods",
+    ) -> Assignment:
+        """Find a running container's cgroup in the kubelet layouts (below `kubepods`), allocate
+        for it and write its cpuset: exclusive CPUs, or the shared pool when `exclusive` is None.
+
+        The id is validated before any path is built (IdError, exit 2); a container without a
+        cgroup raises InputError; a host without a writable cpuset hierarchy EnvironmentProblem.
+        """
+        from corepin.core.errors import EnvironmentProblem
+        from corepin.core.ids import validate_container_id
+        from corepin.enforcement.layout import find_container_cgroup
+        from corepin.state.model import Assignment
+
+        ident = validate_container_id(container_id, runtime or "generic")
+        driver = self.pinner.driver
+        if driver is None:
+            raise EnvironmentProblem(
+                "pinning a container needs a writable cpuset cgroup hierarchy (run as root with "
+                f"cgroup v1 cpuset mounted under {self.settings.cgroup_root}; cgroups mode is "
+                f"{self.settings.cgroups!r})",
+                reason="no_cpuset_hierarchy",
+            )
+        path = find_container_cgroup(driver.root, ident, runtime=runtime, under=(kubepods,))
+        if path is None:
+            raise InputError(
+                f"no cgroup for container {ident!r} below {driver.root}/{kubepods}: is it running?",
+                reason="container_not_found",
+            )
+        with self.transaction() as txn:
+            state, _ = self.reap(txn.state)
+            kind, cpus, reserved, mems, policy = self.decide(
+                state,
+                exclusive=exclusive,
+                with_shared=False,
+                level=level,
+                policy=self.settings.policy,
+                options=options or {},
+            )
+            assignment = Assignment(
+                id=f"ctr-{ident[:12]}",
+                kind=kind,
+                cpus=cpus,
+                reserved=reserved,
+                mems=mems,
+                level=level,
+                cgroup=path,
+                created=time.time(),
+                policy=policy,
+                meta={META_SOURCE: "container", META_NAME: ident[:12], "container_id": ident},
+            )
+            state = txn.commit(state.replace_assignment(assignment))
+            if exclusive is not None:
+                self.repin_shared(state)
+            self.pinner.apply(assignment, state.shared_pool)
+        return assignment
 
     # ------------------------------------------------------------------ reconcile
     def reconcile_once(self) -> list[Change]:
