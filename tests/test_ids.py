@@ -81,8 +81,11 @@ def test_non_string_container_id_is_rejected() -> None:
     [
         pytest.param(UID, UID, id="a dashed UUID is canonical"),
         pytest.param(UID.replace("-", "_"), UID, id="the systemd underscore form maps back"),
-        pytest.param("6a1e4b9e0c4d4e5bbf2f0bd7a1c5e0f3", "6a1e4b9e0c4d4e5bbf2f0bd7a1c5e0f3",
-                     id="a static pod's 32 hex uid is accepted"),
+        pytest.param(
+            "6a1e4b9e0c4d4e5bbf2f0bd7a1c5e0f3",
+            "6a1e4b9e0c4d4e5bbf2f0bd7a1c5e0f3",
+            id="a static pod's 32 hex uid is accepted",
+        ),
     ],
 )
 def test_pod_uids_are_normalised_to_the_dashed_form(value: str, canonical: str) -> None:

@@ -222,6 +222,15 @@ class CgroupDriver:
 
     def write_file(self, path: str, name: str, value: str, root: Path | None = None) -> None:
         file = os.path.join(self.dir(path, root), name)
+        if self.fake_tree:
+            problem = self._fake_kernel_check(path, name, value)
+            if problem is not None:
+                raise _write_error(
+                    file, value, OSError(problem, os.strerror(problem)), at_open=False
+                )
+            if name in ("cgroup.procs", "tasks"):
+                old = self.read_file(path, name, root) if os.path.exists(file) else ""
+                value = "\n".join([*old.split(), value]) + "\n"
         try:
             flags = os.O_WRONLY | os.O_TRUNC | (os.O_CREAT if self.fake_tree else 0)
             fd = os.open(file, flags, 0o644)
@@ -244,6 +253,13 @@ class CgroupDriver:
         self.writes += 1
         if self.record:
             self.journal.append((file, value))
+
+    def _fake_kernel_check(self, path: str, name: str, value: str) -> int | None:
+        """In a fake tree, the errno the kernel would give for this write (None: accepted)."""
+        return None
+
+    def _fake_seed(self, path: str) -> None:
+        """In a fake tree, create the files the kernel would create in a new group."""
 
     def _read_set(self, path: str, name: str) -> CPUSet:
         text = self.read_file(path, name)
@@ -326,6 +342,17 @@ class CgroupDriver:
 
     def _rmdir(self, path: str, root: Path | None) -> None:
         target = self.dir(path, root)
+        if self.fake_tree and os.path.isdir(target):
+            # a kernel group "is empty" without children and tasks, whatever files it shows
+            with os.scandir(target) as entries:
+                items = list(entries)
+            procs = os.path.join(target, "cgroup.procs")
+            busy = any(e.is_dir() for e in items) or (
+                os.path.exists(procs) and _read_text(procs).split()
+            )
+            if not busy:
+                for e in items:
+                    os.unlink(e.path)
         try:
             os.rmdir(target)
         except FileNotFoundError:
@@ -413,16 +440,71 @@ class CgroupV1(CgroupDriver):
         created: list[str] = []
         for depth in range(1, len(parts) + 1):
             rel = "/".join(parts[:depth])
+            if self.cpu_root is not None and self.cpu_root != self.root:
+                self._mkdir(rel, self.cpu_root)
             if self._mkdir(rel, self.root):
                 created.append(rel)
+                if self.fake_tree:
+                    self._fake_seed(rel)
                 parent = "/".join(parts[: depth - 1])
                 for name in (self.mems_file, self.cpus_file):
                     current = self.read_file(rel, name) if self._has(rel, name) else ""
                     if not current:
                         self.write_file(rel, name, self.read_file(parent, name) or "\n")
-            if self.cpu_root is not None and self.cpu_root != self.root:
-                self._mkdir(rel, self.cpu_root)
         return created
+
+    def add_process(self, path: str, pid: int) -> None:
+        """Move `pid` into the group in the cpuset hierarchy (and the cpu one when separate)."""
+        self.write_file(path, "cgroup.procs", str(validate_pid(pid)))
+        cpu_root = self.cpu_root
+        if (
+            cpu_root is not None
+            and cpu_root != self.root
+            and os.path.isdir(self.dir(path, cpu_root))
+        ):
+            self.write_file(path, "cgroup.procs", str(pid), cpu_root)
+
+    def _fake_seed(self, path: str) -> None:
+        for name in (self.cpus_file, self.mems_file, "cgroup.procs", "tasks"):
+            file = os.path.join(self.dir(path), name)
+            if not os.path.exists(file):
+                with open(file, "w", encoding="ascii") as handle:
+                    handle.write("\n")
+        if self.cpu_root is not None:
+            base = self.dir(path, self.cpu_root)
+            for name, value in (("cpu.cfs_quota_us", "-1"), ("cpu.cfs_period_us", "100000")):
+                file = os.path.join(base, name)
+                if not os.path.exists(file):
+                    with open(file, "w", encoding="ascii") as handle:
+                        handle.write(value + "\n")
+
+    def _fake_kernel_check(self, path: str, name: str, value: str) -> int | None:
+        """The v1 cpuset rules, so a fake tree refuses what the kernel refuses."""
+        parts = split_cgroup_path(path)
+        if name in ("cgroup.procs", "tasks"):
+            if not self.read_file(path, self.cpus_file) or not self.read_file(path, self.mems_file):
+                return errno.ENOSPC
+            return None
+        if name not in (self.cpus_file, self.mems_file):
+            return None
+        try:
+            new = CPUSet.parse(value)
+        except CPUSetParseError:
+            return errno.EINVAL
+        if not parts:
+            return None
+        top = CPUSet.parse(self.read_file("", name))
+        if not new <= top:
+            return errno.EINVAL
+        parent = CPUSet.parse(self.read_file("/".join(parts[:-1]), name))
+        for child in self.child_groups(path):
+            if not CPUSet.parse(self.read_file(child, name)) <= new:
+                return errno.EBUSY
+        if not new <= parent:
+            return errno.EACCES
+        if not new and self.procs(path):
+            return errno.ENOSPC
+        return None
 
     def _has(self, path: str, name: str) -> bool:
         return os.path.exists(os.path.join(self.dir(path), name))
@@ -497,7 +579,22 @@ class CgroupV2(CgroupDriver):
                 self.enable_controllers(parent, ("cpuset", "cpu"))
             if self._mkdir(rel, self.root):
                 created.append(rel)
+                if self.fake_tree:
+                    self._fake_seed(rel)
         return created
+
+    def _fake_seed(self, path: str) -> None:
+        for name, value in (
+            ("cpuset.cpus", ""),
+            ("cpuset.mems", ""),
+            ("cpu.max", "max 100000"),
+            ("cgroup.procs", ""),
+            ("cgroup.subtree_control", ""),
+        ):
+            file = os.path.join(self.dir(path), name)
+            if not os.path.exists(file):
+                with open(file, "w", encoding="ascii") as handle:
+                    handle.write(value + "\n")
 
     def remove(self, path: str) -> None:
         if not split_cgroup_path(path):
