@@ -22,6 +22,7 @@ from __future__ import annotations
 
 import fcntl
 import os
+import stat
 import time
 from collections.abc import Iterator
 from contextlib import contextmanager
@@ -105,25 +106,37 @@ class StateStore:
     def ensure_directory(self) -> None:
         """Create the directory (0700) if missing; StateError when it is not usable."""
         try:
-            os.makedirs(self.directory, mode=0o700, exist_ok=True)
-        except FileExistsError:
-            raise StateError(
-                f"{self.directory}: exists but is not a directory; pass --state-dir DIR",
-                reason="state_dir",
-            ) from None
+            info = os.stat(self.directory)
+        except FileNotFoundError:
+            info = None
         except PermissionError:
             raise StateError(
-                f"{self.directory}: cannot create the state directory (permission denied); "
-                + _WHAT_TO_DO,
+                f"{self.directory}: cannot reach the state directory (permission denied on a "
+                "parent directory); " + _WHAT_TO_DO,
                 reason="state_permission",
             ) from None
-        except OSError as exc:
+        except NotADirectoryError:
             raise StateError(
-                f"{self.directory}: cannot create the state directory ({exc.strerror}); "
-                + _WHAT_TO_DO,
+                f"{self.directory}: a parent of the state directory is not a directory; pass "
+                "--state-dir DIR",
                 reason="state_dir",
             ) from None
-        if not os.path.isdir(self.directory):
+        if info is None:
+            try:
+                os.makedirs(self.directory, mode=0o700, exist_ok=True)
+            except PermissionError:
+                raise StateError(
+                    f"{self.directory}: cannot create the state directory (permission denied); "
+                    + _WHAT_TO_DO,
+                    reason="state_permission",
+                ) from None
+            except OSError as exc:
+                raise StateError(
+                    f"{self.directory}: cannot create the state directory ({exc.strerror}); "
+                    + _WHAT_TO_DO,
+                    reason="state_dir",
+                ) from None
+        elif not stat.S_ISDIR(info.st_mode):
             raise StateError(
                 f"{self.directory}: exists but is not a directory; pass --state-dir DIR",
                 reason="state_dir",
