@@ -1,0 +1,75 @@
+# corepin: the targets the README tells people to run.
+#   make demo   set up .venv and show this machine's topology (table + SVG picture)
+#   make test   set up .venv with the dev tools, lint, type-check, check layers, run every test
+# Other targets: venv, check, bench, docs, clean.
+
+PYTHON ?= python3
+VENV ?= .venv
+BIN := $(VENV)/bin
+DEMO_DIR ?= build
+FIXTURES ?= ../shared/fixtures/sysfs
+PYTEST_ARGS ?=
+
+.PHONY: all venv dev demo test check pytest bench docs clean
+
+all: test
+
+# ---------------------------------------------------------------- virtual environments
+$(BIN)/python:
+	@$(PYTHON) -c 'import sys; sys.exit(sys.version_info < (3, 11))' || \
+	  { echo "corepin needs Python >= 3.11 (found: $$($(PYTHON) --version 2>&1))" >&2; exit 1; }
+	@$(PYTHON) -c 'import ensurepip' 2>/dev/null || \
+	  { echo "Python's venv module is missing: sudo apt-get install -y python3-venv" >&2; exit 1; }
+	$(PYTHON) -m venv $(VENV)
+	$(BIN)/python -m pip install --quiet --upgrade pip
+
+$(VENV)/.installed: $(BIN)/python pyproject.toml
+	$(BIN)/python -m pip install --quiet -e .
+	@touch $@
+
+$(VENV)/.installed-dev: $(BIN)/python pyproject.toml
+	$(BIN)/python -m pip install --quiet -e '.[dev]'
+	@touch $@ $(VENV)/.installed
+
+venv: $(VENV)/.installed
+
+dev: $(VENV)/.installed-dev
+
+# ---------------------------------------------------------------- the main job
+demo: venv
+	@mkdir -p $(DEMO_DIR)
+	$(BIN)/corepin topology
+	$(BIN)/corepin topology -o svg --out $(DEMO_DIR)/topology-this-machine.svg
+	@echo "picture of this machine: $(DEMO_DIR)/topology-this-machine.svg"
+
+# ---------------------------------------------------------------- tests
+check: dev
+	$(BIN)/ruff check src tests benchmarks
+	$(BIN)/mypy
+	$(BIN)/lint-imports
+
+# pytest exits 5 when it collected no tests: that is a failure here, not a pass.
+pytest: dev
+	@$(BIN)/pytest $(PYTEST_ARGS); rc=$$?; \
+	  if [ $$rc -eq 5 ]; then echo "pytest collected no tests: failing" >&2; exit 1; fi; \
+	  exit $$rc
+
+test: check pytest
+
+# ---------------------------------------------------------------- extras
+bench: dev
+	@set -e; ran=0; for f in benchmarks/[!_]*.py; do \
+	  [ -e "$$f" ] || continue; echo "== $$f"; $(BIN)/python "$$f"; ran=1; done; \
+	  [ $$ran -eq 1 ] || echo "no benchmarks yet"
+
+# The pictures in docs/ are drawn from the real-machine sysfs fixtures (../shared/fixtures).
+docs: venv
+	$(BIN)/corepin topology --sysfs-root $(FIXTURES)/intel-2s-8c-ht-32cpu -o svg \
+	  --out docs/topology-intel-2s-ht.svg
+	$(BIN)/corepin topology --sysfs-root $(FIXTURES)/amd-2s-epyc7451-naples-16l3 -o svg \
+	  --out docs/topology-amd-epyc-16l3.svg
+
+clean:
+	rm -rf $(VENV) $(DEMO_DIR) dist .pytest_cache .mypy_cache .ruff_cache .hypothesis \
+	  .import_linter_cache src/*.egg-info
+	find . -name __pycache__ -type d -prune -exec rm -rf {} +
