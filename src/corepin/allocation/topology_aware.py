@@ -90,11 +90,17 @@ class Selector:
                     return 0
         return want - have
 
-    def l3_needed(self, unit: NumaUnit, n: int) -> int:
-        if len(unit.parts) == 1:
-            return 1
+    def node_score(self, unit: NumaUnit, n: int) -> tuple[int, int]:
+        """(L3 instances needed, whole-core shortfall) for n CPUs in `unit`; the shortfall is
+        that of the best single L3 when one L3 can hold n."""
         m = self.mask
-        return _fewest_to_hold([(p.mask & m).bit_count() for p in unit.parts], n)
+        if len(unit.parts) == 1:
+            return 1, self.core_penalty(unit.cores, n)
+        frees = [(p.mask & m).bit_count() for p in unit.parts]
+        fitting = [p for p, f in zip(unit.parts, frees, strict=True) if f >= n]
+        if fitting:
+            return 1, min(self.core_penalty(p.cores, n) for p in fitting)
+        return _fewest_to_hold(frees, n), self.core_penalty(unit.cores, n)
 
     # -------------------------------------------------------------- machine level
     def select(self, n: int) -> int:
@@ -110,8 +116,7 @@ class Selector:
                 best = min(
                     fits,
                     key=lambda i: (
-                        self.l3_needed(units[i], n),
-                        self.core_penalty(units[i].cores, n),
+                        self.node_score(units[i], n),
                         frees[i],
                         i,
                     ),
@@ -155,8 +160,7 @@ class Selector:
                 last = min(
                     fitting,
                     key=lambda i: (
-                        self.l3_needed(units[i], need),
-                        self.core_penalty(units[i].cores, need),
+                        self.node_score(units[i], need),
                         frees[i],
                         sum(dist[i][j] for j in chosen),
                         i,
