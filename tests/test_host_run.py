@@ -33,7 +33,7 @@ needs_cpuset = pytest.mark.skipif(
 needs_two_cpus = pytest.mark.skipif(len(ONLINE) < 2, reason="needs at least 2 CPUs")
 
 
-def corepin(*args: str, state: Path, cgroups: str = "off", **kw: object) -> list[str]:
+def corepin(*args: str, state: Path, cgroups: str = "off") -> list[str]:
     return [
         sys.executable,
         "-m",

@@ -21,7 +21,6 @@ corepin leaves the assignment behind while CMD lives; once neither is alive the 
 from __future__ import annotations
 
 import os
-import secrets
 import signal
 import time
 from collections.abc import Iterator, Mapping
@@ -412,7 +411,7 @@ def _int_or_none(text: str | None) -> int | None:
 
 def _new_id(state: HostState) -> str:
     while True:
-        candidate = f"run-{os.getpid()}-{secrets.token_hex(2)}"
+        candidate = f"run-{os.getpid()}-{os.urandom(2).hex()}"
         if candidate not in state:
             return candidate
 
