@@ -203,7 +203,9 @@ def parse_kubelet_state(
         return _parse_v4(p, top, expected_policy)
     policy = p.text(top.get("policyname"), "policyName")
     default_text = p.text(top.get("defaultcpuset"), "defaultCpuSet")
-    raw_entries = top.get("entries") or {}
+    raw_entries = top.get("entries")
+    if raw_entries is None:
+        raw_entries = {}
     if not isinstance(raw_entries, dict):
         raise p.fail(f"entries must be an object, got {raw_entries!r}")
     checksum = p.checksum(top.get("checksum"))
@@ -319,7 +321,9 @@ def _parse_v4(p: _Parser, top: Mapping[str, Any], expected_policy: str | None) -
     _check_policy(p, policy, expected_policy)
     default_text = p.text(low.get("defaultcpuset"), "defaultCPUSet")
     default = p.cpus(default_text, f'default cpu set "{default_text}"')
-    raw_entries = low.get("entries") or {}
+    raw_entries = low.get("entries")
+    if raw_entries is None:
+        raw_entries = {}
     if not isinstance(raw_entries, dict):
         raise p.fail("entries must be an object")
     entries: dict[str, dict[str, CPUSet]] = {}
