@@ -17,6 +17,8 @@ documented fallbacks (each logged once per discovery, see `corepin.sysfs.files`)
 | `cache/indexK/id` (4.11)             | the cache instance is identified by its shared CPU list  |
 | `cache/indexK/shared_cpu_list`       | `shared_cpu_map` (hex), then the CPU alone               |
 | `sys/devices/cpu_core/cpus` et al.   | `cpuN/cpu_capacity` when present, else no core types     |
+| `cpuN/cpu_capacity`                  | capacity unknown (read only when the first online CPU    |
+|                                      | has the file; no warning, most x86 kernels lack it)      |
 
 Only L2 and L3 cache directories are read in full (L1 is per core and adds nothing). Offline
 CPUs expose no topology, so only online CPUs get a `CPURecord`.
@@ -96,7 +98,7 @@ def read_cpu_system(files: SysfsFiles, *, cache_levels: tuple[int, ...] = (2, 3)
             core_types[kind] = listed
 
     want_capacity = False
-    if not core_types and online:
+    if online:
         first = online.first()
         if first in dirs:
             want_capacity = files.exists(_join(base, dirs[first], "cpu_capacity"))
