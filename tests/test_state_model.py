@@ -164,3 +164,12 @@ def test_any_sequence_of_adds_keeps_exclusive_sets_disjoint_and_pools_partitione
     assert s.shared_pool | s.exclusive_cpus == s.online
     assert not (s.shared_pool & s.exclusive_cpus)
     assert s.free == s.shared_pool - s.reserved
+
+
+def test_evolving_the_cpus_of_a_cpu_level_assignment_moves_its_reserved_set_too() -> None:
+    a = Assignment("a", cpus=C("2"))
+    assert a.evolve(cpus=C("3-4")).reserved == C("3-4")
+    core = Assignment("b", cpus=C("2"), reserved=C("2,6"), level="core")
+    assert core.evolve(pid=5).reserved == C("2,6")
+    with pytest.raises(RequestError, match="must contain cpus"):
+        core.evolve(cpus=C("3"))

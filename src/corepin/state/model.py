@@ -134,7 +134,10 @@ class Assignment:
         return self.cpus | shared_pool
 
     def evolve(self, **changes: Any) -> Assignment:
-        """A copy with some fields changed (validated again)."""
+        """A copy with some fields changed (validated again). When `cpus` changes and the
+        reserved set was just the CPUs themselves (level cpu), the reserved set follows."""
+        if "cpus" in changes and "reserved" not in changes and self.reserved == self.cpus:
+            changes["reserved"] = _EMPTY
         return replace(self, **changes)
 
 
