@@ -7,6 +7,7 @@ parent goes away, so a killed hog never leaves busy orphans behind.
 from __future__ import annotations
 
 import argparse
+import contextlib
 import os
 import signal
 import sys
@@ -37,15 +38,11 @@ def main() -> int:
 
     def stop(signum: int, _frame: object) -> None:
         for child in children:
-            try:
+            with contextlib.suppress(ProcessLookupError):
                 os.kill(child, signal.SIGKILL)
-            except ProcessLookupError:
-                pass
         for child in children:
-            try:
+            with contextlib.suppress(ChildProcessError):
                 os.waitpid(child, 0)
-            except ChildProcessError:
-                pass
         sys.exit(0)
 
     signal.signal(signal.SIGTERM, stop)

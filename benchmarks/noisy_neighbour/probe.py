@@ -33,7 +33,7 @@ def percentile(sorted_values: list[int], q: float) -> float:
 def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__)
     parser.add_argument("--iterations", type=int, default=20000)
-    parser.add_argument("--work", type=int, default=400, help="loop length of one step")
+    parser.add_argument("--work", type=int, default=3000, help="loop length of one step")
     args = parser.parse_args()
     for _ in range(200):  # warm up
         step(args.work)
