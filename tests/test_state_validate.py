@@ -2,12 +2,15 @@
 
 from __future__ import annotations
 
+import contextlib
 import logging
 
 import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
 
 from corepin.core.cpuset import CPUSet
-from corepin.core.errors import StateError
+from corepin.core.errors import AllocationError, StateError
 from corepin.state import STRICT_RESERVATION, Assignment, HostState, fingerprint, validate
 from test_state_helpers import machine
 
@@ -128,3 +131,34 @@ def test_refusal_lists_every_problem_at_once() -> None:
     with pytest.raises(StateError) as info:
         validate(restored(), machine(8, offline=[1, 2]))
     assert "'run/a'" in str(info.value) and "'run/b'" in str(info.value)
+
+
+@settings(max_examples=60, deadline=None)
+@given(
+    st.lists(st.sets(st.integers(0, 15), min_size=1, max_size=3), max_size=5),
+    st.sets(st.integers(1, 15), max_size=4),
+)
+def test_validation_refuses_exactly_when_an_exclusive_cpu_is_gone_and_never_moves_cpus(
+    claims: list[set[int]], offline: set[int]
+) -> None:
+    full = machine(16)
+    s = HostState.new(full, reserved=C("0"))
+    for i, cpus in enumerate(claims):
+        with contextlib.suppress(AllocationError):
+            s = s.add(Assignment(f"run/{i}", cpus=CPUSet(cpus), mems=full.mems_of(CPUSet(cpus))))
+    topo = machine(16, offline=offline)
+    held = CPUSet.from_bits(sum(a.cpus.bits for a in s))
+    try:
+        out, changes = validate(s, topo)
+    except StateError:
+        assert held & CPUSet(offline), "refused although no allocated CPU went away"
+        return
+    assert not (held & CPUSet(offline))
+    assert {k: a.cpus for k, a in out.assignments.items()} == {
+        k: a.cpus for k, a in s.assignments.items()
+    }
+    assert out.online == topo.online_cpus and out.shared_pool <= topo.online_cpus
+    assert not (out.exclusive_cpus - topo.online_cpus)
+    assert bool(changes) == bool(offline)
+    again, more = validate(out, topo)
+    assert again == out and more == [], "validation is idempotent"
