@@ -481,6 +481,8 @@ class CgroupV1(CgroupDriver):
     def _fake_kernel_check(self, path: str, name: str, value: str) -> int | None:
         """The v1 cpuset rules, so a fake tree refuses what the kernel refuses."""
         parts = split_cgroup_path(path)
+        if name == "cpu.cfs_quota_us":
+            return self._fake_quota_check(path, int(value))
         if name in ("cgroup.procs", "tasks"):
             if not self.read_file(path, self.cpus_file) or not self.read_file(path, self.mems_file):
                 return errno.ENOSPC
@@ -504,6 +506,32 @@ class CgroupV1(CgroupDriver):
             return errno.EACCES
         if not new and self.procs(path):
             return errno.ENOSPC
+        return None
+
+    def _fake_quota_check(self, path: str, quota: int) -> int | None:
+        """v1 refuses a finite quota above an ancestor's, or below a child's (as a ratio)."""
+        if quota == -1 or self.cpu_root is None:
+            return None
+        root = self.cpu_root
+        period = int(self.read_file(path, "cpu.cfs_period_us", root))
+        mine = quota / period
+        parts = split_cgroup_path(path)
+        for depth in range(len(parts) - 1, -1, -1):
+            above = "/".join(parts[:depth])
+            theirs = int(self.read_file(above, "cpu.cfs_quota_us", root))
+            if theirs >= 0:
+                if mine > theirs / int(self.read_file(above, "cpu.cfs_period_us", root)):
+                    return errno.EINVAL
+                break
+        for child in os.scandir(self.dir(path, root)):
+            if child.is_dir():
+                rel = "/".join((*parts, child.name))
+                theirs = int(self.read_file(rel, "cpu.cfs_quota_us", root))
+                if (
+                    theirs >= 0
+                    and theirs / int(self.read_file(rel, "cpu.cfs_period_us", root)) > mine
+                ):
+                    return errno.EINVAL
         return None
 
     def _has(self, path: str, name: str) -> bool:

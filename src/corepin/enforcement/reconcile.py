@@ -279,21 +279,21 @@ class Reconciler:
                 if not target.create:
                     report.missing.append(rel)
                     return
-                self._create(drv, rel, report)
+                self._create(drv, rel, report, cache)
                 virtual = report.dry_run
         elif not drv.exists(rel):
             if not target.create:
                 report.missing.append(rel)
                 return
-            self._create(drv, rel, report)
+            self._create(drv, rel, report, cache)
             virtual = report.dry_run
         if target.cpus is not None and text != str(target.cpus):
-            cur = CPUSet() if virtual else drv.read_cpus(rel)
+            cur = cache[("cpus", rel)] if virtual else drv.read_cpus(rel)
             if cur != target.cpus:
                 cache[("cpus", rel)] = cur
                 pending_cpus.append(_Pending(rel, _depth(rel), target.cpus, target))
         if mems is not None:
-            mtext = "" if virtual else drv.read_mems_text(rel)
+            mtext = str(cache[("mems", rel)]) if virtual else drv.read_mems_text(rel)
             if mtext != str(mems):
                 cur = CPUSet.parse(mtext)
                 if cur != mems:
@@ -304,12 +304,32 @@ class Reconciler:
             if got is None or not target.quota.satisfied_by(got):
                 pending_quota.append((rel, target, got, target.quota))
 
-    def _create(self, drv: CgroupDriver, rel: str, report: ReconcileReport) -> None:
-        if report.dry_run:
-            report.changes.append(Change("mkdir", rel, "", rel, "create"))
+    def _create(
+        self,
+        drv: CgroupDriver,
+        rel: str,
+        report: ReconcileReport,
+        cache: dict[tuple[str, str], CPUSet],
+    ) -> None:
+        if not report.dry_run:
+            for made in drv.create(rel):
+                report.changes.append(Change("mkdir", made, "", made, "create"))
             return
-        for made in drv.create(rel):
-            report.changes.append(Change("mkdir", made, "", made, "create"))
+        # A dry run records what create() would do and what the new groups would hold:
+        # v1 copies the parent's cpus and mems, v2 starts empty (inherit).
+        parts = rel.split("/")
+        for depth in range(1, len(parts) + 1):
+            here = "/".join(parts[:depth])
+            if ("virtual", here) in cache or drv.exists(here):
+                continue
+            cache[("virtual", here)] = CPUSet()
+            report.changes.append(Change("mkdir", here, "", here, "create"))
+            parent = "/".join(parts[: depth - 1])
+            for kind in ("cpus", "mems"):
+                if drv.version == 1:
+                    cache[(kind, here)] = self._value(drv, kind, parent, cache)
+                else:
+                    cache[(kind, here)] = CPUSet()
 
     def _value(
         self, drv: CgroupDriver, kind: str, rel: str, cache: dict[tuple[str, str], CPUSet]
@@ -417,6 +437,10 @@ class Reconciler:
             if value <= want:
                 continue
             new = (value & want) or want
+            if not new <= value:
+                # nothing in common: the child moves to `want`, which its parent holds now;
+                # widen it first so that its own children can follow
+                self._write(drv, kind, child, value | new, "shrink-child", cache, report)
             self._shrink_children(drv, kind, child, new, cache, report)
             self._write(drv, kind, child, new, "shrink-child", cache, report)
 
