@@ -286,6 +286,10 @@ def test_init_container_cpus_reused_by_an_app_container_are_folded_into_it() -> 
     state, notes = kubelet_to_host_state(parse_kubelet_state(static_file(entries, "0-1,4-7")))
     assert set(state.assignments) == {"pod/u/app"}
     assert "event=folded id=pod/u/init into=pod/u/app" in notes
+    same = {"u": {"init": "2-3", "app": "2-3"}}
+    state, notes = kubelet_to_host_state(parse_kubelet_state(static_file(same, "0-1,4-7")))
+    assert set(state.assignments) == {"pod/u/app"}, "equal sets are kept once"
+    assert "event=folded id=pod/u/init into=pod/u/app" in notes
 
 
 @pytest.mark.parametrize(

@@ -392,7 +392,13 @@ def kubelet_to_host_state(
             if not cpus:
                 notes.append(f"event=skipped id=pod/{pod}/{name} cause=no_cpus")
                 continue
-            folded = [other for other, ocpus in members if other != name and cpus < ocpus]
+            # an init container's CPUs reused by an app container: keep the larger set (or, for
+            # equal sets, the first name) and fold the other into it
+            folded = [
+                other
+                for other, ocpus in members
+                if other != name and (cpus < ocpus or (cpus == ocpus and other < name))
+            ]
             if folded:
                 notes.append(f"event=folded id=pod/{pod}/{name} into=pod/{pod}/{folded[0]}")
                 continue
