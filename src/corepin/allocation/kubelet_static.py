@@ -29,7 +29,7 @@ once and cached.
 from __future__ import annotations
 
 import math
-from collections.abc import Callable, Iterable, Mapping
+from collections.abc import Callable, Iterable, Iterator, Mapping
 from dataclasses import dataclass
 from typing import Final
 
@@ -221,6 +221,7 @@ class _Tables:
         "numa_first",
         "numa_socket",
         "numas_in_socket",
+        "smallest_core",
         "socket",
         "sockets_in_numa",
     )
@@ -277,6 +278,7 @@ class _Tables:
         self.cpus_per_socket = self.num_cpus // self.num_sockets if self.num_sockets else 0
         self.cpus_per_uncore = self.num_cpus // self.num_uncore if self.num_uncore else 0
         self.numa_first = self.num_sockets >= self.num_numa
+        self.smallest_core = min((m.bit_count() for m in core.values()), default=1)
         self.sockets_in_numa = {
             n: sorted(s for (nn, s) in numa_socket if nn == n) for n in sorted(numa)
         }
@@ -361,7 +363,7 @@ class _Accumulator:
     # -- sorting: ascending by available CPUs in the unit, then by id
     def _sorted(self, ids: Iterable[int], masks: Mapping[int, int]) -> list[int]:
         avail = self.avail
-        keyed = [(_popcount(masks[i] & avail), i) for i in ids]
+        keyed = [((masks[i] & avail).bit_count(), i) for i in ids]
         keyed.sort()
         return [i for _, i in keyed]
 
@@ -385,18 +387,24 @@ class _Accumulator:
             out.extend(self._sorted(ids, t.socket))
         return out
 
-    def sort_cores(self) -> list[int]:
-        t, avail, core = self.t, self.avail, self.t.core
-        out: list[int] = []
+    def _core_units(self) -> list[tuple[int, list[int]]]:
+        """(unit mask, its cores ascending) in the order sortAvailableCores walks the units:
+        sockets (numaFirst: CoresInSockets) or NUMA nodes (socketsFirst: CoresInNUMANodes)."""
+        t = self.t
         if t.numa_first:
-            for s in self.sort_sockets():
-                smask = t.socket[s] & avail
-                out.extend(self._sorted((c for c in t.cores_in_socket[s] if core[c] & smask), core))
-        else:
-            for n in self.sort_numas():
-                nmask = t.numa[n] & avail
-                out.extend(self._sorted((c for c in t.cores_in_numa[n] if core[c] & nmask), core))
-        return out
+            return [(t.socket[s], t.cores_in_socket[s]) for s in self.sort_sockets()]
+        return [(t.numa[n], t.cores_in_numa[n]) for n in self.sort_numas()]
+
+    def iter_cores(self) -> Iterator[int]:
+        """sortAvailableCores, lazily: every unit's cores are sorted against the available set
+        as it is now (later takes do not change the order, as upstream sorts once)."""
+        avail, core = self.avail, self.t.core
+        for umask, cores in self._core_units():
+            m = umask & avail
+            yield from self._sorted((c for c in cores if core[c] & m), core)
+
+    def sort_cores(self) -> list[int]:
+        return list(self.iter_cores())
 
     def sort_uncores(self) -> list[int]:
         t, avail = self.t, self.avail
@@ -406,18 +414,20 @@ class _Accumulator:
             out.extend(self._sorted(ids, t.l3))
         return out
 
-    def cpu_order(self) -> list[int]:
-        """sortAvailableCPUsPacked (cores in sorted order) or ...Spread (sockets in order)."""
-        out: list[int] = []
+    def iter_cpus(self) -> Iterator[int]:
+        """sortAvailableCPUsPacked (cores in sorted order) or ...Spread (sockets in order),
+        lazily and against the available set as it is now."""
         avail = self.avail
         if self.spread:
             for s in self.sort_sockets():
-                out.extend(_bits(self.t.socket[s] & avail))
+                yield from _bits(self.t.socket[s] & avail)
         else:
             core = self.t.core
-            for c in self.sort_cores():
-                out.extend(_bits(core[c] & avail))
-        return out
+            for c in self.iter_cores():
+                yield from _bits(core[c] & avail)
+
+    def cpu_order(self) -> list[int]:
+        return list(self.iter_cpus())
 
     # -- taking whole units
     def take_full_numas(self) -> None:
@@ -436,14 +446,24 @@ class _Accumulator:
                 self.take(socket[s], "socket")  # the whole socket of the topology, as upstream
 
     def take_full_cores(self) -> None:
-        core, avail, per = self.t.core, self.avail, self.t.cpus_per_core
-        free = [c for c in self.sort_cores() if _popcount(core[c] & avail) == per]
-        for c in free:
-            if self.need >= _popcount(core[c]):
-                self.take(core[c], "core")
+        """Free cores in sortAvailableCores order; within one unit every free core has the same
+        count of available CPUs, so they come by ascending id. Stops once no core can fit."""
+        t = self.t
+        core, avail, per, smallest = t.core, self.avail, t.cpus_per_core, t.smallest_core
+        for umask, cores in self._core_units():
+            if not umask & avail:
+                continue
+            for c in cores:
+                if self.need < smallest:
+                    return
+                cm = core[c]
+                if (cm & avail).bit_count() == per and self.need >= cm.bit_count():
+                    self.take(cm, "core")
 
     def take_full_uncores(self) -> None:
         l3, avail = self.t.l3, self.avail
+        if not any(m & ~avail == 0 for m in l3.values()):
+            return  # no uncore cache is free: sorting them would change nothing
         free = [u for u in self.sort_uncores() if l3[u] & ~avail == 0]
         for u in free:
             if self.need >= _popcount(l3[u]):
@@ -476,7 +496,7 @@ class _Accumulator:
                 return
 
     def take_remaining_cpus(self) -> None:
-        for cpu in self.cpu_order():
+        for cpu in self.iter_cpus():
             self.take(1 << cpu, "cpu")
             if self.satisfied():
                 return
