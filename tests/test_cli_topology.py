@@ -513,3 +513,14 @@ def test_committed_pictures_match_what_the_code_draws_now(
     assert out.read_text(encoding="utf-8") == committed.read_text(encoding="utf-8"), (
         f"docs/{doc} is stale: run `make docs` and commit it"
     )
+
+
+def test_svg_owner_colours_can_be_chosen_by_the_caller() -> None:
+    owners = {0: "web", 1: "shared", 2: "batch"}
+    rects = pu_rects(
+        parse_svg(render_svg(machine(), owners=owners, colours={"web": "#123456", "shared": "red"}))
+    )
+    assert rects[0].get("fill") == "#123456"
+    assert rects[1].get("fill") == "red"
+    assert rects[2].get("fill") == PALETTE[0]  # the palette skips owners the caller coloured
+    assert rects[3].get("fill") == "#ffffff"  # no owner: free-looking white

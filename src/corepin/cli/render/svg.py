@@ -129,10 +129,15 @@ def _cpuset(infos: Iterable[CPUInfo]) -> CPUSet:
 
 
 class _Builder:
-    def __init__(self, topology: Topology, owners: Mapping[int, str] | None) -> None:
+    def __init__(
+        self,
+        topology: Topology,
+        owners: Mapping[int, str] | None,
+        colours: Mapping[str, str] | None = None,
+    ) -> None:
         self.t = topology
         self.owners = owners
-        self.colours = _owner_colours(owners) if owners is not None else {}
+        self.colours = _owner_colours(owners, colours) if owners is not None else {}
         self.offline_by_core: dict[int, list[CPUInfo]] = {}
         for info in topology.cpus:
             if not info.online and info.core is not None:
@@ -303,13 +308,19 @@ class _Builder:
         return box
 
 
-def _owner_colours(owners: Mapping[int, str]) -> dict[str, str]:
+def _owner_colours(
+    owners: Mapping[int, str], chosen: Mapping[str, str] | None = None
+) -> dict[str, str]:
+    """Owner label -> fill: `chosen` first, then the fixed pool colours, then the palette."""
+    chosen = chosen or {}
     colours: dict[str, str] = {}
-    others = sorted({o for o in owners.values() if o not in OWNER_COLOURS})
+    others = sorted({o for o in owners.values() if o not in OWNER_COLOURS and o not in chosen})
     for i, name in enumerate(others):
         colours[name] = PALETTE[i % len(PALETTE)]
     for name in owners.values():
-        if name in OWNER_COLOURS:
+        if name in chosen:
+            colours[name] = chosen[name]
+        elif name in OWNER_COLOURS:
             colours[name] = OWNER_COLOURS[name]
     return colours
 
@@ -512,11 +523,15 @@ def _legend(
     return out, y + row_h - y0
 
 
-def _layout(topology: Topology, owners: Mapping[int, str] | None) -> _Box:
+def _layout(
+    topology: Topology,
+    owners: Mapping[int, str] | None,
+    colours: Mapping[str, str] | None = None,
+) -> _Box:
     """Lay the machine out at the width that gives the most screen-like picture."""
     best: tuple[float, _Box] | None = None
     for width in range(480, 3201, 160):
-        box = _Builder(topology, owners).machine()
+        box = _Builder(topology, owners, colours).machine()
         _measure(box, float(width))
         ratio = box.w / max(box.h, 1.0)
         score = abs(math.log(ratio / 1.6)) + 2.0 * max(0.0, (box.w - 1800.0) / 1000.0)
@@ -532,16 +547,20 @@ def render_svg(
     *,
     title: str | None = None,
     legend: bool = True,
+    colours: Mapping[str, str] | None = None,
 ) -> str:
     """The machine as an SVG picture.
 
-    owners: optional CPU id -> owner label; CPUs are then filled with their owner's colour and
-    the legend lists every owner with its CPUs (CPUs missing from the mapping stay white).
+    owners: optional CPU id -> owner label; online CPUs are then filled with their owner's
+    colour and the legend lists every owner with its CPUs (CPUs missing from the mapping stay
+    white; offline CPUs stay hatched). `reserved`, `infra`, `shared` and `free` have fixed
+    colours (OWNER_COLOURS); other owners get PALETTE colours in sorted order.
+    colours: optional owner label -> SVG colour, overriding both.
     title: first line above the picture (default: "corepin topology" plus the machine's name).
     legend: draw the legend under the picture.
     """
-    machine = _layout(topology, owners)
-    colours = _owner_colours(owners) if owners is not None else {}
+    machine = _layout(topology, owners, colours)
+    colours = _owner_colours(owners, colours) if owners is not None else {}
     margin = 14.0
     heading = (
         title
