@@ -2,7 +2,8 @@
 
 For each named synthetic topology (dual-socket HT, EPYC-like with 8 L3 per socket, 4 NUMA nodes
 per socket, 16 NUMA nodes) and each seed, the churn generator makes a trace that keeps the
-machine near full; both policies replay it and are scored as in `corepin simulate`:
+machine near full (without exclusiveness levels, which kubelet-static does not have, unless
+--levels); both policies replay it and are scored as in `corepin simulate`:
 admitted, rejected, NUMA-aligned, LLC-aligned and full-core ratios (CONTRACTS.md section 4).
 
 Target (issue 3): topology-aware admits at least as many requests as kubelet-static and has a
@@ -145,7 +146,8 @@ with `benchmarks/baseline.json`; `--record` updates it, `--quick` is the CI smok
 
 Same generated churn traces for both policies ({seeds} seeds x {events} events per topology; the
 generator keeps the requested load at 80-100% of the machine, mixing 1-32 CPU requests, shared
-requests, exclusiveness levels and workload families). An admitted allocation of n CPUs is
+requests and workload families; exclusiveness levels are left out, since kubelet-static has none
+and would reject those requests). An admitted allocation of n CPUs is
 *NUMA-aligned* when it spans the fewest NUMA nodes n CPUs could span on an empty machine,
 *LLC-aligned* likewise for L3 caches, *full-core* when it holds no partial physical core (one
 allowed when n is odd). Ratios are over admitted exclusive allocations.
@@ -179,6 +181,11 @@ def main() -> int:
     parser.add_argument("--record", action="store_true", help="write the figures as baseline")
     parser.add_argument("--seeds", type=int, default=0, help="traces per topology")
     parser.add_argument("--events", type=int, default=0, help="events per trace")
+    parser.add_argument(
+        "--levels",
+        action="store_true",
+        help="keep exclusiveness levels in the traces (kubelet-static rejects them)",
+    )
     parser.add_argument("--no-docs", action="store_true", help="do not rewrite docs/benchmarks.md")
     parser.add_argument(
         "--topology", action="append", help=f"topology names (default: {', '.join(QUALITY)})"
@@ -202,7 +209,8 @@ def main() -> int:
         metrics = AlignmentMetrics(topo)
         per_policy: dict[str, list[PolicyResult]] = {p.name: [] for p in policies}
         for seed in range(seeds):
-            trace = parse_trace(generate_trace(topo, seed=seed, options=ChurnOptions(events)))
+            options = ChurnOptions(events, levels=args.levels)
+            trace = parse_trace(generate_trace(topo, seed=seed, options=options))
             per_trace: dict[str, dict[str, Any]] = {}
             for policy in policies:
                 start = time.perf_counter()

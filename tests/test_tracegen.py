@@ -97,3 +97,15 @@ def test_bad_options_are_input_errors() -> None:
 def test_every_generated_trace_passes_strict_validation(seed: int, events: int) -> None:
     trace = generate_trace(dual_socket_ht(4), seed=seed, options=ChurnOptions(events=events))
     assert len(parse_trace(trace).events) == events
+
+
+def test_without_levels_the_trace_is_the_same_except_every_level_is_cpu() -> None:
+    topo = dual_socket_ht()
+    with_levels = parse_trace(generate_trace(topo, seed=9, options=ChurnOptions(events=800)))
+    plain = parse_trace(
+        generate_trace(topo, seed=9, options=ChurnOptions(events=800, levels=False))
+    )
+    assert {e.level for e in plain.events} == {"cpu"}
+    assert any(e.level != "cpu" for e in with_levels.events)
+    strip = [(e.op, e.id, e.cpus, e.shared, e.workload) for e in with_levels.events]
+    assert strip == [(e.op, e.id, e.cpus, e.shared, e.workload) for e in plain.events]

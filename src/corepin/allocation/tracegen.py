@@ -9,7 +9,8 @@ fragmented, nearly full machine.
   machine are dropped on small topologies).
 - About one add in seven is shared (`"shared": true`, 1-2 CPUs of the shared pool).
 - Exclusiveness levels: mostly `cpu`, some `core`, a few `l3`, rare `numa` / `socket` (those
-  only for requests of 8 CPUs or more, where withholding a whole unit is plausible).
+  only for requests of 8 CPUs or more, where withholding a whole unit is plausible); none with
+  `ChurnOptions(levels=False)`, which otherwise gives the same trace.
 - Workload families: none for about half the requests, else one of the four families.
 - Arrivals and departures: every add draws a lifetime (exponential, in events); departures
   happen when due. While the load is under the band only arrivals happen; above it, the
@@ -48,6 +49,9 @@ class ChurnOptions:
     high: float = 1.00
     shared_fraction: float = 0.14
     mean_lifetime: float = 0.0  # in events; 0 = derived from the machine size
+    #: False: every exclusive add is level "cpu" (for policies without exclusiveness levels,
+    #: such as kubelet-static); the trace is otherwise the same as with levels.
+    levels: bool = True
 
     def check(self) -> None:
         if isinstance(self.events, bool) or not isinstance(self.events, int) or self.events < 0:
@@ -108,7 +112,7 @@ def generate_trace(
             cpus = rng.choices(sizes, weights)[0]
             event["cpus"] = cpus
             level = _pick(rng, _LEVELS)
-            if level in ("numa", "socket") and cpus < 8:
+            if (level in ("numa", "socket") and cpus < 8) or not opts.levels:
                 level = "cpu"
             if level != "cpu":
                 event["level"] = level
