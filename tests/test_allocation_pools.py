@@ -157,7 +157,19 @@ def test_shared_and_best_effort_assignments_withhold_nothing_and_count_usage() -
     assert not a.reserved and not b.reserved
     assert state.exclusive_cpus() == CPUSet()
     counts = state.usage_counts()
-    assert counts[0] == 2 and counts[1] == 1
+    assert counts[0] == 2
+    assert counts[1] == 1 and counts[7] == 1  # the shared request runs on the whole pool
+
+
+def test_best_effort_assignments_spread_over_the_least_shared_cpus() -> None:
+    topo = T.single_socket_ht()
+    state = PoolState.build(topo)
+    wa = get_policy("workload-aware")
+    chosen = []
+    for i in range(10):
+        state, d = state.allocate(f"be{i}", Request(1, workload="best-effort"), wa)
+        chosen.append(d.cpus.first())
+    assert chosen == [0, 1, 2, 3, 4, 5, 6, 7, 0, 1]
 
 
 def test_filling_the_machine_then_one_more_request_is_rejected_without_overlap() -> None:

@@ -254,7 +254,12 @@ class PoolState:
             decision = policy.decide(self.topology, request, self.available_for_exclusive())
         else:
             pool = self.shared_pool(allow_isolated="allow-isolated" in request.options)
-            decision = policy.decide(self.topology, request, pool)
+            from corepin.allocation.workload_aware import WorkloadAwarePolicy
+
+            if request.workload == "best-effort" and isinstance(policy, WorkloadAwarePolicy):
+                decision = policy.decide(self.topology, request, pool, usage=self.usage_counts())
+            else:
+                decision = policy.decide(self.topology, request, pool)
             if decision.reserved:
                 decision = Decision(
                     decision.cpus, decision.mems, CPUSet(), decision.policy, decision.explanation
