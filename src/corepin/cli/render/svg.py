@@ -32,7 +32,7 @@ PU_H = 22.0
 OWNER_COLOURS: dict[str, str] = {
     "free": "#ffffff",
     "shared": "#a8d5a2",
-    "reserved": "#b0b0b0",
+    "reserved": "#6b6b6b",
     "infra": "#c9b3d9",
 }
 #: Colours handed to other owners in sorted order (readable with black text, colour-blind aware).
@@ -299,6 +299,7 @@ class _Builder:
             owner = self.owners.get(info.cpu)
             if owner is not None:
                 box.fill = self.colours[owner]
+                box.text_fill = _text_on(box.fill)
                 tip += f": {owner}"
         if not info.online:
             box.text_fill = "#222222"
@@ -323,6 +324,18 @@ def _owner_colours(
         elif name in OWNER_COLOURS:
             colours[name] = OWNER_COLOURS[name]
     return colours
+
+
+def _text_on(fill: str) -> str:
+    """Black text on light fills, white on dark ones (#rrggbb; anything else gets black)."""
+    if len(fill) == 7 and fill[0] == "#":
+        try:
+            r, g, b = (int(fill[i : i + 2], 16) / 255 for i in (1, 3, 5))
+        except ValueError:
+            return "#1a1a1a"
+        if 0.299 * r + 0.587 * g + 0.114 * b < 0.5:
+            return "#ffffff"
+    return "#1a1a1a"
 
 
 def _size(kb: int) -> str:
