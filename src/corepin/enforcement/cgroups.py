@@ -174,6 +174,10 @@ class CgroupDriver:
     record: bool = field(default=False, init=False)
     #: a plain directory tree standing in for cgroupfs (tests, benchmarks): writes create files
     fake_tree: bool = field(default=False, kw_only=True)
+    _dirs: dict[tuple[str, Path | None], str] = field(default_factory=dict, init=False, repr=False)
+    _files: dict[tuple[str, str, Path | None], str] = field(
+        default_factory=dict, init=False, repr=False
+    )
 
     version: int = field(default=0, init=False)
     cpus_file: str = field(default="cpuset.cpus", init=False)
@@ -185,8 +189,26 @@ class CgroupDriver:
         return "/".join(split_cgroup_path(path))
 
     def dir(self, path: str, root: Path | None = None) -> str:
-        parts = split_cgroup_path(path)
-        return os.path.join(os.fspath(root or self.root), *parts)
+        """Absolute directory of the group `path` (validated once, then cached)."""
+        key = (path, root)
+        got = self._dirs.get(key)
+        if got is None:
+            parts = split_cgroup_path(path)
+            got = os.path.join(os.fspath(root or self.root), *parts)
+            if len(self._dirs) > 100_000:
+                self._dirs.clear()
+            self._dirs[key] = got
+        return got
+
+    def _file(self, path: str, name: str, root: Path | None) -> str:
+        key = (path, name, root)
+        got = self._files.get(key)
+        if got is None:
+            got = os.path.join(self.dir(path, root), name)
+            if len(self._files) > 100_000:
+                self._files.clear()
+            self._files[key] = got
+        return got
 
     def exists(self, path: str) -> bool:
         return os.path.isdir(self.dir(path))
@@ -212,7 +234,7 @@ class CgroupDriver:
 
     # ------------------------------------------------------------------ raw io
     def read_file(self, path: str, name: str, root: Path | None = None) -> str:
-        file = os.path.join(self.dir(path, root), name)
+        file = self._file(path, name, root)
         try:
             return _read_text(file).strip()
         except FileNotFoundError:
