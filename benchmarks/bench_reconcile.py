@@ -31,7 +31,6 @@ from collections.abc import Callable
 from pathlib import Path
 
 from _common import median, percentile, table
-
 from corepin.core.cpuset import CPUSet
 from corepin.enforcement.cgroups import CgroupDriver, CgroupV1, CpuQuota
 from corepin.enforcement.faketree import make_fake_v1, make_fake_v2
@@ -199,9 +198,8 @@ def main(argv: list[str] | None = None) -> int:
         finally:
             remove_tree(drv, top)
     rows.append(process_row(args.processes, repeats))
-    print(
-        f"reconcile of a steady state ({repeats} timed passes each; python {sys.version.split()[0]})"
-    )
+    version = sys.version.split()[0]
+    print(f"reconcile of a steady state ({repeats} timed passes each; python {version})")
     print(table(rows))
     print(
         "\nsteady = corepin reconcile with nothing to change (reads, compares, writes nothing);\n"
