@@ -9,6 +9,7 @@ from __future__ import annotations
 
 from collections.abc import Iterable
 
+from corepin.core.cpuset import CPUSet
 from corepin.topology.model import CPUInfo, NUMANode, Topology
 
 
@@ -69,8 +70,6 @@ def build(
             else:
                 dist[other] = 32
         online_cpus = [c for c in node_cpus.get(node, []) if c not in off]
-        from corepin.core.cpuset import CPUSet
-
         nodes.append(NUMANode(node, CPUSet(online_cpus), dist))
     return Topology(rows, nodes, name=name)
 

@@ -55,10 +55,6 @@ def _fewest_to_hold(frees: list[int], n: int) -> int:
     return 1 << 30
 
 
-def _ids(masks: int, units: tuple[NumaUnit, ...]) -> str:
-    return ",".join(str(u.id) for u in units if u.mask & masks)
-
-
 class Selector:
     """One decision's working state: the index, the usable mask, SMT settings, the steps."""
 
