@@ -162,11 +162,14 @@ def _write_cpu(
         out.write(os.path.join(t, "thread_siblings_list"), siblings)
     out.write(os.path.join(t, "package_cpus_list"), package)
     out.write(os.path.join(t, "core_siblings_list"), package)
-    if info.cluster is not None and "cluster_id" not in skip:
-        out.write(os.path.join(t, "cluster_id"), str(info.cluster))
-        out.write(
-            os.path.join(t, "cluster_cpus_list"), str(CPUSet.from_bits(clusters[info.cluster]))
-        )
+    if "cluster_id" not in skip:
+        if info.cluster is not None:
+            cluster_cpus = str(CPUSet.from_bits(clusters[info.cluster]))
+            out.write(os.path.join(t, "cluster_id"), str(info.cluster))
+            out.write(os.path.join(t, "cluster_cpus_list"), cluster_cpus)
+        else:  # what arm64 prints for a CPU outside any cluster
+            out.write(os.path.join(t, "cluster_id"), "-1")
+            out.write(os.path.join(t, "cluster_cpus_list"), siblings)
     if info.capacity is not None:
         out.write(os.path.join(cpu_dir, "cpu_capacity"), str(info.capacity))
 
