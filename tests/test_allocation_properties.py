@@ -4,6 +4,7 @@ from __future__ import annotations
 
 from functools import cache
 
+import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
@@ -217,3 +218,48 @@ def test_exclusive_decisions_never_overlap_and_reserved_cpus_are_never_handed_ou
         assert seen.isdisjoint(state.reserved)
         assert state.shared_pool().isdisjoint(seen | state.reserved)
         assert state.exclusive_cpus() == seen
+
+
+LIBRARY = ("hybrid", "offline_cpus", "sixteen_numa", "multi_l3_per_numa", "dual_socket_ht")
+
+
+@cache
+def _library(name: str) -> Topology:
+    from corepin.topology import synthetic
+
+    return synthetic.named(name)
+
+
+@pytest.mark.parametrize(
+    "policy",
+    [
+        "topology-aware",
+        "workload-aware",
+        pytest.param(
+            "kubelet-static",
+            marks=pytest.mark.xfail(
+                reason="kubelet-static returned CPUs outside `available` on the hybrid and "
+                "offline_cpus topologies when this test was written (reported to its owner)",
+                strict=False,
+            ),
+        ),
+    ],
+)
+@settings(max_examples=120, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@given(data=st.data())
+def test_on_hybrid_offline_and_sixteen_numa_machines_results_stay_within_available(
+    policy: str, data: st.DataObject
+) -> None:
+    topo = _library(data.draw(st.sampled_from(LIBRARY)))
+    online = topo.online_cpus.sorted()
+    keep = data.draw(st.lists(st.booleans(), min_size=len(online), max_size=len(online)))
+    avail = CPUSet(c for c, k in zip(online, keep, strict=True) if k)
+    n = data.draw(st.integers(1, len(online)))
+    request = _requests(data.draw, policy, n)
+    try:
+        d = _decide(topo, request, avail, policy)
+    except RequestError:
+        return
+    if d is not None:
+        assert d.cpus <= avail
+        assert len(d.cpus) == n
