@@ -379,3 +379,15 @@ def test_write_then_discover_keeps_memory_sizes_and_memory_only_nodes(tmp_path: 
     assert got == topo
     assert [n.id for n in got.numa_nodes if n.memory_only] == [2, 3]
     assert got.numa_node(2).memory_kb == 1 << 20
+
+
+@pytest.mark.parametrize("sentinel", ["-1", "65535", "4294967295"])
+def test_cluster_id_sentinels_mean_no_cluster_without_a_warning(
+    tree: Path, sentinel: str, caplog: pytest.LogCaptureFixture
+) -> None:
+    for cpu in range(32):
+        put(tree, f"{CPU}/cpu{cpu}/topology/cluster_id", sentinel)
+    with caplog.at_level(logging.WARNING, logger="corepin.sysfs"):
+        topo = discover(tree)
+    assert {c.cluster for c in topo.cpus} == {None}
+    assert not fallback_kinds(caplog)

@@ -13,7 +13,7 @@ documented fallbacks (each logged once per discovery, see `corepin.sysfs.files`)
 | `cpuN/topology/` (whole directory)   | the CPU is its own core, package unknown (0)             |
 | `topology/die_id` (5.2)              | one die per package: die 0 (`-1` means "no die": None)   |
 | `topology/core_cpus_list` (5.3)      | `thread_siblings_list`, then grouping by core_id         |
-| `topology/cluster_id` (5.16)         | no cluster information                                   |
+| `topology/cluster_id` (5.16)         | no cluster information (also for -1 and 0xffff)          |
 | `cache/indexK/id` (4.11)             | the cache instance is identified by its shared CPU list  |
 | `cache/indexK/shared_cpu_list`       | `shared_cpu_map` (hex), then the CPU alone               |
 | `sys/devices/cpu_core/cpus` et al.   | `cpuN/cpu_capacity` when present, else no core types     |
@@ -33,9 +33,13 @@ from corepin.core.errors import SysfsError
 from corepin.sysfs.files import SysfsFiles
 from corepin.sysfs.records import CacheRecord, CPURecord, CPUSystem
 
-__all__ = ["CORE_TYPE_FILES", "CPU_DIR", "read_caches", "read_cpu", "read_cpu_system"]
+__all__ = ["CORE_TYPE_FILES", "CPU_DIR", "NO_CLUSTER", "read_caches", "read_cpu", "read_cpu_system"]
 
 CPU_DIR = "sys/devices/system/cpu"
+
+#: cluster_id values meaning "no cluster": -1 (arm64), 0xffff (x86 BAD_APICID when the CPU
+#: reports no L2 sharing, e.g. in many VMs), 0xffffffff; they are recorded as -1
+NO_CLUSTER = frozenset({-1, 0xFFFF, 0xFFFFFFFF})
 
 #: hybrid core kinds and the PMU device file that lists their CPUs (Intel hybrid, Linux >= 5.13)
 CORE_TYPE_FILES = {
@@ -175,7 +179,9 @@ def read_cpu(
     cluster_cpus = None
     if cluster_id is None:
         files.note("cluster_id_missing", cluster_path, "no cluster information")
-    elif cluster_id >= 0:
+    elif cluster_id in NO_CLUSTER:
+        cluster_id = -1
+    else:
         cluster_cpus = files.cpulist(_join(topo, "cluster_cpus_list"), required=False)
 
     return CPURecord(

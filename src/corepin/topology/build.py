@@ -111,9 +111,10 @@ def name_instances(
         if len(set(chosen.values())) == len(chosen):
             return {cpu: chosen[rep] for cpu, rep in groups.items()}
     if any(v is not None for s in ids.values() for v in s):
+        source = "cpu*/topology/cluster_id" if what == "cluster" else "cpu*/cache/index*/id"
         note(
             f"{what}_id_inconsistent",
-            what,
+            source,
             "kernel ids do not name instances uniquely: naming them by their lowest CPU",
         )
     return dict(groups)
