@@ -91,7 +91,7 @@ class CPUSet:
             match = _RANGE.match(item)
             if match is None or not item.isascii():
                 raise CPUSetParseError(text, f"{item!r} is not a CPU id or range")
-            if any(g is not None and len(g) > 6 for g in match.groups()):
+            if any(g is not None and len(g.lstrip("0")) > 6 for g in match.groups()):
                 raise CPUSetParseError(text, f"{item!r} has a number beyond the limit")
             first = _check_id(text, int(match.group(1)))
             if match.group(2) is None:
