@@ -170,6 +170,17 @@ def test_alder_lake_reports_performance_and_efficiency_cores_and_shared_efficien
     assert topo.cpus_in_l2s(topo.l2_of(8) or 0) == CPUSet.parse("8-11")
     assert topo.siblings_of(2) == CPUSet.of(2, 3)
     assert topo.siblings_of(9) == CPUSet.of(9)
+    # cluster ids asserted by nri-plugins: 0-1 -> 0, 2-3 -> 8, ..., 8-11 -> 32, 12-15 -> 40
+    assert [topo.cpu(c).cluster for c in (0, 1, 2, 7, 8, 11, 12, 15)] == [
+        0,
+        0,
+        8,
+        24,
+        32,
+        32,
+        40,
+        40,
+    ]
 
 
 def test_intel_2s_ignores_possible_but_absent_cpus() -> None:
