@@ -109,19 +109,37 @@ class Selector:
                 best = fits[0]
                 why = f"the only NUMA node with {n} free CPUs ({frees[best]} free)"
             else:
-                best = min(
-                    fits,
-                    key=lambda i: (
-                        self.node_score(units[i], n),
-                        frees[i],
-                        i,
-                    ),
-                )
+                scores = {i: (self.node_score(units[i], n), frees[i], i) for i in fits}
+                best = min(fits, key=scores.__getitem__)
+                (l3s, short), _, _ = scores[best]
                 why = (
-                    f"best fit among {len(fits)} NUMA nodes that hold {n} CPUs: "
-                    f"{frees[best]} free, fewest L3 instances and whole cores first; "
-                    "emptier nodes stay whole"
+                    f"best fit among {len(fits)} NUMA nodes that hold {n} CPUs: {frees[best]} "
+                    f"free, {l3s} L3 instance{'s' if l3s > 1 else ''}"
+                    + (", whole cores" if not short else f", {short} CPUs short of whole cores")
                 )
+                skipped = []
+                for i in fits:
+                    if i == best:
+                        continue
+                    (o_l3s, o_short), o_free, _ = scores[i]
+                    if o_l3s > l3s:
+                        cause = f"needs {o_l3s} L3s"
+                    elif o_short > short:
+                        cause = "fewer whole cores"
+                    elif o_free > frees[best]:
+                        whole = o_free == units[i].mask.bit_count()
+                        cause = f"{o_free} free" + (", kept whole" if whole else "")
+                    else:
+                        cause = "higher id"
+                    skipped.append(f"node {units[i].id} ({cause})")
+                    if len(skipped) == 4:
+                        break
+                if len(fits) - 1 > len(skipped):
+                    skipped.append(f"{len(fits) - 1 - len(skipped)} more")
+                why += "; skipped " + ", ".join(skipped)
+            small = len(frees) - len(fits)
+            if small:
+                why += f"; {small} node{'s' if small > 1 else ''} too small"
             self.steps.append(Step("numa", f"node {units[best].id}", why))
             return self.in_numa(units[best], n)
         return self.across_numa(frees, n)
