@@ -408,10 +408,16 @@ class TestCLIWithRealPolicies:
         assert code == 0
         data = json.loads(capsys.readouterr().out)
         assert [d["policy"] for d in data] == ["topology-aware", "kubelet-static"]
+        # kubelet-static has no exclusiveness levels: it rejects the level "core" request too.
+        expected = {
+            "topology-aware": (4, {"not_enough_cpus": 1}),
+            "kubelet-static": (3, {"bad_level": 1, "not_enough_cpus": 1}),
+        }
         for d in data:
-            assert d["admitted"] == 4
-            assert d["rejected"] == 1
-            assert sum(d["rejection_reasons"].values()) == 1
+            admitted, reasons = expected[d["policy"]]
+            assert d["admitted"] == admitted
+            assert d["rejected"] == sum(reasons.values())
+            assert d["rejection_reasons"] == reasons
             for key in ("numa_aligned_ratio", "llc_aligned_ratio", "full_core_ratio"):
                 assert 0.0 <= d[key] <= 1.0
             assert d["seconds"] >= 0 and d["events"] == 7
@@ -506,3 +512,22 @@ def test_simulate_runs_on_a_real_machine_sysfs_tree(
     assert (result["admitted"], result["rejected"]) == (8, 1)
     assert result["numa_aligned_ratio"] == 1.0
     assert result["full_core_ratio"] == 1.0
+
+
+@needs_policies
+def test_replay_options_reach_every_exclusive_request_of_every_policy() -> None:
+    from corepin.allocation.policies import get_policy
+
+    events = [
+        {"op": "add", "id": "odd", "cpus": 3},
+        {"op": "add", "id": "even", "cpus": 4},
+        {"op": "add", "id": "shared", "cpus": 1, "shared": True},
+    ]
+    trace = parse_trace({"events": events})
+    for name in ("topology-aware", "kubelet-static"):
+        result = replay(
+            two_numa_smt(), trace, get_policy(name), options={"full-pcpus-only": "true"}
+        )
+        assert result.reasons == {"smt_alignment": 1}, name
+        assert (result.admitted_exclusive, result.admitted_shared) == (1, 1)
+        assert result.full_core_ratio == 1.0

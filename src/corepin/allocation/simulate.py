@@ -345,12 +345,14 @@ def replay(
     progress: Callable[[int, int], None] | None = None,
     progress_every: int = 256,
     metrics: AlignmentMetrics | None = None,
+    options: Mapping[str, str] | None = None,
 ) -> PolicyResult:
     """Replay `trace` through `policy` on `topology`; the result has seconds = 0 (time it).
 
     `on_decision` receives one DecisionRecord per add event; `progress(done, total)` is called
-    every `progress_every` events and once at the end. Raises SimulationError when the policy
-    hands out a CPU that is not available or the wrong number of CPUs.
+    every `progress_every` events and once at the end. `options` (policy options such as
+    {"full-pcpus-only": "true"}) go into every exclusive request. Raises SimulationError when
+    the policy hands out a CPU that is not available or the wrong number of CPUs.
     """
     events = trace.events if isinstance(trace, Trace) else tuple(trace)
     total = len(events)
@@ -398,7 +400,11 @@ def replay(
         request = request_cache.get(key)
         if request is None:
             request = Request(
-                event.cpus, exclusive=True, level=event.level, workload=event.workload
+                event.cpus,
+                exclusive=True,
+                level=event.level,
+                workload=event.workload,
+                options=options or {},
             )
             request_cache[key] = request
         available = CPUSet.from_bits(available_bits)
