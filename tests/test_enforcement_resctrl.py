@@ -96,9 +96,9 @@ def test_intel_percent_is_rounded_up_to_the_granularity_and_bounded(
 ) -> None:
     assert intel.mb_values(42) == {0: "50", 1: "50"}
     assert intel.mb_values({0: 10, 1: 100}) == {0: "10", 1: "100"}
-    with pytest.raises(ResctrlValueError, match="outside 10..100"):
+    with pytest.raises(ResctrlValueError, match=r"outside 10\.\.100"):
         intel.mb_values(5)
-    with pytest.raises(ResctrlValueError, match="outside 10..100"):
+    with pytest.raises(ResctrlValueError, match=r"outside 10\.\.100"):
         intel.mb_values(150)
     intel.ensure_class("c", mb=42)
     assert intel.ensure_class("c", mb=42) == [], "the rounded value is what the kernel shows"
