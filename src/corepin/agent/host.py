@@ -172,14 +172,11 @@ class HostAgent:
     # ------------------------------------------------------------------ enforce
     def enforce(self, state: HostState, ids: set[str] | None = None) -> list[Change]:
         """Make the pins of the live assignments (or just `ids`) match the state."""
-        pool = state.shared_pool
-        changes: list[Change] = []
         self.pinner.forget_processes()
-        for a in state:
-            if ids is not None and a.id not in ids:
-                continue
-            changes.extend(self.pinner.apply(a, pool))
-        return changes
+        chosen = [a for a in state if ids is None or a.id in ids]
+        if not chosen:
+            return []
+        return self.pinner.apply_all(chosen, state.shared_pool)
 
     def repin_shared(self, state: HostState) -> list[Change]:
         """Re-pin every shared and mixed assignment to the current shared pool."""

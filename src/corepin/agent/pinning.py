@@ -191,25 +191,57 @@ class Pinner:
         self.writes += 1
 
     def apply(self, a: Assignment, pool: CPUSet) -> list[Change]:
-        """Re-apply `a` (cgroup first, then every thread's affinity); what changed."""
+        """Re-apply one assignment (cgroup first, then every thread's affinity)."""
+        return self.apply_all([a], pool)
+
+    def apply_all(self, assignments: list[Assignment], pool: CPUSet) -> list[Change]:
+        """Re-apply `assignments`: their cgroups in one pass of the enforcement reconcile engine
+        (which orders widening and shrinking across the hierarchy and writes only what
+        differs), then the affinity of every thread of their process trees. What changed."""
         from corepin.agent.host import Change
 
-        cpus, mems = self.wanted(a, pool)
-        if not cpus:
-            return []
         changes: list[Change] = []
-        if a.cgroup is not None:
-            for what in self._sync_cgroup(a.cgroup, cpus, mems):
-                changes.append(Change("repinned", a.id, f"cgroup {a.cgroup}: {what}"))
-        changed, seen = self._pin_tree(a, cpus)
-        if changed:
-            changes.append(
-                Change(
-                    "repinned",
-                    a.id,
-                    f"set affinity {cpus} on {changed} of {seen} thread(s) of pid {a.pid}",
+        driver = self.driver
+        wanted = {a.id: self.wanted(a, pool) for a in assignments}
+        if driver is not None:
+            from corepin.enforcement.reconcile import CgroupTarget, Reconciler
+
+            targets = [
+                CgroupTarget(a.cgroup, cpus=wanted[a.id][0], mems=wanted[a.id][1], owner=a.id)
+                for a in assignments
+                if a.cgroup is not None and wanted[a.id][0]
+            ]
+            if targets:
+                owners = {driver.rel(t.path): t.owner for t in targets}
+                report = Reconciler(
+                    driver, proc_root=self.settings.proc_root, topology=self.topology
+                ).reconcile(targets)
+                self.writes += report.writes
+                for c in report.changes:
+                    owner = owners.get(c.path, c.path)
+                    why = "" if c.why == "target" else f" ({c.why})"
+                    changes.append(
+                        Change(
+                            "repinned",
+                            owner,
+                            f"cgroup {c.path}: {c.what} {c.old or '(empty)'} -> {c.new}{why}",
+                        )
+                    )
+                for err in report.errors:
+                    changes.append(Change("failed", "-", err.message))
+        for a in assignments:
+            cpus = wanted[a.id][0]
+            if not cpus:
+                continue
+            changed, seen = self._pin_tree(a, cpus)
+            if changed:
+                changes.append(
+                    Change(
+                        "repinned",
+                        a.id,
+                        f"set affinity {cpus} on {changed} of {seen} thread(s) of pid {a.pid}",
+                    )
                 )
-            )
         return changes
 
     def remove(self, a: Assignment) -> None:

@@ -250,8 +250,8 @@ def _report_svg(topology: Topology, state: HostState, data: Mapping[str, Any]) -
             owners[cpu] = label
     shared_users = [a for a in state if a.kind == "shared"]
     title = (
-        f"corepin report: {len(data['allocations'])} allocation(s), "
-        f"{len(shared_users)} in the shared pool {data['shared_pool'] or '(empty)'}"
+        f"corepin report: {len(data['allocations'])} allocation(s), shared pool CPUs "
+        f"{data['shared_pool'] or '(empty)'} used by {len(shared_users)} shared run(s)"
     )
     return render_svg(topology, owners, title=title)
 
