@@ -449,3 +449,30 @@ def test_reconcile_restores_a_cgroup_whose_cpuset_drifted(
     p.send_signal(signal.SIGTERM)
     assert p.wait(timeout=30) == 128 + signal.SIGTERM
     assert not group.exists()
+
+
+@needs_cpuset
+@needs_two_cpus
+@pytest.mark.realhost
+def test_a_steady_state_reconcile_writes_nothing_at_all(
+    state: Path, background: list[subprocess.Popen[str]]
+) -> None:
+    from corepin.agent.host import HostAgent
+    from corepin.agent.settings import HostSettings
+
+    for args in (("--shared",), ("--exclusive", "1"), ("--shared",)):
+        p = subprocess.Popen(corepin("run", *args, "--", "sleep", "60", state=state, cgroups="on"))
+        background.append(p)
+        expected = len(background)
+        wait_for(lambda n=expected: len(allocations(state)) == n, what="the runs to be recorded")
+    agent = HostAgent(HostSettings(state_dir=str(state), cgroups="on"))
+    checkpoint = state / "state.json"
+    before = checkpoint.stat().st_mtime_ns
+    assert agent.reconcile_once() == []
+    assert agent.pinner.writes == 0, "no cgroup file, affinity or checkpoint was written"
+    assert checkpoint.stat().st_mtime_ns == before
+    for p in background:
+        p.send_signal(signal.SIGTERM)
+    for p in background:
+        assert p.wait(timeout=30) == 128 + signal.SIGTERM
+    assert allocations(state) == []
