@@ -8,6 +8,8 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
 
 from corepin.allocation.simulate import (
     AlignmentMetrics,
@@ -531,3 +533,38 @@ def test_replay_options_reach_every_exclusive_request_of_every_policy() -> None:
         assert result.reasons == {"smt_alignment": 1}, name
         assert (result.admitted_exclusive, result.admitted_shared) == (1, 1)
         assert result.full_core_ratio == 1.0
+
+
+@needs_policies
+@settings(max_examples=25, deadline=None)
+@given(
+    seed=st.integers(0, 2**31),
+    machine=st.sampled_from(["dual_socket_ht", "multi_numa_per_socket", "sixteen_numa"]),
+    policy_name=st.sampled_from(["topology-aware", "kubelet-static", "workload-aware"]),
+)
+def test_replaying_generated_churn_keeps_live_exclusive_cpus_disjoint(
+    seed: int, machine: str, policy_name: str
+) -> None:
+    from corepin.allocation.policies import get_policy
+    from corepin.allocation.tracegen import ChurnOptions, generate_trace
+    from corepin.topology.synthetic import named
+
+    topo = named(machine)
+    trace = parse_trace(generate_trace(topo, seed=seed, options=ChurnOptions(events=300)))
+    records: list[DecisionRecord] = []
+    result = replay(topo, trace, get_policy(policy_name), on_decision=records.append)
+    assert result.admitted + result.rejected == trace.adds == len(records)
+    by_event = {r.event: r for r in records}
+    live: dict[str, CPUSet] = {}
+    for index, event in enumerate(trace.events):
+        if event.op == "remove":
+            live.pop(event.id, None)
+            continue
+        record = by_event[index]
+        assert (record.cpus is None) == (record.reason is not None)
+        if record.cpus is None or event.shared:
+            continue
+        assert len(record.cpus) == event.cpus
+        for other in live.values():
+            assert record.cpus.isdisjoint(other)
+        live[event.id] = record.cpus
