@@ -142,7 +142,39 @@ class Selector:
                 why += f"; {small} node{'s' if small > 1 else ''} too small"
             self.steps.append(Step("numa", f"node {units[best].id}", why))
             return self.in_numa(units[best], n)
+        if self.whole_cores_matter(n):
+            wmask = self.whole_only(self.idx.core_masks)
+            if wmask != self.mask:
+                wfrees = [(u.mask & wmask).bit_count() for u in units]
+                if _fewest_to_hold(wfrees, n) == _fewest_to_hold(frees, n):
+                    saved = self.mask
+                    self.mask = wmask
+                    try:
+                        got = self.across_numa(wfrees, n)
+                    finally:
+                        self.mask = saved
+                    self.steps.append(
+                        Step(
+                            "core",
+                            "whole cores only",
+                            "the whole free cores alone span as few NUMA nodes, so the stray "
+                            "free threads of partly used cores were left out",
+                        )
+                    )
+                    return got
         return self.across_numa(frees, n)
+
+    def whole_cores_matter(self, n: int) -> bool:
+        return self.mode == "whole" and self.t > 1 and n % self.t == 0
+
+    def whole_only(self, cores: tuple[int, ...]) -> int:
+        """The CPUs of the cores (among `cores`) whose threads are all usable."""
+        m = self.mask
+        out = 0
+        for c in cores:
+            if c & m == c:
+                out |= c
+        return out
 
     def across_numa(self, frees: list[int], n: int) -> int:
         idx = self.idx
@@ -227,6 +259,17 @@ class Selector:
                 )
             )
             return self.in_part(parts[best], n)
+        if self.whole_cores_matter(n):
+            wmask = self.whole_only(unit.cores)
+            if wmask != free:
+                wfrees = [(p.mask & wmask).bit_count() for p in parts]
+                if _fewest_to_hold(wfrees, n) == _fewest_to_hold(frees, n):
+                    saved = self.mask
+                    self.mask = (m & ~unit.mask) | wmask
+                    try:
+                        return self.in_numa(unit, n)
+                    finally:
+                        self.mask = saved
         chosen: list[int] = []
         need = n
         result = 0
