@@ -16,7 +16,6 @@ import os
 import re
 from collections.abc import Iterable, Iterator
 from dataclasses import dataclass
-from pathlib import Path
 
 from corepin.core.cpuset import CPUSet
 from corepin.core.errors import CPUSetParseError, EnvironmentProblem, SysfsError
@@ -360,7 +359,8 @@ def parse_mountinfo(text: str, path: str = "mountinfo") -> list[MountInfo]:
 def read_mountinfo(path: str | os.PathLike[str] = "/proc/self/mountinfo") -> list[MountInfo]:
     text_path = os.fspath(path)
     try:
-        text = Path(text_path).read_text(encoding="utf-8", errors="surrogateescape")
+        with open(text_path, encoding="utf-8", errors="surrogateescape") as handle:
+            text = handle.read()
     except OSError as err:
         raise SysfsError(text_path, f"cannot read: {err.strerror or err}") from err
     return parse_mountinfo(text, text_path)
