@@ -332,3 +332,28 @@ def test_a_large_machine_is_decided_without_enumerating_combinations() -> None:
     assert len(d.cpus) == 100
     assert len(d.mems) == 2  # 64 CPUs per NUMA node: two nodes are the fewest
     assert len(topo.sockets_in(d.cpus)) == 1
+
+
+def test_a_request_spanning_numa_nodes_keeps_to_nodes_that_share_an_l3() -> None:
+    """On the fake 2-package, 4-die, 16-node machine every L3 (die) holds two NUMA nodes of 4
+    CPUs; 6 CPUs need two nodes, and the second must be the L3 sibling of the first."""
+    from pathlib import Path
+
+    from corepin.topology.discover import discover
+
+    root = (
+        Path(__file__).resolve().parents[1].parent
+        / "shared"
+        / "fixtures"
+        / "sysfs"
+        / "intel-fake-2p4die-16numa-ht"
+    )
+    if not root.is_dir():
+        pytest.skip("fixture intel-fake-2p4die-16numa-ht is absent")
+    topo = discover(str(root))
+    avail = topo.online_cpus - CPUSet.of(0)
+    d = POLICY.decide(topo, Request(6), avail)
+    assert len(d.mems) == 2
+    assert len(topo.l3s_in(d.cpus)) == 1
+    # node 1 (4 free) first, then its L3 sibling node 0 for the remaining 2
+    assert d.cpus == CPUSet.parse("2-7")

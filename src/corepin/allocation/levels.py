@@ -39,6 +39,10 @@ class NumaUnit:
     socket: int
     parts: tuple[L3Part, ...]
     cores: tuple[int, ...]
+    #: (socket, die) of the node's first CPU
+    die: tuple[int, int] = (0, 0)
+    #: every CPU of the L3 instances this node touches (0 when the machine has no L3 data)
+    l3_reach: int = 0
 
 
 class TopologyIndex:
@@ -69,6 +73,7 @@ class TopologyIndex:
 
         numa_of: dict[int, int] = {}
         socket_of_numa: dict[int, int] = {}
+        die_of_numa: dict[int, tuple[int, int]] = {}
         l3_key: dict[int, tuple[object, ...]] = {}
         cores: dict[int, int] = {}
         l3s: dict[object, int] = {}
@@ -81,6 +86,7 @@ class TopologyIndex:
             sock = info.socket if info.socket is not None else -1
             numa_of[info.cpu] = node
             socket_of_numa.setdefault(node, sock)
+            die_of_numa.setdefault(node, (sock, info.die if info.die is not None else 0))
             core = info.core if info.core is not None else info.cpu
             cores[core] = cores.get(core, 0) | bit
             key: tuple[object, ...] = ("l3", info.l3) if info.l3 is not None else ("numa", node)
@@ -113,6 +119,8 @@ class TopologyIndex:
                     socket_of_numa[node],
                     tuple(parts),
                     tuple(c for c in core_list if c & nmask),
+                    die_of_numa[node],
+                    sum(l3s[k] for k in part_masks if k[0] == "l3"),
                 )
             )
         self.numa: tuple[NumaUnit, ...] = tuple(units)

@@ -164,6 +164,20 @@ class Selector:
                     return got
         return self.across_numa(frees, n)
 
+    def kinship(self, i: int, chosen: list[int]) -> int:
+        """How closely NUMA node (position) i is tied to the chosen ones: 2 per shared L3,
+        1 per shared die."""
+        units = self.idx.numa
+        me = units[i]
+        score = 0
+        for j in chosen:
+            other = units[j]
+            if me.l3_reach & other.mask:
+                score += 2
+            elif me.die == other.die:
+                score += 1
+        return score
+
     def whole_cores_matter(self, n: int) -> bool:
         return self.mode == "whole" and self.t > 1 and n % self.t == 0
 
@@ -207,6 +221,7 @@ class Selector:
                     fitting,
                     key=lambda i: (
                         self.node_score(units[i], need),
+                        -self.kinship(i, chosen),
                         frees[i],
                         sum(dist[i][j] for j in chosen),
                         i,
@@ -215,7 +230,15 @@ class Selector:
                 chosen.append(last)
                 break
             rest = [i for i in pool if i not in chosen]
-            i = min(rest, key=lambda i: (-frees[i], sum(dist[i][j] for j in chosen), i))
+            i = min(
+                rest,
+                key=lambda i: (
+                    -frees[i],
+                    -self.kinship(i, chosen),
+                    sum(dist[i][j] for j in chosen),
+                    i,
+                ),
+            )
             chosen.append(i)
             need -= frees[i]
         picked = ",".join(str(units[i].id) for i in chosen)
