@@ -221,7 +221,18 @@ class HostAgent:
                 assignment_id = _new_id(state)
                 after_pool = state.shared_pool - reserved
                 affinity = cpus | after_pool if kind != "exclusive" else cpus
-                launch = Launch(argv, affinity, _environment(kind, cpus, after_pool, mems))
+                cgroup: str | None = None
+                procs: str | None = None
+                if self.pinner.cgroups_enabled:
+                    cgroup = self.pinner.cgroup_path_for(assignment_id)
+                    cg_mems = mems if kind == "exclusive" else self.topology.mems_of(affinity)
+                    procs = self.pinner.prepare(cgroup, affinity, cg_mems)
+                launch = Launch(
+                    argv,
+                    affinity,
+                    _environment(kind, cpus, after_pool, mems),
+                    cgroup_procs=procs,
+                )
                 child = launch.start()
                 assignment = Assignment(
                     id=assignment_id,
@@ -232,6 +243,7 @@ class HostAgent:
                     level=level,
                     pid=child,
                     start_time=process_start_time(child, self.settings.proc_root),
+                    cgroup=cgroup,
                     created=time.time(),
                     policy=policy,
                     meta={
@@ -242,23 +254,16 @@ class HostAgent:
                         META_COMMAND: " ".join(argv)[:200],
                     },
                 )
-                state = state.add(assignment)
-                if self.pinner.cgroups_enabled:
-                    cgroup = self.pinner.cgroup_path_for(assignment_id)
-                    assignment = assignment.evolve(cgroup=cgroup)
-                    state = state.replace_assignment(assignment)
-                txn.commit(state)
-                state = txn.state
+                state = txn.commit(state.add(assignment))
                 # the pool changed: shrink the shared processes before CMD starts on its CPUs
                 if exclusive is not None:
                     self.repin_shared(state)
-                self.pinner.place(assignment, state.shared_pool, child)
                 launch.go()
         except BaseException:
             if launch is not None and launch.pid:
                 launch.abort()
-                if assignment_id:
-                    self.release(assignment_id)
+            if assignment_id:
+                self.release(assignment_id)
             raise
         try:
             code = launch.wait()
@@ -275,13 +280,15 @@ class HostAgent:
             with self.transaction() as txn:
                 state = txn.state
                 gone = state.get(assignment_id)
-                state, _ = self.reap(state.remove(assignment_id, missing_ok=True))
-                txn.commit(state)
-                state = txn.state
+                state, reaped = self.reap(state.remove(assignment_id, missing_ok=True))
+                if gone is not None or reaped:
+                    state = txn.commit(state)
                 if gone is not None:
                     self.pinner.remove(gone)
                     if gone.exclusive:
                         self.repin_shared(state)
+                elif self.pinner.cgroups_enabled:  # prepared but never committed
+                    self.pinner.remove_orphans({a.id for a in state})
         finally:
             for sig, handler in old_handlers.items():
                 signal.signal(sig, handler)

@@ -23,7 +23,7 @@ from types import FrameType
 from typing import Any
 
 from corepin.core.cpuset import CPUSet
-from corepin.core.errors import CorepinError, InputError
+from corepin.core.errors import CgroupError, CorepinError, InputError
 
 #: Signals forwarded from corepin to CMD while it runs.
 FORWARDED: tuple[signal.Signals, ...] = (
@@ -47,7 +47,14 @@ class CommandError(CorepinError):
 class Launch:
     """A forked child waiting to exec `argv` on `cpus` with `env` added to its environment."""
 
-    def __init__(self, argv: Sequence[str], cpus: CPUSet, env: Mapping[str, str]) -> None:
+    def __init__(
+        self,
+        argv: Sequence[str],
+        cpus: CPUSet,
+        env: Mapping[str, str],
+        *,
+        cgroup_procs: str | None = None,
+    ) -> None:
         if not argv:
             raise InputError("no command given: use `corepin run [options] -- CMD ARGS...`")
         if not cpus:
@@ -55,6 +62,9 @@ class Launch:
         self.argv = list(argv)
         self.cpus = cpus
         self.env = dict(env)
+        #: `cgroup.procs` file the child writes itself into before it waits for "go" (so the
+        #: kernel's slow cgroup attach overlaps with the parent's checkpoint commit)
+        self.cgroup_procs = cgroup_procs
         self.pid = 0
         self._go_w = -1
         self._err_r = -1
@@ -67,23 +77,34 @@ class Launch:
         environ = dict(os.environ)
         environ.update(self.env)
         cpus = self.cpus.sorted()
+        procs = self.cgroup_procs
         sys.stdout.flush()
         sys.stderr.flush()
         pid = os.fork()
         if pid == 0:  # child: never returns
+            stage = "affinity"
             try:
                 os.close(go_w)
                 os.close(err_r)
                 for sig in FORWARDED:
                     signal.signal(sig, signal.SIG_DFL)
                 os.sched_setaffinity(0, cpus)
+                if procs is not None:
+                    stage = "cgroup"
+                    fd = os.open(procs, os.O_WRONLY)
+                    try:
+                        os.write(fd, str(os.getpid()).encode())
+                    finally:
+                        os.close(fd)
                 if os.read(go_r, 1) != b"1":
                     os._exit(125)
                 os.close(go_r)
+                stage = "exec"
                 os.execvpe(self.argv[0], self.argv, environ)
             except OSError as exc:
                 try:
-                    os.write(err_w, f"{exc.errno or 0}:{exc.strerror or exc}".encode())
+                    text = f"{stage}:{exc.errno or 0}:{exc.strerror or exc}"
+                    os.write(err_w, text.encode())
                 finally:
                     os._exit(127)
             except BaseException:
@@ -125,10 +146,23 @@ class Launch:
         self._err_r = -1
         if chunks:
             text = b"".join(chunks).decode(errors="replace")
-            code_text, _, message = text.partition(":")
+            stage, _, rest = text.partition(":")
+            code_text, _, message = rest.partition(":")
             os.waitpid(self.pid, 0)
             self._restore()
             code = int(code_text) if code_text.isdigit() else 0
+            if stage == "cgroup":
+                raise CgroupError(
+                    self.cgroup_procs or "cgroup.procs",
+                    f"cannot move the command into its cgroup: {message}",
+                    reason="cgroup_attach_failed",
+                )
+            if stage == "affinity":
+                raise CgroupError(
+                    "sched_setaffinity",
+                    f"cannot pin the command to CPUs {self.cpus}: {message}",
+                    reason="affinity_failed",
+                )
             exit_code = 127 if code in (errno.ENOENT, errno.ENOTDIR) else 126
             raise CommandError(f"cannot run {self.argv[0]!r}: {message}", exit_code)
 

@@ -178,17 +178,15 @@ class Pinner:
         mems = self.topology.mems_of(cpus) if a.kind != "exclusive" or not a.mems else a.mems
         return cpus, mems
 
-    def place(self, a: Assignment, pool: CPUSet, pid: int) -> None:
-        """Create the run's cgroup (when enabled) with its CPUs and nodes and move `pid` in."""
+    def prepare(self, path: str, cpus: CPUSet, mems: CPUSet) -> str:
+        """Create a run's cgroup with its CPUs and nodes; the `cgroup.procs` file to join it."""
         driver = self.driver
-        if driver is None or a.cgroup is None:
-            return
-        cpus, mems = self.wanted(a, pool)
-        driver.create(a.cgroup)
+        if driver is None:
+            raise CgroupError(self.settings.cgroup_root, "cgroups are not enabled")
+        driver.create(path)
         self.writes += 1
-        self._sync_cgroup(a.cgroup, cpus, mems)
-        driver.add_process(a.cgroup, pid)
-        self.writes += 1
+        self._sync_cgroup(path, cpus, mems)
+        return os.path.join(driver.dir(path), "cgroup.procs")
 
     def apply(self, a: Assignment, pool: CPUSet) -> list[Change]:
         """Re-apply one assignment (cgroup first, then every thread's affinity)."""
