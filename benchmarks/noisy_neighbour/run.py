@@ -151,7 +151,7 @@ def main() -> int:
     load = os.getloadavg()
     print(
         f"noisy neighbour: {cpus} CPUs, hog = {args.hog_processes} busy processes, probe = "
-        f"{args.iterations} steps, {args.rounds} rounds (median), load before end "
+        f"{args.iterations} steps, {args.rounds} rounds (median), 1-min load average at the end "
         f"{load[0]:.2f}"
     )
     header = f"| {'scenario':<44} | {'p50 us':>8} | {'p99 us':>9} | {'p99.9 us':>9} | probe CPUs |"
