@@ -396,6 +396,7 @@ class HostAgent:
                     "cgroup": a.cgroup,
                     "created": a.created,
                     "policy": a.policy,
+                    "alive": self._alive(a),
                 }
             )
         return {
