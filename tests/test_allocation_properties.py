@@ -232,18 +232,7 @@ def _library(name: str) -> Topology:
 
 @pytest.mark.parametrize(
     "policy",
-    [
-        "topology-aware",
-        "workload-aware",
-        pytest.param(
-            "kubelet-static",
-            marks=pytest.mark.xfail(
-                reason="kubelet-static returned CPUs outside `available` on the hybrid and "
-                "offline_cpus topologies when this test was written (reported to its owner)",
-                strict=False,
-            ),
-        ),
-    ],
+    ["topology-aware", "workload-aware", "kubelet-static"],
 )
 @settings(max_examples=120, deadline=None, suppress_health_check=[HealthCheck.too_slow])
 @given(data=st.data())

@@ -8,6 +8,7 @@ checks. Then Hypothesis properties (within available, exactly n or a typed error
 
 from __future__ import annotations
 
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 
 import pytest
@@ -35,7 +36,7 @@ from corepin.topology.model import CPUInfo, Topology
 P = CPUSet.parse
 
 
-def ids(cases: list[tuple[object, ...]]) -> list[str]:
+def ids(cases: Sequence[tuple[object, ...]]) -> list[str]:
     return [str(c[0]) for c in cases]
 
 
@@ -67,12 +68,14 @@ def test_free_sockets_are_the_fully_available_sockets(
     case: str, topo: str, avail: str, expect: list[int]
 ) -> None:
     acc = _acc(topo, avail)
-    free = [
+    assert sorted(acc.free_sockets()) == expect
+    # on these uniform machines "all CPUs available" is the kubelet's size comparison
+    by_size = [
         s
         for s in acc.sort_sockets()
         if (acc.t.socket[s] & acc.avail).bit_count() == acc.t.cpus_per_socket
     ]
-    assert sorted(free) == expect
+    assert acc.free_sockets() == by_size
 
 
 FREE_NUMAS = [
@@ -95,7 +98,7 @@ def test_free_numa_nodes_come_in_the_kubelet_sorted_order(
     case: str, topo: str, avail: str, expect: list[int]
 ) -> None:
     acc = _acc(topo, avail)
-    assert [n for n in acc.sort_numas() if acc.t.numa[n] & ~acc.avail == 0] == expect
+    assert acc.free_numas() == expect
 
 
 FREE_CORES = [
@@ -115,12 +118,13 @@ def test_free_cores_come_in_the_kubelet_sorted_order(
     case: str, topo: str, avail: str, expect: list[int]
 ) -> None:
     acc = _acc(topo, avail)
-    free = [
+    assert acc.free_cores() == expect
+    by_size = [
         c
         for c in acc.sort_cores()
         if (acc.t.core[c] & acc.avail).bit_count() == acc.t.cpus_per_core
     ]
-    assert free == expect
+    assert acc.free_cores() == by_size
 
 
 CPU_ORDER = [
@@ -271,12 +275,20 @@ def test_balance_rounds_mean_and_std_dev_to_three_decimals_half_away_from_zero()
 
 def test_combinations_keep_go_slice_aliasing_for_four_or_more_elements() -> None:
     seen: list[ks._GoSlice] = []
-    ks._iterate_combinations([0, 1, 2, 3, 4], 4, lambda view: bool(seen.append(view)))
+
+    def keep(into: list[ks._GoSlice]) -> Callable[[ks._GoSlice], bool]:
+        def visit(view: ks._GoSlice) -> bool:
+            into.append(view)
+            return False
+
+        return visit
+
+    ks._iterate_combinations([0, 1, 2, 3, 4], 4, keep(seen))
     assert [v.items() for v in seen][-1] == [1, 2, 3, 4]
     # [0,1,2,3] and [0,1,2,4] share a backing array: the kept view now reads the later combo
     assert seen[0].items() == [0, 1, 2, 4]
     small: list[ks._GoSlice] = []
-    ks._iterate_combinations([0, 1, 2], 2, lambda view: bool(small.append(view)))
+    ks._iterate_combinations([0, 1, 2], 2, keep(small))
     assert [v.items() for v in small] == [[0, 1], [0, 2], [1, 2]]
 
 
@@ -665,3 +677,149 @@ def test_packed_and_distributed_never_leave_the_available_set(
     for group in (1, 2):
         got = take_by_topology_numa_distributed(topo, avail, n, group)
         assert len(got) == n and got.issubset(avail)
+
+
+# ====================================================================== non-uniform machines
+# The kubelet's "free unit" test compares sizes with the machine-wide average; on hybrid or
+# partly offline machines that would hand out unavailable CPUs. These pin the fix.
+def _synthetic(name: str) -> Topology:
+    from corepin.topology import synthetic
+
+    return synthetic.named(name)
+
+
+def test_hybrid_two_cpus_never_include_the_unavailable_sibling_of_a_performance_core() -> None:
+    topo = _synthetic("hybrid")
+    avail = P("1-8,10-15")
+    got = static_allocate(topo, avail, 2)
+    assert got <= avail and len(got) == 2
+    assert 0 not in got
+
+
+def test_offline_cpus_machine_never_returns_the_excluded_cpu_1_for_any_count() -> None:
+    topo = _synthetic("offline_cpus")
+    avail = topo.online_cpus - P("1")
+    for n in range(1, len(avail) + 1):
+        got = static_allocate(topo, avail, n)
+        assert 1 not in got and got <= avail and len(got) == n, (n, got)
+
+
+def test_policy_decide_on_hybrid_and_offline_machines_stays_inside_available() -> None:
+    for name, avail in (("hybrid", P("1-8,10-15")), ("offline_cpus", P("2,4-10,12,14-15"))):
+        topo = _synthetic(name)
+        for n in range(1, len(avail) + 1):
+            d = POLICY.decide(topo, Request(count=n), avail)
+            assert d.cpus <= avail and len(d.cpus) == n, (name, n, d.cpus)
+
+
+def test_header_counts_and_units_only_count_online_cpus() -> None:
+    topo = _synthetic("offline_cpus")  # CPUs 0, 3, 11 and 13 are offline
+    t = ks._tables(topo)
+    assert CPUSet.from_bits(t.all_mask) == topo.online_cpus
+    assert t.num_cpus == 12
+    assert t.num_cores == 7  # core 3 (CPUs 3, 11) is entirely offline
+    assert t.num_sockets == 2
+    for masks in (t.socket, t.numa, t.core, t.l3):
+        for mask in masks.values():
+            assert CPUSet.from_bits(mask) <= topo.online_cpus
+
+
+def test_a_core_with_an_offline_sibling_is_free_when_its_one_online_cpu_is_available() -> None:
+    topo = _synthetic("offline_cpus")  # CPU 8's sibling 0 is offline
+    acc = ks._Accumulator(ks._tables(topo), P("8").bits, 0, False, None)
+    assert acc.free_cores() == [topo.core_of(8)]
+    assert acc.is_free(P("8").bits)
+
+
+def test_a_performance_core_with_one_available_thread_is_not_free_on_hybrid() -> None:
+    topo = _synthetic("hybrid")
+    acc = ks._Accumulator(ks._tables(topo), P("1,8").bits, 0, False, None)
+    assert acc.t.cpus_per_core == 1  # 16 CPUs / 12 cores: the kubelet would call core 0 free
+    assert acc.free_cores() == [8]
+
+
+def test_offline_cpus_in_available_are_never_chosen() -> None:
+    topo = _synthetic("offline_cpus")
+    got = static_allocate(topo, P("0-15"), 12)
+    assert got == topo.online_cpus
+    with pytest.raises(AllocationError, match="requested=13, available=12"):
+        static_allocate(topo, P("0-15"), 13)
+
+
+def test_the_subset_guard_raises_internal_inconsistency_instead_of_returning() -> None:
+    assert ks._guard(0b0110, 0b1110) == 0b0110
+    with pytest.raises(AllocationError) as err:
+        ks._guard(0b0011, 0b0010)
+    assert err.value.reason == "internal_inconsistency"
+    assert "0" in str(err.value)
+
+
+def _all_named() -> dict[str, Topology]:
+    from corepin.topology import synthetic
+
+    return {name: synthetic.named(name) for name in sorted(synthetic.NAMED)}
+
+
+_NAMED_CACHE: dict[str, Topology] = {}
+
+
+def _named_topology(name: str) -> Topology:
+    if not _NAMED_CACHE:
+        _NAMED_CACHE.update(_all_named())
+    return _NAMED_CACHE[name]
+
+
+def _named_names() -> list[str]:
+    from corepin.topology import synthetic
+
+    return sorted(synthetic.NAMED)
+
+
+_BOOL_OPTIONS = (
+    "full-pcpus-only",
+    "distribute-cpus-across-numa",
+    "align-by-socket",
+    "distribute-cpus-across-cores",
+    "strict-cpu-reservation",
+    "prefer-align-cpus-by-uncorecache",
+)
+
+
+@settings(max_examples=150, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@given(data=st.data(), name=st.sampled_from(_named_names()))
+def test_on_every_named_synthetic_machine_any_option_combo_stays_inside_available(
+    data: st.DataObject, name: str
+) -> None:
+    topo = _named_topology(name)
+    online = topo.online_cpus.sorted()
+    if len(online) > 64:  # large machines: a random window keeps the example cheap
+        start = data.draw(st.integers(0, len(online) - 64))
+        online = online[start : start + 64]
+    keep = data.draw(st.lists(st.booleans(), min_size=len(online), max_size=len(online)))
+    avail = CPUSet(c for c, k in zip(online, keep, strict=True) if k)
+    n = data.draw(st.integers(1, max(1, len(avail) + 1)))
+    chosen = data.draw(st.sets(st.sampled_from(_BOOL_OPTIONS)))
+    options = {o: "true" for o in chosen}
+    nodes = topo.numa_node_ids()
+    hint = data.draw(st.one_of(st.none(), st.sets(st.sampled_from(nodes), min_size=1)))
+    try:
+        got = static_allocate(topo, avail, n, options, CPUSet(hint) if hint else None)
+    except RequestError as err:  # option combinations the kubelet refuses
+        assert err.reason in {"incompatible_options"}, err
+        return
+    except AllocationError as err:
+        assert err.reason in {
+            "not_enough_cpus",
+            "smt_alignment",
+            "allocation_failed",
+            "accounting_error",
+        }, err
+        if err.reason == "not_enough_cpus":
+            assert n > len(avail)
+        return
+    assert got <= avail, f"{name}: {got - avail} outside available {avail}"
+    assert len(got) == n
+    request = Request(count=n, options=options, numa_hint=CPUSet(hint) if hint else None)
+    decided = POLICY.decide(topo, request, avail)
+    assert decided.cpus == got
+    assert decided.cpus <= avail and len(decided.cpus) == n

@@ -16,11 +16,23 @@ upstream function names are kept in the docstrings so both can be read side by s
 Model mapping. The kubelet keys a core by its CoreID alone and reads the header counts
 NumCPUs / NumCores / NumSockets / NumNUMANodes / NumUncoreCache; here they are computed from the
 online CPUs of the corepin Topology (`core`, `socket`, `numa`, `l3`; a missing NUMA node or L3
-id counts as 0, as Go's zero value does). Quirks of the reference that change results are kept
-on purpose and marked "as upstream" below: header-count based "free" tests, whole units taken
-from the full topology, and the slice aliasing of iterateCombinations (a combination kept as
-"best" can be overwritten by the next one sharing its backing array when it has 4 or more
-elements; `_GoSlice` emulates Go's append growth to reproduce that).
+id counts as 0, as Go's zero value does). Offline CPUs are left out of every table, header count
+and "full topology" unit, as they are absent from the kubelet's cadvisor view.
+
+One deliberate departure: the kubelet calls a core or socket free when its count of available
+CPUs equals the machine-wide average (CPUsPerCore = NumCPUs / NumCores, CPUsPerSocket) and then
+takes the unit as defined in the full topology. On non-uniform machines (hybrid P/E cores, a
+core or socket with offline CPUs, uneven sockets) that hands out CPUs that are not available.
+Here every unit (core, socket, NUMA node, uncore cache) is free exactly when ALL its online
+CPUs are available; on uniform topologies, the only ones the kubelet's tests use, the two tests
+agree, so results are unchanged there. A final guard refuses (AllocationError
+"internal_inconsistency") any result that is not a subset of the allowed CPUs.
+
+Quirks that cannot put a CPU outside the available set are kept on purpose, e.g. the slice
+aliasing of iterateCombinations (a combination kept as "best" can be overwritten by the next one
+sharing its backing array when it has 4 or more elements; `_GoSlice` emulates Go's append growth
+to reproduce that) and the header-count arithmetic (CPUsPerCore for full-pcpus-only and partial
+uncore caches, the NUMA distribution group counts).
 
 Everything is pure: masks are Python ints (bit i = CPU i) and the per-topology tables are built
 once and cached.
@@ -327,6 +339,18 @@ def _failed() -> AllocationError:
     return AllocationError("failed to allocate cpus", reason="allocation_failed")
 
 
+def _guard(result: int, allowed: int) -> int:
+    """The invariant every choice must keep: never a CPU outside `allowed`."""
+    extra = result & ~allowed
+    if extra:
+        raise AllocationError(
+            f"kubelet-static internal inconsistency: chose CPUs {CPUSet.from_bits(extra)} "
+            f"outside the available CPUs {CPUSet.from_bits(allowed)}",
+            reason="internal_inconsistency",
+        )
+    return result
+
+
 # ================================================================== cpuAccumulator
 Trace = list[tuple[str, int]]
 
@@ -429,42 +453,63 @@ class _Accumulator:
     def cpu_order(self) -> list[int]:
         return list(self.iter_cpus())
 
+    # -- free units: every online CPU of the unit is still available
+    def is_free(self, unit_mask: int) -> bool:
+        """isSocketFree / isNUMANodeFree / isCoreFree / isUncoreCacheFree. Upstream compares the
+        unit's available count with the machine-wide average size; requiring all its (online)
+        CPUs is the same on uniform machines and never frees a unit with a missing CPU."""
+        return unit_mask & ~self.avail == 0
+
+    def free_numas(self) -> list[int]:
+        numa = self.t.numa
+        return [n for n in self.sort_numas() if self.is_free(numa[n])]
+
+    def free_sockets(self) -> list[int]:
+        socket = self.t.socket
+        return [s for s in self.sort_sockets() if self.is_free(socket[s])]
+
+    def free_cores(self) -> list[int]:
+        core = self.t.core
+        return [c for c in self.iter_cores() if self.is_free(core[c])]
+
     # -- taking whole units
     def take_full_numas(self) -> None:
-        numa, avail = self.t.numa, self.avail
-        free = [n for n in self.sort_numas() if numa[n] & ~avail == 0]
-        for n in free:
-            size = _popcount(numa[n])
-            if self.need >= size:
+        numa = self.t.numa
+        for n in self.free_numas():
+            if self.need >= _popcount(numa[n]):
                 self.take(numa[n], "numa")
 
     def take_full_sockets(self) -> None:
-        socket, avail, per = self.t.socket, self.avail, self.t.cpus_per_socket
-        free = [s for s in self.sort_sockets() if _popcount(socket[s] & avail) == per]
-        for s in free:
+        socket = self.t.socket
+        for s in self.free_sockets():
             if self.need >= _popcount(socket[s]):
-                self.take(socket[s], "socket")  # the whole socket of the topology, as upstream
+                self.take(socket[s], "socket")
 
     def take_full_cores(self) -> None:
-        """Free cores in sortAvailableCores order; within one unit every free core has the same
-        count of available CPUs, so they come by ascending id. Stops once no core can fit."""
+        """Free cores in sortAvailableCores order; within one unit every free core of a given
+        size has the same count of available CPUs, so they come by ascending id (cores of
+        different sizes, e.g. hybrid P/E cores, are sorted by size first as upstream sorts by
+        available count). Stops once no core can fit."""
         t = self.t
-        core, avail, per, smallest = t.core, self.avail, t.cpus_per_core, t.smallest_core
+        core, smallest = t.core, t.smallest_core
         for umask, cores in self._core_units():
-            if not umask & avail:
+            avail = self.avail
+            m = umask & avail
+            if not m:
                 continue
-            for c in cores:
+            free = [c for c in cores if core[c] & ~avail == 0 and core[c] & m]
+            for c in self._sorted(free, core):
                 if self.need < smallest:
                     return
                 cm = core[c]
-                if (cm & avail).bit_count() == per and self.need >= cm.bit_count():
+                if self.need >= cm.bit_count():
                     self.take(cm, "core")
 
     def take_full_uncores(self) -> None:
-        l3, avail = self.t.l3, self.avail
-        if not any(m & ~avail == 0 for m in l3.values()):
+        l3 = self.t.l3
+        if not any(self.is_free(m) for m in l3.values()):
             return  # no uncore cache is free: sorting them would change nothing
-        free = [u for u in self.sort_uncores() if l3[u] & ~avail == 0]
+        free = [u for u in self.sort_uncores() if self.is_free(l3[u])]
         for u in free:
             if self.need >= _popcount(l3[u]):
                 self.take(l3[u], "l3")
@@ -510,11 +555,23 @@ def _packed(
     uncore: bool,
     trace: Trace | None,
 ) -> int:
+    """takeByTopologyNUMAPacked on masks, with the subset guard."""
+    return _guard(_packed_steps(t, available, n, spread, uncore, trace), available)
+
+
+def _packed_steps(
+    t: _Tables,
+    available: int,
+    n: int,
+    spread: bool,
+    uncore: bool,
+    trace: Trace | None,
+) -> int:
     acc = _Accumulator(t, available, n, spread, trace)
     if acc.satisfied():
         return 0
     if acc.failed():
-        raise _not_enough(n, _popcount(available))
+        raise _not_enough(n, _popcount(acc.avail))
     if t.numa_first:
         acc.take_full_numas()
         if acc.satisfied():
@@ -633,6 +690,18 @@ def _distributed(
     spread: bool,
     trace: Trace | None,
 ) -> int:
+    """takeByTopologyNUMADistributed on masks, with the subset guard."""
+    return _guard(_distributed_steps(t, available, n, group, spread, trace), available)
+
+
+def _distributed_steps(
+    t: _Tables,
+    available: int,
+    n: int,
+    group: int,
+    spread: bool,
+    trace: Trace | None,
+) -> int:
     if group < 1:
         group = 1
     if n % group != 0:
@@ -641,7 +710,7 @@ def _distributed(
     if acc.satisfied():
         return 0
     if acc.failed():
-        raise _not_enough(n, _popcount(available))
+        raise _not_enough(n, _popcount(acc.avail))
     numas = acc.sort_numas()
     numa_mask = t.numa
     avail_in = {m: _popcount(numa_mask[m] & acc.avail) for m in numas}
@@ -887,7 +956,7 @@ def _allocate(
             trace.extend((f"aligned {stage}", mask) for stage, mask in sub)
     if n > _popcount(result):
         result |= _take(t, opts, allocatable & ~result, n - _popcount(result), trace)
-    return result
+    return _guard(result, allocatable)
 
 
 def static_allocate(
