@@ -49,11 +49,15 @@ def _missing() -> str | None:
 
 
 def _busybox() -> str | None:
+    """A statically linked busybox (it must run in a rootfs without a C library)."""
     for candidate in ("/bin/busybox", "/usr/bin/busybox"):
-        if os.path.exists(candidate):
-            out = subprocess.run(["file", "-L", candidate], capture_output=True, text=True)
-            if out.returncode != 0 or "dynamically" not in out.stdout:
-                return candidate
+        try:
+            with open(candidate, "rb") as handle:
+                head = handle.read(4096)
+        except OSError:
+            continue
+        if head.startswith(b"\x7fELF") and b"ld-linux" not in head and b"/ld-" not in head:
+            return candidate
     return None
 
 
