@@ -1,5 +1,5 @@
 # corepin: the targets the README tells people to run.
-#   make demo   set up .venv and show this machine's topology (table + SVG picture)
+#   make demo   set up .venv; show this machine's topology, pin an exclusive run beside shared ones, report
 #   make test   set up .venv with the dev tools, lint, type-check, check layers, run every test
 # Other targets: venv, check, bench, docs, clean.
 
@@ -37,10 +37,7 @@ dev: $(VENV)/.installed-dev
 
 # ---------------------------------------------------------------- the main job
 demo: venv
-	@mkdir -p $(DEMO_DIR)
-	$(BIN)/corepin topology
-	$(BIN)/corepin topology -o svg --out $(DEMO_DIR)/topology-this-machine.svg
-	@echo "picture of this machine: $(DEMO_DIR)/topology-this-machine.svg"
+	COREPIN=$(BIN)/corepin DEMO_DIR=$(DEMO_DIR) sh scripts/demo.sh
 
 # ---------------------------------------------------------------- tests
 check: dev
@@ -70,6 +67,6 @@ docs: venv
 	  --out docs/topology-amd-epyc-16l3.svg
 
 clean:
-	rm -rf $(VENV) $(DEMO_DIR) dist .pytest_cache .mypy_cache .ruff_cache .hypothesis \
+	rm -rf $(VENV) $(DEMO_DIR) .corepin-demo dist .pytest_cache .mypy_cache .ruff_cache .hypothesis \
 	  .import_linter_cache src/*.egg-info
 	find . -name __pycache__ -type d -prune -exec rm -rf {} +

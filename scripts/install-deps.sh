@@ -1,0 +1,23 @@
+#!/bin/sh
+# Install the Debian/Ubuntu packages corepin needs (uses sudo when not root).
+#   sh scripts/install-deps.sh          make and Python's venv module (enough for `make demo`)
+#   sh scripts/install-deps.sh --test   also containerd, runc and busybox-static, which the
+#                                       real-container end-to-end tests run (`make test`)
+set -eu
+packages="make"
+python3 -c 'import ensurepip' 2>/dev/null || packages="$packages python3-venv"
+if [ "${1:-}" = "--test" ]; then
+    packages="$packages containerd runc busybox-static"
+fi
+missing=""
+for p in $packages; do
+    dpkg-query -W -f='${Status}' "$p" 2>/dev/null | grep -q "install ok installed" || missing="$missing $p"
+done
+[ -n "$missing" ] || { echo "install-deps: nothing to install"; exit 0; }
+sudo=""
+[ "$(id -u)" -eq 0 ] || sudo="sudo"
+export DEBIAN_FRONTEND=noninteractive
+echo "install-deps: installing$missing"
+$sudo apt-get update -q
+# shellcheck disable=SC2086
+$sudo apt-get install -y -q --no-install-recommends $missing
