@@ -23,12 +23,16 @@ $(BIN)/python:
 	$(PYTHON) -m venv $(VENV)
 	$(BIN)/python -m pip install --quiet --upgrade pip
 
+# Bytecode is compiled once here: corepin is on the hot path of `corepin run`, and an environment
+# with PYTHONDONTWRITEBYTECODE would otherwise recompile every module on every start.
 $(VENV)/.installed: $(BIN)/python pyproject.toml
 	$(BIN)/python -m pip install --quiet -e .
+	$(BIN)/python -m compileall -q src
 	@touch $@
 
 $(VENV)/.installed-dev: $(BIN)/python pyproject.toml
 	$(BIN)/python -m pip install --quiet -e '.[dev]'
+	$(BIN)/python -m compileall -q src
 	@touch $@ $(VENV)/.installed
 
 venv: $(VENV)/.installed
