@@ -235,14 +235,7 @@ def expected_after(topology: Topology, omit: Iterable[str]) -> Topology:
     for info in topology.cpus:
         if not info.online:
             cpus.append(
-                CPUInfo(
-                    info.cpu,
-                    online=False,
-                    socket=None,
-                    die=None,
-                    numa=None,
-                    isolated=info.isolated and "isolated" not in skip,
-                )
+                CPUInfo.offline(info.cpu, isolated=info.isolated and "isolated" not in skip)
             )
             continue
         changes: dict[str, Any] = {}

@@ -32,12 +32,9 @@ from collections.abc import Callable, Mapping
 
 from corepin.core.cpuset import CPUSet
 from corepin.sysfs.records import CacheRecord, CPURecord, SysfsSnapshot
-from corepin.topology.model import CPUInfo, NUMANode, Topology
+from corepin.topology.model import EFFICIENCY, PERFORMANCE, CPUInfo, NUMANode, Topology
 
 __all__ = ["EFFICIENCY", "PERFORMANCE", "build_topology", "instances", "name_instances"]
-
-PERFORMANCE = "performance"
-EFFICIENCY = "efficiency"
 
 Note = Callable[[str, str, str], None]
 
@@ -243,16 +240,7 @@ def build_topology(snap: SysfsSnapshot, *, note: Note = _no_note, name: str = ""
     table: list[CPUInfo] = []
     for cpu in present:
         if cpu not in online_set:
-            table.append(
-                CPUInfo(
-                    cpu,
-                    online=False,
-                    socket=None,
-                    die=None,
-                    numa=None,
-                    isolated=cpu in isolated,
-                )
-            )
+            table.append(CPUInfo.offline(cpu, isolated=cpu in isolated))
             continue
         table.append(
             CPUInfo(

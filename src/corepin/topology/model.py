@@ -24,6 +24,10 @@ from corepin.core.errors import TopologyError
 
 _EMPTY = CPUSet()
 
+#: `core_type` values of hybrid machines (Intel P-cores and E-cores).
+PERFORMANCE = "performance"
+EFFICIENCY = "efficiency"
+
 
 @dataclass(frozen=True, slots=True)
 class CPUInfo:
@@ -41,6 +45,11 @@ class CPUInfo:
     isolated: bool = False
     core_type: str | None = None
     capacity: int | None = None
+
+    @classmethod
+    def offline(cls, cpu: int, *, isolated: bool = False) -> CPUInfo:
+        """An offline CPU: the kernel exposes no topology for it, only whether it is isolated."""
+        return cls(cpu, online=False, socket=None, die=None, numa=None, isolated=isolated)
 
     def to_json(self) -> dict[str, Any]:
         return {

@@ -27,7 +27,7 @@ from typing import Literal
 
 from corepin.core.cpuset import CPUSet
 from corepin.core.errors import TopologyError
-from corepin.topology.model import CPUInfo, NUMANode, Topology
+from corepin.topology.model import EFFICIENCY, PERFORMANCE, CPUInfo, NUMANode, Topology
 
 __all__ = [
     "EFFICIENCY",
@@ -47,9 +47,6 @@ __all__ = [
     "sixteen_numa",
     "synthetic",
 ]
-
-PERFORMANCE = "performance"
-EFFICIENCY = "efficiency"
 
 Numbering = Literal["interleaved", "linear"]
 
@@ -194,16 +191,7 @@ def synthetic(spec: SyntheticSpec) -> Topology:
         alive = [c for c in core.cpus if c not in offline]
         for cpu in core.cpus:
             if cpu in offline:
-                table.append(
-                    CPUInfo(
-                        cpu,
-                        online=False,
-                        socket=None,
-                        die=None,
-                        numa=None,
-                        isolated=cpu in isolated,
-                    )
-                )
+                table.append(CPUInfo.offline(cpu, isolated=cpu in isolated))
                 continue
             node_cpus[core.numa] = node_cpus.get(core.numa, 0) | (1 << cpu)
             table.append(
