@@ -149,15 +149,10 @@ def read_cpu(
     if package is None:
         files.note("physical_package_id_missing", pkg_path, "deriving the package from its CPUs")
 
-    die_path = _join(topo, "die_id")
-    die = files.integer(die_path, required=False)
-    if die is None:
-        files.note("die_id_missing", die_path, "one die per package (die 0)")
-
-    core_path = _join(topo, "core_id")
-    core_id = files.integer(core_path, required=False)
-    if core_id is None:
-        files.note("core_id_missing", core_path, "core_id unknown")
+    die = files.integer_or_note(
+        _join(topo, "die_id"), "die_id_missing", "one die per package (die 0)"
+    )
+    core_id = files.integer_or_note(_join(topo, "core_id"), "core_id_missing", "core_id unknown")
 
     sib_path = _join(topo, "core_cpus_list")
     siblings = files.cpulist(sib_path, required=False)
@@ -174,14 +169,13 @@ def read_cpu(
         if package_cpus is None:
             package_cpus = files.cpulist(_join(topo, "core_siblings_list"), required=False)
 
-    cluster_path = _join(topo, "cluster_id")
-    cluster_id = files.integer(cluster_path, required=False)
+    cluster_id = files.integer_or_note(
+        _join(topo, "cluster_id"), "cluster_id_missing", "no cluster information"
+    )
     cluster_cpus = None
-    if cluster_id is None:
-        files.note("cluster_id_missing", cluster_path, "no cluster information")
-    elif cluster_id in NO_CLUSTER:
+    if cluster_id in NO_CLUSTER:
         cluster_id = -1
-    else:
+    elif cluster_id is not None:
         cluster_cpus = files.cpulist(_join(topo, "cluster_cpus_list"), required=False)
 
     return CPURecord(
@@ -218,18 +212,15 @@ def read_caches(
         kind = files.text(_join(index_dir, "type"), required=False) or "Unified"
         if kind == "Instruction":
             continue
-        list_path = _join(index_dir, "shared_cpu_list")
-        shared = files.cpulist(list_path, required=False)
-        if shared is None:
-            files.note("shared_cpu_list_missing", list_path, "using shared_cpu_map")
-            map_path = _join(index_dir, "shared_cpu_map")
-            shared = files.cpumask(map_path, required=False)
-            if shared is None:
-                files.note("shared_cpu_map_missing", map_path, "the cache is private to the CPU")
-                shared = CPUSet.of(cpu)
-        id_path = _join(index_dir, "id")
-        ident = files.integer(id_path, required=False)
-        if ident is None:
-            files.note("cache_id_missing", id_path, "identifying caches by their shared CPUs")
+        shared = files.cpus_list_or_mask(
+            _join(index_dir, "shared_cpu_list"),
+            _join(index_dir, "shared_cpu_map"),
+            kinds=("shared_cpu_list_missing", "shared_cpu_map_missing"),
+            default=CPUSet.of(cpu),
+            action="the cache is private to the CPU",
+        )
+        ident = files.integer_or_note(
+            _join(index_dir, "id"), "cache_id_missing", "identifying caches by their shared CPUs"
+        )
         out.append(CacheRecord(int(name[5:]), level, kind, shared, ident))
     return tuple(out)

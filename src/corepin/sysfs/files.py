@@ -125,6 +125,14 @@ class SysfsFiles:
         except ValueError:
             raise SysfsError(path, f"expected an integer, got {text[:60]!r}") from None
 
+    def integer_or_note(self, path: str, kind: str, action: str) -> int | None:
+        """An optional integer file; when it is missing, the fallback `kind` is noted with
+        `action` (what the caller does instead) and None is returned."""
+        value = self.integer(path, required=False)
+        if value is None:
+            self.note(kind, path, action)
+        return value
+
     def cpulist(self, path: str, *, required: bool = True) -> CPUSet | None:
         """A CPU (or node) list in the kernel's list format, e.g. `0-3,8`; empty file = empty."""
         text = self.text(path, required=required)
@@ -160,6 +168,28 @@ class SysfsFiles:
             raise SysfsError(path, f"not a hex CPU mask: {exc}") from None
         self._masks[text] = parsed
         return parsed
+
+    def cpus_list_or_mask(
+        self,
+        list_path: str,
+        mask_path: str,
+        *,
+        kinds: tuple[str, str],
+        default: CPUSet,
+        action: str,
+    ) -> CPUSet:
+        """CPUs from a list file (`cpulist`, `shared_cpu_list`), else from its hex mask twin
+        (`cpumap`, `shared_cpu_map`), else `default`. Each fallback taken is noted: `kinds[0]`
+        when the list is missing, `kinds[1]` (with `action`) when the mask is missing too."""
+        listed = self.cpulist(list_path, required=False)
+        if listed is not None:
+            return listed
+        self.note(kinds[0], list_path, f"using {os.path.basename(mask_path)}")
+        masked = self.cpumask(mask_path, required=False)
+        if masked is not None:
+            return masked
+        self.note(kinds[1], mask_path, action)
+        return default
 
     def note(self, kind: str, path: str, action: str) -> None:
         self.fallbacks.note(kind, path, action)

@@ -57,15 +57,13 @@ def read_node_system(files: SysfsFiles) -> NodeSystem | None:
         if online is not None and node not in online:
             continue
         node_dir = _join(base, f"node{node}")
-        list_path = _join(node_dir, "cpulist")
-        cpus = files.cpulist(list_path, required=False)
-        if cpus is None:
-            files.note("node_cpulist_missing", list_path, "using cpumap")
-            map_path = _join(node_dir, "cpumap")
-            cpus = files.cpumask(map_path, required=False)
-            if cpus is None:
-                files.note("node_cpus_missing", map_path, "the node has no CPUs")
-                cpus = CPUSet()
+        cpus = files.cpus_list_or_mask(
+            _join(node_dir, "cpulist"),
+            _join(node_dir, "cpumap"),
+            kinds=("node_cpulist_missing", "node_cpus_missing"),
+            default=CPUSet(),
+            action="the node has no CPUs",
+        )
         dist_path = _join(node_dir, "distance")
         row = files.text(dist_path, required=False)
         distances: dict[int, int] = {}
