@@ -245,8 +245,6 @@ class _Tables:
         l3: dict[int, int] = {}
         numa_socket: dict[tuple[int, int], int] = {}
         l3_numa: dict[tuple[int, int], int] = {}
-        core_socket: dict[int, int] = {}
-        core_numa: dict[int, int] = {}
         core_l3: dict[int, set[int]] = {}
         cpu_core: dict[int, int] = {}
         cpu_numa: dict[int, int] = {}
@@ -266,8 +264,6 @@ class _Tables:
             l3[u] = l3.get(u, 0) | bit
             numa_socket[(n, s)] = numa_socket.get((n, s), 0) | bit
             l3_numa[(u, n)] = l3_numa.get((u, n), 0) | bit
-            core_socket.setdefault(c, s)
-            core_numa.setdefault(c, n)
             core_l3.setdefault(u, set()).add(c)
             cpu_core[info.cpu] = c
             cpu_numa[info.cpu] = n
@@ -460,30 +456,31 @@ class _Accumulator:
         CPUs is the same on uniform machines and never frees a unit with a missing CPU."""
         return unit_mask & ~self.avail == 0
 
+    def _free(self, ids: Iterable[int], masks: Mapping[int, int]) -> list[int]:
+        return [i for i in ids if self.is_free(masks[i])]
+
     def free_numas(self) -> list[int]:
-        numa = self.t.numa
-        return [n for n in self.sort_numas() if self.is_free(numa[n])]
+        return self._free(self.sort_numas(), self.t.numa)
 
     def free_sockets(self) -> list[int]:
-        socket = self.t.socket
-        return [s for s in self.sort_sockets() if self.is_free(socket[s])]
+        return self._free(self.sort_sockets(), self.t.socket)
 
     def free_cores(self) -> list[int]:
-        core = self.t.core
-        return [c for c in self.iter_cores() if self.is_free(core[c])]
+        return self._free(self.iter_cores(), self.t.core)
 
     # -- taking whole units
+    def _take_whole(self, free: list[int], masks: Mapping[int, int], stage: str) -> None:
+        """takeFullFirstLevel / takeFullSecondLevel / the whole-uncore loop: every unit of
+        `free` (already free and sorted) that fits in what is still needed."""
+        for i in free:
+            if self.need >= _popcount(masks[i]):
+                self.take(masks[i], stage)
+
     def take_full_numas(self) -> None:
-        numa = self.t.numa
-        for n in self.free_numas():
-            if self.need >= _popcount(numa[n]):
-                self.take(numa[n], "numa")
+        self._take_whole(self.free_numas(), self.t.numa, "numa")
 
     def take_full_sockets(self) -> None:
-        socket = self.t.socket
-        for s in self.free_sockets():
-            if self.need >= _popcount(socket[s]):
-                self.take(socket[s], "socket")
+        self._take_whole(self.free_sockets(), self.t.socket, "socket")
 
     def take_full_cores(self) -> None:
         """Free cores in sortAvailableCores order; within one unit every free core of a given
@@ -509,10 +506,7 @@ class _Accumulator:
         l3 = self.t.l3
         if not any(self.is_free(m) for m in l3.values()):
             return  # no uncore cache is free: sorting them would change nothing
-        free = [u for u in self.sort_uncores() if self.is_free(l3[u])]
-        for u in free:
-            if self.need >= _popcount(l3[u]):
-                self.take(l3[u], "l3")
+        self._take_whole(self._free(self.sort_uncores(), l3), l3, "l3")
 
     def take_partial_uncore(self, u: int) -> None:
         t, avail = self.t, self.avail
@@ -547,6 +541,15 @@ class _Accumulator:
                 return
 
 
+def _start(t: _Tables, available: int, n: int, spread: bool, trace: Trace | None) -> _Accumulator:
+    """A new accumulator for `n` CPUs of `available`; the kubelet's "not enough cpus" error
+    when a request that is not already satisfied can never be."""
+    acc = _Accumulator(t, available, n, spread, trace)
+    if not acc.satisfied() and acc.failed():
+        raise _not_enough(n, _popcount(acc.avail))
+    return acc
+
+
 def _packed(
     t: _Tables,
     available: int,
@@ -567,11 +570,9 @@ def _packed_steps(
     uncore: bool,
     trace: Trace | None,
 ) -> int:
-    acc = _Accumulator(t, available, n, spread, trace)
+    acc = _start(t, available, n, spread, trace)
     if acc.satisfied():
         return 0
-    if acc.failed():
-        raise _not_enough(n, _popcount(acc.avail))
     if t.numa_first:
         acc.take_full_numas()
         if acc.satisfied():
@@ -682,6 +683,15 @@ def _std_dev(values: Iterable[int]) -> float:
     return _go_round(math.sqrt(total / len(xs)) * 1000) / 1000
 
 
+def _packed_or_nothing(t: _Tables, available: int, n: int, spread: bool) -> int:
+    """The packed choice of `n` CPUs inside one NUMA node's share, or none: upstream ignores
+    the error of these inner takes and takes nothing."""
+    try:
+        return _packed(t, available, n, spread, False, None)
+    except AllocationError:
+        return 0
+
+
 def _distributed(
     t: _Tables,
     available: int,
@@ -706,11 +716,9 @@ def _distributed_steps(
         group = 1
     if n % group != 0:
         return _packed(t, available, n, spread, False, trace)
-    acc = _Accumulator(t, available, n, spread, trace)
+    acc = _start(t, available, n, spread, trace)
     if acc.satisfied():
         return 0
-    if acc.failed():
-        raise _not_enough(n, _popcount(acc.avail))
     numas = acc.sort_numas()
     numa_mask = t.numa
     avail_in = {m: _popcount(numa_mask[m] & acc.avail) for m in numas}
@@ -791,10 +799,7 @@ def _distributed_steps(
         combo = best_combo.items()  # read now: Go reads the (possibly aliased) slice here too
         distribution = (n // len(combo) // group) * group
         for m in combo:
-            try:
-                got = _packed(t, numa_mask[m] & acc.avail, distribution, spread, False, None)
-            except AllocationError:
-                got = 0  # upstream ignores this error and takes nothing
+            got = _packed_or_nothing(t, numa_mask[m] & acc.avail, distribution, spread)
             acc.take(got, f"numa {m} share")
         remainder = n - distribution * len(combo)
         remainder_numas = best_remainder.items() if best_remainder is not None else []
@@ -805,10 +810,7 @@ def _distributed_steps(
                     break
                 if _popcount(numa_mask[m] & acc.avail) < group:
                     continue
-                try:
-                    got = _packed(t, numa_mask[m] & acc.avail, group, spread, False, None)
-                except AllocationError:
-                    got = 0
+                got = _packed_or_nothing(t, numa_mask[m] & acc.avail, group, spread)
                 acc.take(got, f"numa {m} remainder")
                 remainder -= group
                 progressed = True

@@ -65,6 +65,28 @@ def _stronger(a: str, b: str) -> str:
     return a if LEVELS.index(a) >= LEVELS.index(b) else b
 
 
+def _need_whole_units(usable: int, n: int, level: str) -> None:
+    """AllocationError unless the CPUs of entirely free `level` units can hold `n`."""
+    if usable.bit_count() < n:
+        raise AllocationError(
+            f"cannot reserve whole {level}s for {n} CPUs: only {usable.bit_count()} CPUs "
+            f"are in entirely free {level}s",
+            reason="level_unsatisfiable",
+        )
+
+
+def _decision(idx: TopologyIndex, cpus: int, level: str, steps: list[Step]) -> Decision:
+    """The decision for `cpus`: their NUMA nodes as mems, the rest of their `level` units
+    withheld with them."""
+    return Decision(
+        CPUSet.from_bits(cpus),
+        mems_of(idx, cpus),
+        CPUSet.from_bits(idx.reserved_mask(level, cpus)),
+        NAME,
+        tuple(steps),
+    )
+
+
 class WorkloadAwarePolicy:
     """Placement by workload family (see the module docstring)."""
 
@@ -157,12 +179,8 @@ class WorkloadAwarePolicy:
             steps.append(
                 Step("socket", f"sockets {','.join(names)}", "the fewest entirely free sockets")
             )
-        elif usable.bit_count() < n:
-            raise AllocationError(
-                f"cannot reserve whole {level}s for {n} CPUs: only {usable.bit_count()} CPUs "
-                f"are in entirely free {level}s",
-                reason="level_unsatisfiable",
-            )
+        else:
+            _need_whole_units(usable, n, level)
         units = idx.numa
         frees = [(u.mask & usable).bit_count() for u in units]
         # interleave sockets: node 0 of socket 0, node 0 of socket 1, node 1 of socket 0, ...
@@ -207,13 +225,7 @@ class WorkloadAwarePolicy:
                 cpus |= sel.in_numa(units[i], share[i])
         placed = ", ".join(f"{share[i]} on node {units[i].id}" for i in sorted(share) if share[i])
         steps.append(Step("numa", placed, "even shares, sockets alternating"))
-        return Decision(
-            CPUSet.from_bits(cpus),
-            mems_of(idx, cpus),
-            CPUSet.from_bits(idx.reserved_mask(level, cpus)),
-            NAME,
-            tuple(steps),
-        )
+        return _decision(idx, cpus, level, steps)
 
     # ------------------------------------------------------------------ cpu-bound
     def _cpu_bound(self, idx: TopologyIndex, avail: int, request: Request) -> Decision:
@@ -255,38 +267,21 @@ class WorkloadAwarePolicy:
         sel = Selector(idx, pool, "spread")
         cpus = sel.select(n)
         steps.extend(sel.steps)
-        return Decision(
-            CPUSet.from_bits(cpus),
-            mems_of(idx, cpus),
-            CPUSet.from_bits(idx.reserved_mask(level, cpus)),
-            NAME,
-            tuple(steps),
-        )
+        return _decision(idx, cpus, level, steps)
 
     # ------------------------------------------------------------------ io-bound
     def _io_bound(self, idx: TopologyIndex, avail: int, request: Request) -> Decision:
         n = request.count
         level = request.level
         usable = idx.free_units_mask(level, avail)
-        if usable.bit_count() < n:
-            raise AllocationError(
-                f"cannot reserve whole {level}s for {n} CPUs: only {usable.bit_count()} CPUs "
-                f"are in entirely free {level}s",
-                reason="level_unsatisfiable",
-            )
+        _need_whole_units(usable, n, level)
         sel = Selector(idx, usable, "packed")
         cpus = sel.select(n)
         steps = [
             Step("workload", "io-bound", "packed onto SMT siblings of the fewest cores"),
             *sel.steps,
         ]
-        return Decision(
-            CPUSet.from_bits(cpus),
-            mems_of(idx, cpus),
-            CPUSet.from_bits(idx.reserved_mask(level, cpus)),
-            NAME,
-            tuple(steps),
-        )
+        return _decision(idx, cpus, level, steps)
 
     # ------------------------------------------------------------------ best-effort
     def _best_effort(
