@@ -107,11 +107,10 @@ class HostAgent:
         proc = self.settings.proc_root
         if a.pid is not None and process_alive(a.pid, a.start_time, proc):
             return True
-        owner = a.meta.get(META_OWNER_PID)
-        owner_start = a.meta.get(META_OWNER_START)
-        if owner and owner.isdigit():
-            start = int(owner_start) if owner_start and owner_start.isdigit() else None
-            if process_alive(int(owner), start, proc):
+        owner = _int_or_none(a.meta.get(META_OWNER_PID))
+        if owner is not None:
+            start = _int_or_none(a.meta.get(META_OWNER_START))
+            if process_alive(owner, start, proc):
                 return True
         if a.pid is None and a.cgroup is not None:
             return self.pinner.cgroup_exists(a.cgroup)
@@ -169,6 +168,28 @@ class HostAgent:
         kind = "mixed" if with_shared else "exclusive"
         return kind, decision.cpus, decision.reserved, decision.mems, decision.policy
 
+    def _reap_and_decide(
+        self,
+        state: HostState,
+        *,
+        exclusive: int | None,
+        with_shared: bool,
+        level: str,
+        options: Mapping[str, str],
+    ) -> tuple[HostState, tuple[str, CPUSet, CPUSet, CPUSet, str]]:
+        """`state` without its dead assignments, and the decision (with the configured policy)
+        for a new one on what is left."""
+        state, _ = self.reap(state)
+        decided = self.decide(
+            state,
+            exclusive=exclusive,
+            with_shared=with_shared,
+            level=level,
+            policy=self.settings.policy,
+            options=options,
+        )
+        return state, decided
+
     # ------------------------------------------------------------------ enforce
     def enforce(self, state: HostState, ids: set[str] | None = None) -> list[Change]:
         """Make the pins of the live assignments (or just `ids`) match the state."""
@@ -209,13 +230,11 @@ class HostAgent:
         assignment_id = ""
         try:
             with self.transaction() as txn:
-                state, _ = self.reap(txn.state)
-                kind, cpus, reserved, mems, policy = self.decide(
-                    state,
+                state, (kind, cpus, reserved, mems, policy) = self._reap_and_decide(
+                    txn.state,
                     exclusive=exclusive,
                     with_shared=with_shared,
                     level=level,
-                    policy=self.settings.policy,
                     options=options,
                 )
                 assignment_id = _new_id(state)
@@ -331,13 +350,11 @@ class HostAgent:
                 reason="container_not_found",
             )
         with self.transaction() as txn:
-            state, _ = self.reap(txn.state)
-            kind, cpus, reserved, mems, policy = self.decide(
-                state,
+            state, (kind, cpus, reserved, mems, policy) = self._reap_and_decide(
+                txn.state,
                 exclusive=exclusive,
                 with_shared=False,
                 level=level,
-                policy=self.settings.policy,
                 options=options or {},
             )
             assignment = Assignment(
@@ -411,7 +428,8 @@ class HostAgent:
 
 
 def _int_or_none(text: str | None) -> int | None:
-    return int(text) if text and text.isdigit() else None
+    """A non-negative integer kept as text in `meta`, or None when absent or not a number."""
+    return int(text) if text and text.isascii() and text.isdigit() else None
 
 
 def _new_id(state: HostState) -> str:
