@@ -70,33 +70,47 @@ class Selector:
         self.steps: list[Step] = []
 
     # -------------------------------------------------------------- scoring helpers
-    def core_penalty(self, cores: tuple[int, ...], n: int) -> int:
-        """CPUs of n (minus the odd remainder) that whole free cores cannot supply (0 = fine)."""
-        if self.t <= 1 or self.mode != "whole":
-            return 0
-        want = n - n % self.t
-        if want == 0:
-            return 0
+    def core_fit(self, cores: tuple[int, ...], n: int) -> tuple[int, int]:
+        """How well the free CPUs of `cores` take n CPUs as whole cores: (CPUs of n minus its odd
+        remainder that whole free cores cannot supply, 1 when the odd remainder would have to
+        split a whole free core because no partly used core has that many free threads).
+        (0, 0) is perfect: whole cores for the even part and a stray thread for the rest."""
+        t = self.t
+        if t <= 1 or self.mode != "whole":
+            return 0, 0
+        rem = n % t
+        want = n - rem
         m = self.mask
         have = 0
+        stray = rem == 0
         for c in cores:
-            if c & m == c:
-                have += c.bit_count()
+            f = c & m
+            if f == c:
+                if have < want:
+                    have += c.bit_count()
+                    if have >= want and stray:
+                        return 0, 0
+            elif f and not stray and f.bit_count() >= rem:
+                stray = True
                 if have >= want:
-                    return 0
-        return want - have
+                    return 0, 0
+        return (want - have if have < want else 0), (0 if stray else 1)
 
-    def node_score(self, unit: NumaUnit, n: int) -> tuple[int, int]:
-        """(L3 instances needed, whole-core shortfall) for n CPUs in `unit`; the shortfall is
-        that of the best single L3 when one L3 can hold n."""
+    def core_penalty(self, cores: tuple[int, ...], n: int) -> int:
+        """CPUs of n (minus the odd remainder) that whole free cores cannot supply (0 = fine)."""
+        return self.core_fit(cores, n)[0]
+
+    def node_score(self, unit: NumaUnit, n: int) -> tuple[int, int, int]:
+        """(L3 instances needed, whole-core shortfall, odd remainder splits a whole core) for n
+        CPUs in `unit`; the core figures are those of the best single L3 when one can hold n."""
         m = self.mask
         if len(unit.parts) == 1:
-            return 1, self.core_penalty(unit.cores, n)
+            return (1, *self.core_fit(unit.cores, n))
         frees = [(p.mask & m).bit_count() for p in unit.parts]
         fitting = [p for p, f in zip(unit.parts, frees, strict=True) if f >= n]
         if fitting:
-            return 1, min(self.core_penalty(p.cores, n) for p in fitting)
-        return _fewest_to_hold(frees, n), self.core_penalty(unit.cores, n)
+            return (1, *min(self.core_fit(p.cores, n) for p in fitting))
+        return (_fewest_to_hold(frees, n), *self.core_fit(unit.cores, n))
 
     # -------------------------------------------------------------- machine level
     def select(self, n: int) -> int:
@@ -111,7 +125,7 @@ class Selector:
             else:
                 scores = {i: (self.node_score(units[i], n), frees[i], i) for i in fits}
                 best = min(fits, key=scores.__getitem__)
-                (l3s, short), _, _ = scores[best]
+                (l3s, short, _split), _, _ = scores[best]
                 why = (
                     f"best fit among {len(fits)} NUMA nodes that hold {n} CPUs: {frees[best]} "
                     f"free, {l3s} L3 instance{'s' if l3s > 1 else ''}"
@@ -121,11 +135,13 @@ class Selector:
                 for i in fits:
                     if i == best:
                         continue
-                    (o_l3s, o_short), o_free, _ = scores[i]
+                    (o_l3s, o_short, o_split), o_free, _ = scores[i]
                     if o_l3s > l3s:
                         cause = f"needs {o_l3s} L3s"
                     elif o_short > short:
                         cause = "fewer whole cores"
+                    elif o_split > _split:
+                        cause = "no stray thread for the odd CPU"
                     elif o_free > frees[best]:
                         whole = o_free == units[i].mask.bit_count()
                         cause = f"{o_free} free" + (", kept whole" if whole else "")
@@ -272,7 +288,7 @@ class Selector:
         if fits:
             if len(parts) == 1:
                 return self.in_part(parts[0], n)
-            best = min(fits, key=lambda i: (self.core_penalty(parts[i].cores, n), frees[i], i))
+            best = min(fits, key=lambda i: (self.core_fit(parts[i].cores, n), frees[i], i))
             self.steps.append(
                 Step(
                     "l3",
