@@ -21,6 +21,7 @@ thread per core). Policy option: `full-pcpus-only` (same as smt="whole-cores").
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from typing import Final
 
 from corepin.allocation.levels import L3Part, NumaUnit, TopologyIndex, index_of
@@ -58,7 +59,7 @@ def _fewest_to_hold(frees: list[int], n: int) -> int:
 class Selector:
     """One decision's working state: the index, the usable mask, SMT settings, the steps."""
 
-    __slots__ = ("idx", "mask", "mode", "steps", "t")
+    __slots__ = ("idx", "mask", "mode", "nested", "steps", "t")
 
     def __init__(self, idx: TopologyIndex, mask: int, mode: str = "whole") -> None:
         """`mode`: "whole" (whole cores, one partial core at most), "spread" (one thread per
@@ -68,6 +69,8 @@ class Selector:
         self.t = idx.threads_per_core
         self.mode = mode
         self.steps: list[Step] = []
+        #: True while an alternative span is being tried (no further alternatives inside it)
+        self.nested = False
 
     # -------------------------------------------------------------- scoring helpers
     def core_fit(self, cores: tuple[int, ...], n: int) -> tuple[int, int]:
@@ -158,27 +161,7 @@ class Selector:
                 why += f"; {small} node{'s' if small > 1 else ''} too small"
             self.steps.append(Step("numa", f"node {units[best].id}", why))
             return self.in_numa(units[best], n)
-        if self.whole_cores_matter(n):
-            wmask = self.whole_only(self.idx.core_masks)
-            if wmask != self.mask:
-                wfrees = [(u.mask & wmask).bit_count() for u in units]
-                if _fewest_to_hold(wfrees, n) == _fewest_to_hold(frees, n):
-                    saved = self.mask
-                    self.mask = wmask
-                    try:
-                        got = self.across_numa(wfrees, n)
-                    finally:
-                        self.mask = saved
-                    self.steps.append(
-                        Step(
-                            "core",
-                            "whole cores only",
-                            "the whole free cores alone span as few NUMA nodes, so the stray "
-                            "free threads of partly used cores were left out",
-                        )
-                    )
-                    return got
-        return self.across_numa(frees, n)
+        return self.best_span(n, self.mask, idx.core_masks, self.across_numa, self.select)
 
     def kinship(self, i: int, chosen: list[int]) -> int:
         """How closely NUMA node (position) i is tied to the chosen ones: 2 per shared L3,
@@ -194,9 +177,6 @@ class Selector:
                 score += 1
         return score
 
-    def whole_cores_matter(self, n: int) -> bool:
-        return self.mode == "whole" and self.t > 1 and n % self.t == 0
-
     def whole_only(self, cores: tuple[int, ...]) -> int:
         """The CPUs of the cores (among `cores`) whose threads are all usable."""
         m = self.mask
@@ -206,9 +186,131 @@ class Selector:
                 out |= c
         return out
 
-    def across_numa(self, frees: list[int], n: int) -> int:
+    # -------------------------------------------------------------- spans and whole cores
+    def span_score(self, cpus: int, n: int) -> tuple[int, int, int, int]:
+        """How good `cpus` (n CPUs taken from self.mask) is: (NUMA nodes, L3 instances, partial
+        cores beyond the one an odd n may hold, change in the number of partly free cores)."""
+        idx = self.idx
+        numa = sum(1 for u in idx.numa if u.mask & cpus)
+        l3 = sum(1 for u in idx.units["l3"] if u & cpus)
+        table = idx.cpu_unit["core"]
+        m = self.mask
+        partial = 0
+        strays = 0
+        rest = cpus
+        while rest:
+            c = table[(rest & -rest).bit_length() - 1]
+            rest &= ~c
+            if c & cpus != c:
+                partial += 1
+            before = c & m
+            after = before & ~cpus
+            strays += (0 < after != c) - (0 < before != c)
+        allowed = 1 if self.t > 1 and n % self.t else 0
+        return numa, l3, max(0, partial - allowed), strays
+
+    def best_span(
+        self,
+        n: int,
+        scope: int,
+        cores: tuple[int, ...],
+        first: Callable[[int], int],
+        again: Callable[[int], int],
+    ) -> int:
+        """n CPUs that must span several units of `scope`: `first(n)` takes the fewest units,
+        largest first. When that leaves more partial cores than n allows, the same walk is
+        tried on the whole free cores of `scope` alone (`again(n)`), and for an odd n on whole
+        cores for n - 1 plus one stray thread; the best by (NUMA nodes, L3 instances, partial
+        cores, new stray threads) wins, the first walk on ties."""
+        outer = self.steps
+        self.steps = []
+        got = first(n)
+        steps = self.steps
+        self.steps = outer
+        t = self.t
+        rem = n % t if t > 1 else 0
+        if self.nested or self.mode != "whole" or t <= 1:
+            outer.extend(steps)
+            return got
+        score = self.span_score(got, n)
+        if score[2] == 0:
+            outer.extend(steps)
+            return got
+        saved = self.mask
+        whole = self.whole_only(cores) & scope
+        best = (score, got, steps)
+        self.nested = True
+        try:
+            self.mask = (saved & ~scope) | whole
+            tries: list[tuple[int, int, str]] = []
+            if whole.bit_count() >= n:
+                self.steps = []
+                alt = again(n)
+                tries.append((alt, 0, "whole free cores only"))
+            if rem and whole.bit_count() >= n - rem:
+                self.steps = []
+                base = again(n - rem)
+                self.mask = saved
+                extra = self.pick_remainder(base, rem, scope, cores)
+                if extra:
+                    tries.append((base | extra, extra, f"whole cores for {n - rem} CPUs"))
+            for alt, extra, label in tries:
+                self.mask = saved
+                alt_score = self.span_score(alt, n)
+                if alt_score < best[0]:
+                    note = (
+                        "the stray free threads of partly used cores were left out: whole free "
+                        "cores span as few NUMA nodes and L3s with fewer partial cores"
+                    )
+                    if extra:
+                        note += f"; CPU {CPUSet.from_bits(extra)} takes the odd remainder"
+                    best = (alt_score, alt, [*self.steps, Step("core", label, note)])
+        finally:
+            self.mask = saved
+            self.steps = outer
+            self.nested = False
+        outer.extend(best[2])
+        return best[1]
+
+    def pick_remainder(self, base: int, rem: int, scope: int, cores: tuple[int, ...]) -> int:
+        """rem more CPUs (fewer than the SMT width) from one core of `scope` outside `base`:
+        in a NUMA node and an L3 that `base` already uses when possible, from a partly used
+        core (a stray thread) before a whole one."""
+        idx = self.idx
+        numa_of = idx.cpu_unit["numa"]
+        l3_of = idx.cpu_unit["l3"]
+        m = self.mask & scope & ~base
+
+        def rank(c: int, pos: int) -> tuple[int, int, int, int, int]:
+            f = c & m
+            low = (c & -c).bit_length() - 1
+            return (
+                0 if numa_of[low] & base else 1,
+                0 if l3_of[low] & base else 1,
+                1 if f == c else 0,
+                f.bit_count(),
+                pos,
+            )
+
+        best: tuple[int, int, int, int, int] | None = None
+        pick = 0
+        near = [u.cores for u in idx.numa if u.mask & base & scope]
+        for group in (*near, cores):
+            for pos, c in enumerate(group):
+                f = c & m
+                if f.bit_count() < rem:
+                    continue
+                r = rank(c, pos)
+                if best is None or r < best:
+                    best, pick = r, c
+            if best is not None and best[0] == 0 and best[2] == 0:
+                break
+        return lowest_bits(pick & m, rem) if best is not None else 0
+
+    def across_numa(self, n: int) -> int:
         idx = self.idx
         units = idx.numa
+        frees = [(u.mask & self.mask).bit_count() for u in units]
         k = _fewest_to_hold(frees, n)
         pool = [i for i, f in enumerate(frees) if f > 0]
         where = "the machine"
@@ -298,17 +400,19 @@ class Selector:
                 )
             )
             return self.in_part(parts[best], n)
-        if self.whole_cores_matter(n):
-            wmask = self.whole_only(unit.cores)
-            if wmask != free:
-                wfrees = [(p.mask & wmask).bit_count() for p in parts]
-                if _fewest_to_hold(wfrees, n) == _fewest_to_hold(frees, n):
-                    saved = self.mask
-                    self.mask = (m & ~unit.mask) | wmask
-                    try:
-                        return self.in_numa(unit, n)
-                    finally:
-                        self.mask = saved
+        return self.best_span(
+            n,
+            unit.mask,
+            unit.cores,
+            lambda k: self.span_parts(unit, k),
+            lambda k: self.in_numa(unit, k),
+        )
+
+    def span_parts(self, unit: NumaUnit, n: int) -> int:
+        """n CPUs over the fewest L3 parts of `unit`: largest first, then the best fit."""
+        m = self.mask
+        parts = unit.parts
+        frees = [(p.mask & m).bit_count() for p in parts]
         chosen: list[int] = []
         need = n
         result = 0
@@ -316,7 +420,7 @@ class Selector:
             fitting = [i for i, f in enumerate(frees) if f >= need and i not in chosen]
             if fitting:
                 i = min(
-                    fitting, key=lambda i: (self.core_penalty(parts[i].cores, need), frees[i], i)
+                    fitting, key=lambda i: (self.core_fit(parts[i].cores, need), frees[i], i)
                 )
                 chosen.append(i)
                 result |= self.in_part(parts[i], need, quiet=True)
