@@ -41,9 +41,7 @@ def build(
                     for cpu in cpus:
                         node_cpus.setdefault(node, []).append(cpu)
                         if cpu in off:
-                            rows.append(
-                                CPUInfo(cpu, online=False, socket=None, die=None, numa=None)
-                            )
+                            rows.append(CPUInfo.offline(cpu))
                             continue
                         rows.append(
                             CPUInfo(

@@ -17,12 +17,13 @@ from __future__ import annotations
 import contextlib
 import os
 import shutil
-import signal
 import subprocess
 import time
 from collections.abc import Iterable, Iterator
 from dataclasses import dataclass
 from pathlib import Path
+
+from helpers import kill_and_remove_cgroup
 
 CGROUP = Path("/sys/fs/cgroup")
 CPUSET = CGROUP / "cpuset"
@@ -182,28 +183,12 @@ def build_busybox_rootfs(root: Path) -> Path:
     return root
 
 
-def remove_cgroup_trees(paths: Iterable[str], *, attempts: int = 50) -> None:
+def remove_cgroup_trees(paths: Iterable[str]) -> None:
     """Remove each cgroup path (relative to a hierarchy) with everything below it, in every v1
-    hierarchy, in the order given: processes still in them are killed, directories are removed
-    bottom-up, retried while the kernel still counts exiting tasks."""
+    hierarchy, in the order given (see `helpers.kill_and_remove_cgroup`)."""
     for rel in paths:
         for hierarchy in CGROUP.iterdir():
-            base = hierarchy / rel
-            if not base.is_dir():
-                continue
-            for _ in range(attempts):
-                for d, _s, _f in os.walk(base):
-                    procs = Path(d, "cgroup.procs")
-                    with contextlib.suppress(OSError):
-                        for pid in procs.read_text().split():
-                            with contextlib.suppress(ProcessLookupError):
-                                os.kill(int(pid), signal.SIGKILL)
-                try:
-                    for d in sorted((d for d, _s, _f in os.walk(base)), key=lambda x: -len(x)):
-                        os.rmdir(d)
-                    break
-                except OSError:
-                    time.sleep(0.1)
+            kill_and_remove_cgroup(hierarchy / rel, attempts=50, pause=0.1)
 
 
 def cgroup_procs(rel: str) -> list[int]:

@@ -3,14 +3,13 @@
 from __future__ import annotations
 
 import json
-import subprocess
-import sys
 from pathlib import Path
 
 import pytest
 
 import alloc_topologies as T
 from corepin.cli.main import main
+from helpers import run_corepin
 
 FIXTURES = Path(__file__).resolve().parents[1].parent / "shared" / "fixtures"
 
@@ -193,12 +192,7 @@ def test_the_installed_command_never_prints_a_traceback(topo_file: str, tmp_path
         (["--topology", dup, "--count", "1"], 2),
         (["--topology", topo_file, "--count", "99"], 3),
     ):
-        proc = subprocess.run(
-            [sys.executable, "-m", "corepin", "allocate", *argv],
-            capture_output=True,
-            text=True,
-            timeout=60,
-        )
+        proc = run_corepin("allocate", *argv)
         assert proc.returncode == code, proc.stderr
         assert "Traceback" not in proc.stderr
 

@@ -51,7 +51,7 @@ def machine(
         node_cpus.setdefault(node, set()).update(cpus)
         for cpu in cpus:
             if cpu in off:
-                rows.append(CPUInfo(cpu, online=False, socket=None, die=None, numa=None))
+                rows.append(CPUInfo.offline(cpu))
                 continue
             rows.append(
                 CPUInfo(

@@ -34,6 +34,7 @@ from containerd_harness import (
 from corepin.agent.host import HostAgent
 from corepin.agent.settings import HostSettings
 from corepin.core.cpuset import CPUSet
+from helpers import allowed_cpus
 
 _REASON = skip_reason()
 pytestmark = [
@@ -81,13 +82,6 @@ def container(containerd: Containerd, busybox_rootfs: Path) -> Iterator[Containe
         remove_cgroup_trees([cgroup, *created])
 
 
-def _allowed(pid: int) -> str:
-    for line in Path(f"/proc/{pid}/status").read_text().splitlines():
-        if line.startswith("Cpus_allowed_list:"):
-            return line.split(":", 1)[1].strip()
-    raise AssertionError(pid)
-
-
 def test_a_container_in_the_kubelet_cgroupfs_layout_is_found_pinned_and_freed(
     containerd: Containerd, container: Container, tmp_path: Path
 ) -> None:
@@ -106,7 +100,7 @@ def test_a_container_in_the_kubelet_cgroupfs_layout_is_found_pinned_and_freed(
     )
     assert (CPUSET / container.cgroup / "cpuset.mems").read_text().strip() == str(assignment.mems)
     for pid in cgroup_procs(container.cgroup):
-        assert _allowed(pid) == want, f"container process {pid} runs outside {want}"
+        assert allowed_cpus(pid) == want, f"container process {pid} runs outside {want}"
 
     exec_out = containerd.ctr(
         "task",
@@ -133,7 +127,7 @@ def test_a_container_in_the_kubelet_cgroupfs_layout_is_found_pinned_and_freed(
     changes = agent.reconcile_once()
     assert [c.action for c in changes] == ["repinned"]
     for pid in cgroup_procs(container.cgroup):
-        assert _allowed(pid) == want
+        assert allowed_cpus(pid) == want
 
     # the container ends and its cgroup goes away: reconcile frees the CPUs
     containerd.stop_task(container.id)

@@ -7,11 +7,9 @@ when it fails. Skipped with a reason where not root or without a writable v1 cpu
 
 from __future__ import annotations
 
-import contextlib
 import os
 import subprocess
 import sys
-import time
 import uuid
 from collections.abc import Iterator
 from pathlib import Path
@@ -26,6 +24,7 @@ from corepin.enforcement.cgroups import CgroupV1, CpuQuota, detect_mounts, open_
 from corepin.enforcement.layout import container_cgroup_path, find_container_cgroup
 from corepin.enforcement.reconcile import CgroupTarget, ProcessTarget, reconcile
 from corepin.sysfs.procfs import cgroup_of, cpus_allowed_list, list_threads, read_cgroup
+from helpers import kill_and_remove_cgroup
 
 CPUSET = Path("/sys/fs/cgroup/cpuset")
 CPU = Path("/sys/fs/cgroup/cpu")
@@ -52,29 +51,6 @@ MEMS = CPUSet.parse(CPUSET.joinpath("cpuset.mems").read_text()) if _REASON is No
 needs_two = pytest.mark.skipif(len(ONLINE) < 2, reason="needs two CPUs in the root cpuset")
 
 
-def _kill_and_remove(root: Path, top: str) -> None:
-    base = root / top
-    if not base.exists():
-        return
-    for _ in range(100):
-        pids = [
-            int(p)
-            for d, _s, _f in os.walk(base)
-            for p in Path(d, "cgroup.procs").read_text().split()
-        ]
-        for pid in pids:
-            with contextlib.suppress(ProcessLookupError):
-                os.kill(pid, 9)
-        dirs = sorted((d for d, _s, _f in os.walk(base)), key=lambda d: -d.count("/"))
-        try:
-            for d in dirs:
-                os.rmdir(d)
-            return
-        except OSError:
-            time.sleep(0.05)
-    raise AssertionError(f"could not clean up {base}")
-
-
 @pytest.fixture
 def scratch() -> Iterator[tuple[CgroupV1, str]]:
     """(driver over the real cpuset and cpu mounts, name of a fresh scratch group)."""
@@ -85,9 +61,9 @@ def scratch() -> Iterator[tuple[CgroupV1, str]]:
         drv.create(top)
         yield drv, top
     finally:
-        _kill_and_remove(CPUSET, top)
+        assert kill_and_remove_cgroup(CPUSET / top), f"could not clean up {CPUSET / top}"
         if cpu_root is not None:
-            _kill_and_remove(cpu_root, top)
+            assert kill_and_remove_cgroup(cpu_root / top), f"could not clean up {cpu_root / top}"
 
 
 @pytest.fixture

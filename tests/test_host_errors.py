@@ -7,7 +7,6 @@ from __future__ import annotations
 import json
 import os
 import subprocess
-import sys
 from collections.abc import Iterator
 from pathlib import Path
 
@@ -21,16 +20,7 @@ from corepin.core.ids import IdError
 from corepin.state.checkpoint import encode_checkpoint, encode_legacy
 from corepin.state.model import Assignment, HostState
 from corepin.sysfs.procfs import process_start_time
-
-
-def corepin(*args: str, env: dict[str, str] | None = None) -> subprocess.CompletedProcess[str]:
-    return subprocess.run(
-        [sys.executable, "-m", "corepin", *args],
-        capture_output=True,
-        text=True,
-        timeout=60,
-        env=env,
-    )
+from helpers import run_corepin
 
 
 def assert_clean_failure(out: subprocess.CompletedProcess[str], code: int, *needles: str) -> None:
@@ -82,7 +72,7 @@ def test_malformed_state_files_exit_2_and_stay_untouched(
         "run": ["run", "--exclusive", "1", "--", "true"],
         "reconcile": ["reconcile", "--once"],
     }[command]
-    out = corepin(*args[:1], "--state-dir", str(state_dir), "--cgroups", "off", *args[1:])
+    out = run_corepin(*args[:1], "--state-dir", str(state_dir), "--cgroups", "off", *args[1:])
     assert_clean_failure(out, 2, str(path), needle)
     assert path.read_bytes() == content, "a state file corepin cannot read is never replaced"
 
@@ -92,14 +82,14 @@ def test_a_checkpoint_whose_payload_was_edited_fails_its_checksum(state_dir: Pat
     doc = json.loads(path.read_text())
     doc["payload"]["online"] = "0-63"
     path.write_text(json.dumps(doc))
-    out = corepin("report", "--state-dir", str(state_dir))
+    out = run_corepin("report", "--state-dir", str(state_dir))
     assert_clean_failure(out, 2, "checksum mismatch")
 
 
 def test_an_unknown_newer_state_version_is_refused_with_what_to_do(state_dir: Path) -> None:
     path = state_dir / "state.json"
     path.write_bytes(encode_legacy({"revision": 1}, 99))
-    out = corepin("report", "--state-dir", str(state_dir))
+    out = run_corepin("report", "--state-dir", str(state_dir))
     assert_clean_failure(out, 2, "version 99", "upgrade corepin")
 
 
@@ -118,7 +108,7 @@ def test_an_allocation_on_cpus_this_machine_does_not_have_is_refused_with_exit_4
         ),
     )
     before = (state_dir / "state.json").read_bytes()
-    out = corepin("run", "--state-dir", str(state_dir), "--exclusive", "1", "--", "true")
+    out = run_corepin("run", "--state-dir", str(state_dir), "--exclusive", "1", "--", "true")
     assert_clean_failure(out, 4, "900-901", "ghost")
     assert (state_dir / "state.json").read_bytes() == before
 
@@ -134,7 +124,7 @@ def test_an_allocation_on_missing_cpus_whose_process_is_gone_is_simply_freed(
             assignments={"old": Assignment(id="old", cpus=far, pid=4_000_000, start_time=1)},
         ),
     )
-    out = corepin("reconcile", "--once", "--state-dir", str(state_dir), "--cgroups", "off")
+    out = run_corepin("reconcile", "--once", "--state-dir", str(state_dir), "--cgroups", "off")
     assert out.returncode == 0, out.stderr
     assert "freed old" in out.stdout
 
@@ -142,7 +132,9 @@ def test_an_allocation_on_missing_cpus_whose_process_is_gone_is_simply_freed(
 def test_a_state_dir_below_a_regular_file_is_an_environment_problem(tmp_path: Path) -> None:
     blocker = tmp_path / "file"
     blocker.write_text("x")
-    out = corepin("run", "--state-dir", str(blocker / "state"), "--exclusive", "1", "--", "true")
+    out = run_corepin(
+        "run", "--state-dir", str(blocker / "state"), "--exclusive", "1", "--", "true"
+    )
     assert_clean_failure(out, 4, str(blocker / "state"))
 
 
@@ -170,7 +162,7 @@ def unwritable_dir(tmp_path: Path) -> Iterator[Path]:
 
 
 def test_a_state_dir_corepin_may_not_write_exits_4_with_what_to_do(unwritable_dir: Path) -> None:
-    out = corepin(
+    out = run_corepin(
         "run", "--state-dir", str(unwritable_dir / "state"), "--exclusive", "1", "--", "true"
     )
     assert_clean_failure(out, 4, "--state-dir")
@@ -178,7 +170,7 @@ def test_a_state_dir_corepin_may_not_write_exits_4_with_what_to_do(unwritable_di
 
 def test_the_state_dir_comes_from_the_environment_when_not_given(tmp_path: Path) -> None:
     env = dict(os.environ, COREPIN_STATE_DIR=str(tmp_path / "from-env"))
-    out = corepin("run", "--cgroups", "off", "--exclusive", "1", "--", "true", env=env)
+    out = run_corepin("run", "--cgroups", "off", "--exclusive", "1", "--", "true", env=env)
     assert out.returncode == 0, out.stderr
     assert (tmp_path / "from-env" / "state.json").exists()
 
@@ -209,13 +201,13 @@ def test_the_state_dir_comes_from_the_environment_when_not_given(tmp_path: Path)
     ],
 )
 def test_bad_options_exit_2(args: list[str], tmp_path: Path) -> None:
-    out = corepin(args[0], "--state-dir", str(tmp_path / "s"), *args[1:])
+    out = run_corepin(args[0], "--state-dir", str(tmp_path / "s"), *args[1:])
     assert_clean_failure(out, 2)
     assert not (tmp_path / "marker").exists()
 
 
 def test_an_unknown_policy_is_named(tmp_path: Path) -> None:
-    out = corepin(
+    out = run_corepin(
         "run", "--state-dir", str(tmp_path), "--exclusive", "1", "--policy", "nope", "--", "true"
     )
     assert_clean_failure(out, 2, "'nope'")
@@ -266,7 +258,7 @@ def test_a_state_file_with_a_cgroup_path_escaping_the_hierarchy_is_never_written
             },
         ),
     )
-    out = corepin(
+    out = run_corepin(
         "reconcile",
         "--once",
         "--state-dir",
@@ -281,7 +273,7 @@ def test_a_state_file_with_a_cgroup_path_escaping_the_hierarchy_is_never_written
 
 
 def test_missing_command_names_the_usage(tmp_path: Path) -> None:
-    out = corepin("run", "--state-dir", str(tmp_path), "--shared", "--")
+    out = run_corepin("run", "--state-dir", str(tmp_path), "--shared", "--")
     assert_clean_failure(out, 2, "CMD")
 
 

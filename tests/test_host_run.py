@@ -11,12 +11,13 @@ import json
 import os
 import signal
 import subprocess
-import sys
 import time
 from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
+
+from helpers import allowed_cpus, corepin_argv, run_corepin, wait_for
 
 ONLINE = sorted(os.sched_getaffinity(0))
 CPUSET_ROOT = Path("/sys/fs/cgroup/cpuset")
@@ -34,27 +35,14 @@ needs_two_cpus = pytest.mark.skipif(len(ONLINE) < 2, reason="needs at least 2 CP
 
 
 def corepin(*args: str, state: Path, cgroups: str = "off") -> list[str]:
-    return [
-        sys.executable,
-        "-m",
-        "corepin",
-        args[0],
-        "--state-dir",
-        str(state),
-        "--cgroups",
-        cgroups,
-        *args[1:],
-    ]
+    return corepin_argv(args[0], "--state-dir", str(state), "--cgroups", cgroups, *args[1:])
 
 
 def run(
     *args: str, state: Path, cgroups: str = "off", timeout: float = 60
 ) -> subprocess.CompletedProcess[str]:
-    return subprocess.run(
-        corepin(*args, state=state, cgroups=cgroups),
-        capture_output=True,
-        text=True,
-        timeout=timeout,
+    return run_corepin(
+        args[0], "--state-dir", str(state), "--cgroups", cgroups, *args[1:], timeout=timeout
     )
 
 
@@ -63,22 +51,6 @@ def report(state: Path) -> dict[str, object]:
     assert out.returncode == 0, out.stderr
     data: dict[str, object] = json.loads(out.stdout)
     return data
-
-
-def affinity(pid: int) -> str:
-    for line in Path(f"/proc/{pid}/status").read_text().splitlines():
-        if line.startswith("Cpus_allowed_list:"):
-            return line.split(":", 1)[1].strip()
-    raise AssertionError(f"no Cpus_allowed_list for {pid}")
-
-
-def wait_for(predicate, timeout: float = 15.0, what: str = "condition") -> None:  # type: ignore[no-untyped-def]
-    deadline = time.monotonic() + timeout
-    while time.monotonic() < deadline:
-        if predicate():
-            return
-        time.sleep(0.05)
-    raise AssertionError(f"timed out waiting for {what}")
 
 
 def allocations(state: Path) -> list[dict[str, object]]:
@@ -254,7 +226,7 @@ def test_shared_runs_are_repinned_when_an_exclusive_run_comes_and_goes(
     wait_for(lambda: len(allocations(state)) == 1, what="the shared run to be recorded")
     child = allocations(state)[0]["pid"]
     assert isinstance(child, int)
-    wait_for(lambda: affinity(child) == f"{ONLINE[0]}-{ONLINE[-1]}", what="shared affinity")
+    wait_for(lambda: allowed_cpus(child) == f"{ONLINE[0]}-{ONLINE[-1]}", what="shared affinity")
 
     exclusive = subprocess.Popen(
         corepin("run", "--exclusive", "1", "--", "sleep", "3", state=state), text=True
@@ -265,10 +237,10 @@ def test_shared_runs_are_repinned_when_an_exclusive_run_comes_and_goes(
     mine = next(a for a in data["allocations"] if a["exclusive"])  # type: ignore[union-attr]
     pool = data["shared_pool"]
     assert pool and mine["cpus"] not in pool.split(",")  # type: ignore[union-attr]
-    assert affinity(child) == pool, "the shared process shrank to the new pool"
+    assert allowed_cpus(child) == pool, "the shared process shrank to the new pool"
     assert exclusive.wait(timeout=30) == 0
     wait_for(
-        lambda: affinity(child) == f"{ONLINE[0]}-{ONLINE[-1]}",
+        lambda: allowed_cpus(child) == f"{ONLINE[0]}-{ONLINE[-1]}",
         what="the shared process to grow back to every CPU",
     )
     shared.send_signal(signal.SIGTERM)
@@ -342,7 +314,7 @@ def test_reconcile_repins_a_process_that_widened_its_affinity_and_then_writes_no
     out = run("reconcile", "--once", state=state)
     assert out.returncode == 0, out.stderr
     assert f"repinned {held['id']}" in out.stdout
-    assert affinity(child) == held["cpus"]
+    assert allowed_cpus(child) == held["cpus"]
     checkpoint = state / "state.json"
     before = checkpoint.stat().st_mtime_ns
     again = run("reconcile", "--once", state=state)
@@ -382,7 +354,7 @@ def test_report_json_has_the_contract_fields(
     assert entry["exclusive"] is True
     assert entry["name"] == "probe"
     assert entry["owner_pid"] == p.pid
-    assert affinity(entry["pid"]) == entry["cpus"]
+    assert allowed_cpus(entry["pid"]) == entry["cpus"]
     held = {int(entry["cpus"])}
     assert data["free"] == ",".join(str(c) for c in ONLINE if c not in held)
     table = run("report", state=state)
@@ -445,7 +417,7 @@ def test_reconcile_restores_a_cgroup_whose_cpuset_drifted(
     assert out.returncode == 0, out.stderr
     assert "cpuset.cpus" in out.stdout
     assert (group / "cpuset.cpus").read_text().strip() == held["cpus"]
-    assert affinity(int(held["pid"])) == held["cpus"]  # type: ignore[call-overload]
+    assert allowed_cpus(int(held["pid"])) == held["cpus"]  # type: ignore[call-overload]
     p.send_signal(signal.SIGTERM)
     assert p.wait(timeout=30) == 128 + signal.SIGTERM
     assert not group.exists()

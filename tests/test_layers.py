@@ -12,6 +12,8 @@ import sys
 
 import pytest
 
+from helpers import run_corepin
+
 #: Modules (and their submodules) that parsing arguments must not need.
 FORBIDDEN = (
     "yaml",
@@ -77,11 +79,6 @@ def test_import_corepin_alone_loads_neither_discovery_nor_allocation() -> None:
 
 
 def test_python_dash_m_corepin_help_lists_the_subcommands() -> None:
-    done = subprocess.run(
-        [sys.executable, "-m", "corepin", "--help"],
-        capture_output=True,
-        text=True,
-        timeout=60,
-    )
+    done = run_corepin("--help")
     assert done.returncode == 0, done.stderr
     assert "topology" in done.stdout and "Exit codes" in done.stdout

@@ -29,7 +29,7 @@ def machine(
         core = cpu % cores
         node = min(core // per_node, numa_nodes - 1)
         if cpu in off:
-            rows.append(CPUInfo(cpu=cpu, online=False, socket=None, die=None, numa=None, core=None))
+            rows.append(CPUInfo.offline(cpu))
         else:
             rows.append(CPUInfo(cpu=cpu, socket=0, die=0, numa=node, l3=node, l2=core, core=core))
     nodes = []
