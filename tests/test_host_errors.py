@@ -281,3 +281,20 @@ def test_input_error_type_of_missing_command_in_the_agent(tmp_path: Path) -> Non
     agent = HostAgent(HostSettings(state_dir=str(tmp_path), cgroups="off"))
     with pytest.raises(InputError):
         agent.run([], exclusive=1, with_shared=False, level="cpu", options={}, name=None)
+
+
+def test_cgroups_on_with_a_cgroup_root_without_cpuset_exits_4_naming_it(tmp_path: Path) -> None:
+    root = tmp_path / "not-a-cgroup-mount"
+    root.mkdir()
+    out = run_corepin(
+        "run",
+        "--state-dir",
+        str(tmp_path / "state"),
+        "--cgroups",
+        "on",
+        "--cgroup-root",
+        str(root),
+        "--",
+        "true",
+    )
+    assert_clean_failure(out, 4, str(root / "cpuset"), "--cgroups off")

@@ -367,23 +367,6 @@ class TestCLI:
         assert json.loads(capsys.readouterr().out) == json.loads(out.read_text(encoding="utf-8"))
 
 
-def _policy_available(name: str) -> bool:
-    from corepin.allocation.policies import get_policy
-
-    try:
-        get_policy(name)
-    except Exception:
-        return False
-    return True
-
-
-needs_policies = pytest.mark.skipif(
-    not (_policy_available("topology-aware") and _policy_available("kubelet-static")),
-    reason="topology-aware / kubelet-static policies not built yet",
-)
-
-
-@needs_policies
 class TestCLIWithRealPolicies:
     def _run(self, tmp_path: Path, *extra: str) -> tuple[int, str]:
         topo = write_topology(tmp_path, two_numa_smt())
@@ -481,8 +464,6 @@ class TestOutput:
             == 0
         )
         policy = "topology-aware"
-        if not _policy_available(policy):
-            pytest.skip("topology-aware not built yet")
         assert main(["simulate", "--topology", topo, "--trace", str(out), "--policy", policy]) == 0
         captured = capsys.readouterr()
         assert "\r" not in captured.err
@@ -501,8 +482,6 @@ def test_simulate_runs_on_a_real_machine_sysfs_tree(
     )
     if not root.is_dir():
         pytest.skip("real-machine sysfs fixtures are not present")
-    if not _policy_available("topology-aware"):
-        pytest.skip("topology-aware not built yet")
     trace = write_trace(
         tmp_path,
         [{"op": "add", "id": f"ns/p{i}/c", "cpus": 4} for i in range(9)],
@@ -516,7 +495,6 @@ def test_simulate_runs_on_a_real_machine_sysfs_tree(
     assert result["full_core_ratio"] == 1.0
 
 
-@needs_policies
 def test_replay_options_reach_every_exclusive_request_of_every_policy() -> None:
     from corepin.allocation.policies import get_policy
 
@@ -535,7 +513,6 @@ def test_replay_options_reach_every_exclusive_request_of_every_policy() -> None:
         assert result.full_core_ratio == 1.0
 
 
-@needs_policies
 @settings(max_examples=25, deadline=None)
 @given(
     seed=st.integers(0, 2**31),

@@ -23,7 +23,7 @@ from types import FrameType
 from typing import Any
 
 from corepin.core.cpuset import CPUSet
-from corepin.core.errors import CgroupError, CorepinError, InputError
+from corepin.core.errors import CgroupError, CorepinError, EnvironmentProblem, InputError
 
 #: Signals forwarded from corepin to CMD while it runs.
 FORWARDED: tuple[signal.Signals, ...] = (
@@ -71,16 +71,27 @@ class Launch:
         self._previous: dict[signal.Signals, Any] = {}
 
     def start(self) -> int:
-        """Fork the child (held before exec); returns its pid."""
-        go_r, go_w = os.pipe()
-        err_r, err_w = os.pipe2(os.O_CLOEXEC)
+        """Fork the child (held before exec); returns its pid. EnvironmentProblem when the
+        host refuses a pipe or a process (descriptor or process limits)."""
         environ = dict(os.environ)
         environ.update(self.env)
         cpus = self.cpus.sorted()
         procs = self.cgroup_procs
         sys.stdout.flush()
         sys.stderr.flush()
-        pid = os.fork()
+        opened: list[int] = []
+        try:
+            go_r, go_w = os.pipe()
+            opened += (go_r, go_w)
+            err_r, err_w = os.pipe2(os.O_CLOEXEC)
+            opened += (err_r, err_w)
+            pid = os.fork()
+        except OSError as exc:
+            for fd in opened:
+                os.close(fd)
+            raise EnvironmentProblem(
+                f"cannot start {self.argv[0]!r}: {exc.strerror or exc}", reason="fork_failed"
+            ) from exc
         if pid == 0:  # child: never returns
             stage = "affinity"
             try:
@@ -158,9 +169,8 @@ class Launch:
                     reason="cgroup_attach_failed",
                 )
             if stage == "affinity":
-                raise CgroupError(
-                    "sched_setaffinity",
-                    f"cannot pin the command to CPUs {self.cpus}: {message}",
+                raise EnvironmentProblem(
+                    f"cannot pin {self.argv[0]!r} to CPUs {self.cpus}: {message}",
                     reason="affinity_failed",
                 )
             exit_code = 127 if code in (errno.ENOENT, errno.ENOTDIR) else 126

@@ -76,6 +76,12 @@ class Pinner:
                         reason="cgroup_unsupported",
                     )
                 return False
+            if not os.path.isdir(driver.root):
+                raise CgroupError(
+                    os.fspath(driver.root),
+                    "no cpuset hierarchy here (is cgroup v1 cpuset mounted?): use --cgroups off",
+                    reason="no_cpuset_hierarchy",
+                )
             if not os.access(driver.root, os.W_OK):
                 raise CgroupError(
                     os.fspath(driver.root),

@@ -6,7 +6,7 @@ import argparse
 import json
 import sys
 
-from corepin.cli.common import add_topology_source, load_topology
+from corepin.cli.common import add_topology_source, load_topology, write_output
 from corepin.core.errors import EXIT_OK, EXIT_UNSATISFIABLE, AllocationError, RequestError
 
 
@@ -75,7 +75,7 @@ def run(args: argparse.Namespace) -> int:
         print(f"corepin allocate: {exc} (reason: {exc.reason})", file=sys.stderr)
         return EXIT_UNSATISFIABLE
     if args.output == "json":
-        sys.stdout.write(json.dumps(decision.to_json(), indent=2) + "\n")
+        write_output(json.dumps(decision.to_json(), indent=2) + "\n", None)
     else:
-        sys.stdout.write(f"{decision.cpus}\n")
+        write_output(f"{decision.cpus}\n", None)
     return EXIT_OK

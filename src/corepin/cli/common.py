@@ -8,7 +8,7 @@ import sys
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from corepin.core.errors import InputError, TopologyError
+from corepin.core.errors import EnvironmentProblem, InputError, TopologyError
 
 if TYPE_CHECKING:
     from corepin.topology.model import Topology
@@ -70,9 +70,19 @@ def dump(data: Any, fmt: str) -> str:
 
 
 def write_output(text: str, out: str | None) -> None:
-    """Print `text`, or write it to the file `out` (atomically enough for a CLI: whole text)."""
+    """Print `text`, or write it to the file `out` (atomically enough for a CLI: whole text).
+    A failing write is an InputError naming the file, or EnvironmentProblem for stdout."""
     if out is None or out == "-":
-        sys.stdout.write(text)
+        try:
+            sys.stdout.write(text)
+            sys.stdout.flush()
+        except BrokenPipeError:
+            raise  # the reader went away: cli.main treats that as success
+        except OSError as exc:
+            raise EnvironmentProblem(
+                f"cannot write to standard output: {exc.strerror or exc}",
+                reason="stdout_unwritable",
+            ) from exc
         return
     try:
         Path(out).write_text(text, encoding="utf-8")

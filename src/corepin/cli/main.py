@@ -55,12 +55,7 @@ def build_parser(only: str | None = None) -> argparse.ArgumentParser:
         if only is not None and name != only:
             sub.add_parser(name, help=help_text, description=help_text)
             continue
-        try:
-            module = importlib.import_module(module_name)
-        except ModuleNotFoundError as exc:
-            if exc.name != module_name:
-                raise
-            continue  # subcommand not built yet
+        module = importlib.import_module(module_name)
         cmd = sub.add_parser(name, help=help_text, description=help_text)
         module.add_arguments(cmd, name)
         cmd.set_defaults(_module=module)

@@ -15,7 +15,7 @@ import time
 from typing import IO, TYPE_CHECKING, Any
 
 from corepin.cli.common import add_topology_source, load_topology, read_json_file, write_output
-from corepin.core.errors import InputError, RequestError
+from corepin.core.errors import InputError
 
 if TYPE_CHECKING:
     from corepin.allocation.simulate import DecisionRecord, PolicyResult
@@ -59,23 +59,10 @@ def add_arguments(parser: argparse.ArgumentParser, name: str = "simulate") -> No
 
 
 def _policies(names: list[str] | None) -> list[Policy]:
+    """The named policies (each once, in the order given), else every registered policy."""
     from corepin.allocation.policies import POLICY_NAMES, get_policy
 
-    if names:
-        seen: list[str] = []
-        for n in names:
-            if n not in seen:
-                seen.append(n)
-        return [get_policy(n) for n in seen]
-    found: list[Policy] = []
-    for n in POLICY_NAMES:
-        try:
-            found.append(get_policy(n))
-        except (RequestError, ImportError):
-            continue  # not built into this installation
-    if not found:
-        raise InputError("no allocation policy is available", reason="unknown_policy")
-    return found
+    return [get_policy(n) for n in dict.fromkeys(names or POLICY_NAMES)]
 
 
 class _ProgressBar:
@@ -141,6 +128,10 @@ def render_table(results: list[PolicyResult]) -> str:
     return "\n".join(lines) + "\n"
 
 
+def _unwritable(path: str, exc: OSError) -> InputError:
+    return InputError(f"cannot write decisions file {path!r}: {exc}", reason="unwritable")
+
+
 def _generate(args: argparse.Namespace) -> int:
     from corepin.allocation.tracegen import ChurnOptions, generate_trace
 
@@ -169,9 +160,7 @@ def run(args: argparse.Namespace) -> int:
         try:
             sink = open(args.decisions, "w", encoding="utf-8")  # noqa: SIM115 - closed below
         except OSError as exc:
-            raise InputError(
-                f"cannot write decisions file {args.decisions!r}: {exc}", reason="unwritable"
-            ) from exc
+            raise _unwritable(args.decisions, exc) from exc
     show_progress = (
         args.output == "table" and len(trace.events) >= PROGRESS_MIN_EVENTS and sys.stderr.isatty()
     )
@@ -184,7 +173,10 @@ def run(args: argparse.Namespace) -> int:
                 out = sink
 
                 def on_decision(record: DecisionRecord, out: IO[str] = out) -> None:
-                    out.write(json.dumps(record.to_json(), separators=(",", ":")) + "\n")
+                    try:
+                        out.write(json.dumps(record.to_json(), separators=(",", ":")) + "\n")
+                    except OSError as exc:
+                        raise _unwritable(args.decisions, exc) from exc
 
             progress = _ProgressBar(sys.stderr, policy.name) if show_progress else None
             start = time.perf_counter()
@@ -199,10 +191,13 @@ def run(args: argparse.Namespace) -> int:
             results.append(result.with_seconds(time.perf_counter() - start))
     finally:
         if sink is not None:
-            sink.close()
+            try:
+                sink.close()
+            except OSError as exc:
+                raise _unwritable(args.decisions, exc) from exc
     if args.output == "json":
         data: list[dict[str, Any]] = [r.to_json() for r in results]
-        sys.stdout.write(json.dumps(data, indent=2) + "\n")
+        write_output(json.dumps(data, indent=2) + "\n", None)
     else:
-        sys.stdout.write(render_table(results))
+        write_output(render_table(results), None)
     return 0
