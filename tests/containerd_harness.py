@@ -23,6 +23,8 @@ from collections.abc import Iterable, Iterator
 from dataclasses import dataclass
 from pathlib import Path
 
+import pytest
+
 from helpers import kill_and_remove_cgroup
 
 CGROUP = Path("/sys/fs/cgroup")
@@ -60,6 +62,13 @@ def skip_reason() -> str | None:
     if static_busybox() is None:
         return "a static busybox is not installed (apt-get install busybox-static)"
     return None
+
+
+#: marks of a test module that runs containers: real host, skipped with `skip_reason()`
+NEEDS_CONTAINERS = [
+    pytest.mark.realhost,
+    pytest.mark.skipif(skip_reason() is not None, reason=skip_reason() or ""),
+]
 
 
 @dataclass

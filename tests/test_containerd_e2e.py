@@ -25,10 +25,10 @@ import pytest
 
 from containerd_harness import (
     CPUSET,
+    NEEDS_CONTAINERS,
     Containerd,
     cgroup_procs,
     remove_cgroup_trees,
-    skip_reason,
     wait_for_procs,
 )
 from corepin.agent.host import HostAgent
@@ -36,11 +36,7 @@ from corepin.agent.settings import HostSettings
 from corepin.core.cpuset import CPUSet
 from helpers import allowed_cpus
 
-_REASON = skip_reason()
-pytestmark = [
-    pytest.mark.realhost,
-    pytest.mark.skipif(_REASON is not None, reason=_REASON or ""),
-]
+pytestmark = NEEDS_CONTAINERS
 
 
 @dataclass

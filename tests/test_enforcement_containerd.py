@@ -19,10 +19,10 @@ import pytest
 from containerd_harness import (
     CGROUP,
     CPUSET,
+    NEEDS_CONTAINERS,
     Containerd,
     cgroup_procs,
     remove_cgroup_trees,
-    skip_reason,
     wait_for_procs,
 )
 from corepin.core.cpuset import CPUSet
@@ -37,11 +37,7 @@ from corepin.sysfs.procfs import cgroup_of, cpus_allowed_list, list_threads, rea
 
 CPU = CGROUP / "cpu"
 
-_REASON = skip_reason()
-pytestmark = [
-    pytest.mark.realhost,
-    pytest.mark.skipif(_REASON is not None, reason=_REASON or ""),
-]
+pytestmark = NEEDS_CONTAINERS
 
 
 @dataclass
