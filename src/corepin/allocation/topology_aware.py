@@ -113,7 +113,15 @@ class Selector:
         fitting = [p for p, f in zip(unit.parts, frees, strict=True) if f >= n]
         if fitting:
             return (1, *min(self.core_fit(p.cores, n) for p in fitting))
-        return (_fewest_to_hold(frees, n), *self.core_fit(unit.cores, n))
+        k = _fewest_to_hold(frees, n)
+        short, split = self.core_fit(unit.cores, n)
+        if self.t > 1 and self.mode == "whole":
+            # Whole cores must also fit in k L3s, else the span holds partial cores.
+            wfrees = [self.whole_only(p.cores).bit_count() for p in unit.parts]
+            kw = _fewest_to_hold(wfrees, n - n % self.t)
+            if kw > k and not short:
+                short = 1
+        return k, short, split
 
     # -------------------------------------------------------------- machine level
     def select(self, n: int) -> int:
@@ -159,8 +167,14 @@ class Selector:
             small = len(frees) - len(fits)
             if small:
                 why += f"; {small} node{'s' if small > 1 else ''} too small"
-            self.steps.append(Step("numa", f"node {units[best].id}", why))
-            return self.in_numa(units[best], n)
+            node = units[best]
+            step = Step("numa", f"node {node.id}", why)
+
+            def in_best(k: int) -> int:
+                self.steps.append(step)
+                return self.in_numa(node, k)
+
+            return self.best_span(n, m, idx.core_masks, in_best, self.select)
         return self.best_span(n, self.mask, idx.core_masks, self.across_numa, self.select)
 
     def kinship(self, i: int, chosen: list[int]) -> int:
@@ -188,8 +202,9 @@ class Selector:
 
     # -------------------------------------------------------------- spans and whole cores
     def span_score(self, cpus: int, n: int) -> tuple[int, int, int, int]:
-        """How good `cpus` (n CPUs taken from self.mask) is: (NUMA nodes, L3 instances, partial
-        cores beyond the one an odd n may hold, change in the number of partly free cores)."""
+        """The cost of `cpus` (n CPUs taken from self.mask), lower is better: (NUMA nodes + pc,
+        L3 instances + pc, pc, change in the number of partly free cores), where pc counts the
+        partial cores beyond the one an odd n may hold."""
         idx = self.idx
         numa = sum(1 for u in idx.numa if u.mask & cpus)
         l3 = sum(1 for u in idx.units["l3"] if u & cpus)
@@ -207,7 +222,29 @@ class Selector:
             after = before & ~cpus
             strays += (0 < after != c) - (0 < before != c)
         allowed = 1 if self.t > 1 and n % self.t else 0
-        return numa, l3, max(0, partial - allowed), strays
+        pe = partial - allowed if partial > allowed else 0
+        # One NUMA node (one L3) stays best whenever it holds n. Over a span of several, a
+        # partial core weighs as much as one more unit: whole cores over one more node or L3
+        # beat sharing cores with strangers to save it.
+        return (
+            numa if numa == 1 else numa + pe,
+            l3 if l3 == 1 else l3 + pe,
+            pe,
+            strays,
+        )
+
+    def excess_partials(self, cpus: int, n: int) -> int:
+        """Partial cores in `cpus` beyond the one an odd n may hold."""
+        table = self.idx.cpu_unit["core"]
+        partial = 0
+        rest = cpus
+        while rest:
+            c = table[(rest & -rest).bit_length() - 1]
+            rest &= ~c
+            if c & cpus != c:
+                partial += 1
+        allowed = 1 if self.t > 1 and n % self.t else 0
+        return partial - allowed if partial > allowed else 0
 
     def best_span(
         self,
@@ -217,11 +254,11 @@ class Selector:
         first: Callable[[int], int],
         again: Callable[[int], int],
     ) -> int:
-        """n CPUs that must span several units of `scope`: `first(n)` takes the fewest units,
-        largest first. When that leaves more partial cores than n allows, the same walk is
-        tried on the whole free cores of `scope` alone (`again(n)`), and for an odd n on whole
-        cores for n - 1 plus one stray thread; the best by (NUMA nodes, L3 instances, partial
-        cores, new stray threads) wins, the first walk on ties."""
+        """n CPUs inside `scope` (the machine or one NUMA node): `first(n)` is the walk by
+        fewest units. When its pick holds more partial cores than n allows, the walk is tried
+        again (`again(n)`) on the whole free cores of `scope` alone, and for an odd n on whole
+        cores for n - 1 plus one stray thread; the lowest `span_score` wins, the first walk on
+        ties. Alternatives are not nested."""
         outer = self.steps
         self.steps = []
         got = first(n)
@@ -232,10 +269,10 @@ class Selector:
         if self.nested or self.mode != "whole" or t <= 1:
             outer.extend(steps)
             return got
-        score = self.span_score(got, n)
-        if score[2] == 0:
+        if self.excess_partials(got, n) == 0:
             outer.extend(steps)
             return got
+        score = self.span_score(got, n)
         saved = self.mask
         whole = self.whole_only(cores) & scope
         best = (score, got, steps)
@@ -391,15 +428,21 @@ class Selector:
             if len(parts) == 1:
                 return self.in_part(parts[0], n)
             best = min(fits, key=lambda i: (self.core_fit(parts[i].cores, n), frees[i], i))
-            self.steps.append(
-                Step(
-                    "l3",
-                    parts[best].label,
-                    f"best fit among {len(fits)} L3 instances of node {unit.id} that hold {n} "
-                    f"CPUs ({frees[best]} free); emptier ones stay whole",
-                )
+            part = parts[best]
+            step = Step(
+                "l3",
+                part.label,
+                f"best fit among {len(fits)} L3 instances of node {unit.id} that hold {n} "
+                f"CPUs ({frees[best]} free); emptier ones stay whole",
             )
-            return self.in_part(parts[best], n)
+
+            def in_best(k: int) -> int:
+                self.steps.append(step)
+                return self.in_part(part, k)
+
+            return self.best_span(
+                n, unit.mask, unit.cores, in_best, lambda k: self.in_numa(unit, k)
+            )
         return self.best_span(
             n,
             unit.mask,
@@ -419,9 +462,7 @@ class Selector:
         while need > 0:
             fitting = [i for i, f in enumerate(frees) if f >= need and i not in chosen]
             if fitting:
-                i = min(
-                    fitting, key=lambda i: (self.core_fit(parts[i].cores, need), frees[i], i)
-                )
+                i = min(fitting, key=lambda i: (self.core_fit(parts[i].cores, need), frees[i], i))
                 chosen.append(i)
                 result |= self.in_part(parts[i], need, quiet=True)
                 need = 0
