@@ -57,6 +57,8 @@ class TopologyIndex:
         "numa",
         "numa_pos",
         "online",
+        "pairs",
+        "singles",
         "socket_ids",
         "socket_masks",
         "threads_per_core",
@@ -96,6 +98,26 @@ class TopologyIndex:
 
         core_list = [cores[k] for k in sorted(cores)]
         self.core_masks: tuple[int, ...] = tuple(core_list)
+        # Bit-parallel view of the cores for whole_free(): one-thread cores, and two-thread
+        # cores grouped by the distance d between their threads (lower thread masks); None when
+        # some core has more than two threads (whole_free then walks the cores).
+        singles = 0
+        by_gap: dict[int, int] = {}
+        wide = False
+        for c in core_list:
+            count = c.bit_count()
+            if count == 1:
+                singles |= c
+            elif count == 2:
+                low = c & -c
+                gap = (c ^ low).bit_length() - low.bit_length()
+                by_gap[gap] = by_gap.get(gap, 0) | low
+            else:
+                wide = True
+        self.singles: int = singles
+        self.pairs: tuple[tuple[int, int], ...] | None = (
+            None if wide else tuple(sorted(by_gap.items()))
+        )
         numa_masks: dict[int, int] = {}
         for cpu, node in numa_of.items():
             numa_masks[node] = numa_masks.get(node, 0) | (1 << cpu)
@@ -159,6 +181,22 @@ class TopologyIndex:
             self.cpu_unit[level] = table
 
     # ------------------------------------------------------------------ level helpers
+    def whole_free(self, mask: int) -> int:
+        """The CPUs of the cores whose online threads are all in `mask` (bit-parallel when no
+        core has more than two threads)."""
+        pairs = self.pairs
+        if pairs is None:
+            out = 0
+            for c in self.core_masks:
+                if c & mask == c:
+                    out |= c
+            return out
+        out = mask & self.singles
+        for gap, low in pairs:
+            both = mask & (mask >> gap) & low
+            out |= both | (both << gap)
+        return out
+
     def free_units_mask(self, level: str, available: int) -> int:
         """The union of the units of `level` whose CPUs are all in `available`."""
         if level == "cpu":

@@ -59,7 +59,7 @@ def _fewest_to_hold(frees: list[int], n: int) -> int:
 class Selector:
     """One decision's working state: the index, the usable mask, SMT settings, the steps."""
 
-    __slots__ = ("idx", "mask", "mode", "nested", "steps", "t")
+    __slots__ = ("idx", "mask", "mode", "nested", "steps", "t", "whole_for", "whole_mask")
 
     def __init__(self, idx: TopologyIndex, mask: int, mode: str = "whole") -> None:
         """`mode`: "whole" (whole cores, one partial core at most), "spread" (one thread per
@@ -71,10 +71,13 @@ class Selector:
         self.steps: list[Step] = []
         #: True while an alternative span is being tried (no further alternatives inside it)
         self.nested = False
+        self.whole_for = -1
+        self.whole_mask = 0
 
     # -------------------------------------------------------------- scoring helpers
-    def core_fit(self, cores: tuple[int, ...], n: int) -> tuple[int, int]:
-        """How well the free CPUs of `cores` take n CPUs as whole cores: (CPUs of n minus its odd
+    def core_fit(self, umask: int, cores: tuple[int, ...], n: int) -> tuple[int, int]:
+        """How well the free CPUs of `cores` (all inside `umask`) take n CPUs as whole cores:
+        (CPUs of n minus its odd
         remainder that whole free cores cannot supply, 1 when the odd remainder would have to
         split a whole free core because no partly used core has that many free threads).
         (0, 0) is perfect: whole cores for the even part and a stray thread for the rest."""
@@ -83,6 +86,11 @@ class Selector:
             return 0, 0
         rem = n % t
         want = n - rem
+        if self.idx.pairs is not None:
+            wm = self.whole() & umask
+            have = wm.bit_count()
+            short = want - have if have < want else 0
+            return short, 0 if rem == 0 or self.mask & umask & ~wm else 1
         m = self.mask
         have = 0
         stray = rem == 0
@@ -99,25 +107,51 @@ class Selector:
                     return 0, 0
         return (want - have if have < want else 0), (0 if stray else 1)
 
-    def core_penalty(self, cores: tuple[int, ...], n: int) -> int:
-        """CPUs of n (minus the odd remainder) that whole free cores cannot supply (0 = fine)."""
-        return self.core_fit(cores, n)[0]
+    def whole(self) -> int:
+        """The CPUs of the cores whose threads are all in self.mask (cached per mask)."""
+        if self.whole_for != self.mask:
+            self.whole_for = self.mask
+            self.whole_mask = self.idx.whole_free(self.mask)
+        return self.whole_mask
 
     def node_score(self, unit: NumaUnit, n: int) -> tuple[int, int, int]:
         """(L3 instances needed, whole-core shortfall, odd remainder splits a whole core) for n
         CPUs in `unit`; the core figures are those of the best single L3 when one can hold n."""
         m = self.mask
         if len(unit.parts) == 1:
-            return (1, *self.core_fit(unit.cores, n))
+            return (1, *self.core_fit(unit.mask, unit.cores, n))
+        if n < self.t and self.mode == "whole" and self.idx.pairs is not None:
+            # Any L3 with a free CPU holds n; it needs a stray thread somewhere in the node.
+            return 1, 0, 0 if m & unit.mask & ~self.whole() else 1
         frees = [(p.mask & m).bit_count() for p in unit.parts]
         fitting = [p for p, f in zip(unit.parts, frees, strict=True) if f >= n]
         if fitting:
-            return (1, *min(self.core_fit(p.cores, n) for p in fitting))
+            t = self.t
+            if t == 2 and self.mode == "whole" and self.idx.pairs is not None:
+                # core_fit inlined (hot: every fitting L3 of every fitting node)
+                wm = self.whole()
+                want = n & ~1
+                odd = n & 1
+                best = (1 << 30, 1)
+                for p in fitting:
+                    pm = p.mask
+                    have = (pm & wm).bit_count()
+                    fit = (
+                        want - have if have < want else 0,
+                        1 if odd and not m & pm & ~wm else 0,
+                    )
+                    if fit < best:
+                        best = fit
+                        if fit == (0, 0):
+                            break
+                return 1, best[0], best[1]
+            return (1, *min(self.core_fit(p.mask, p.cores, n) for p in fitting))
         k = _fewest_to_hold(frees, n)
-        short, split = self.core_fit(unit.cores, n)
+        short, split = self.core_fit(unit.mask, unit.cores, n)
         if self.t > 1 and self.mode == "whole":
             # Whole cores must also fit in k L3s, else the span holds partial cores.
-            wfrees = [self.whole_only(p.cores).bit_count() for p in unit.parts]
+            wm = self.whole()
+            wfrees = [(p.mask & wm).bit_count() for p in unit.parts]
             kw = _fewest_to_hold(wfrees, n - n % self.t)
             if kw > k and not short:
                 short = 1
@@ -190,15 +224,6 @@ class Selector:
             elif me.die == other.die:
                 score += 1
         return score
-
-    def whole_only(self, cores: tuple[int, ...]) -> int:
-        """The CPUs of the cores (among `cores`) whose threads are all usable."""
-        m = self.mask
-        out = 0
-        for c in cores:
-            if c & m == c:
-                out |= c
-        return out
 
     # -------------------------------------------------------------- spans and whole cores
     def span_score(self, cpus: int, n: int) -> tuple[int, int, int, int]:
@@ -274,7 +299,7 @@ class Selector:
             return got
         score = self.span_score(got, n)
         saved = self.mask
-        whole = self.whole_only(cores) & scope
+        whole = self.whole() & scope
         best = (score, got, steps)
         self.nested = True
         try:
@@ -427,7 +452,9 @@ class Selector:
         if fits:
             if len(parts) == 1:
                 return self.in_part(parts[0], n)
-            best = min(fits, key=lambda i: (self.core_fit(parts[i].cores, n), frees[i], i))
+            best = min(
+                fits, key=lambda i: (self.core_fit(parts[i].mask, parts[i].cores, n), frees[i], i)
+            )
             part = parts[best]
             step = Step(
                 "l3",
@@ -462,7 +489,10 @@ class Selector:
         while need > 0:
             fitting = [i for i, f in enumerate(frees) if f >= need and i not in chosen]
             if fitting:
-                i = min(fitting, key=lambda i: (self.core_fit(parts[i].cores, need), frees[i], i))
+                i = min(
+                    fitting,
+                    key=lambda i: (self.core_fit(parts[i].mask, parts[i].cores, need), frees[i], i),
+                )
                 chosen.append(i)
                 result |= self.in_part(parts[i], need, quiet=True)
                 need = 0
