@@ -5,6 +5,8 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 
 import pytest
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
 
 import alloc_topologies as T
 from corepin.allocation.levels import free_units, index_of, reserved_for, units_of
@@ -357,3 +359,168 @@ def test_a_request_spanning_numa_nodes_keeps_to_nodes_that_share_an_l3() -> None
     assert len(topo.l3s_in(d.cpus)) == 1
     # node 1 (4 free) first, then its L3 sibling node 0 for the remaining 2
     assert d.cpus == CPUSet.parse("2-7")
+
+
+# ------------------------------------------------------------------ whole cores and stray threads
+# Stray thread: the one free thread of a partly used core. A decision is full-core when it holds
+# no partial core, except one when n is odd (CONTRACTS.md section 4).
+
+
+def _partial_cores(topo: Topology, cpus: CPUSet) -> int:
+    return sum(1 for core in topo.cores_in(cpus) if not topo.cpus_in_cores(core) <= cpus)
+
+
+@dataclass(frozen=True)
+class WholeCoreCase:
+    id: str
+    shape: tuple[int, int, int, int]  # sockets, NUMA per socket, L3 per NUMA, cores per L3
+    count: int
+    available: str
+    expect: str
+    partial: int  # partial cores in the expected decision
+
+
+# alloc_topologies.build numbers the first threads of all cores first: with C cores, core c
+# is CPUs c and c + C.
+WHOLE_CORE_CASES = [
+    WholeCoreCase(
+        "three CPUs over two nodes take the whole core of one and a stray thread of the other "
+        "(not three partial cores: the four-numa-per-socket miss, seed 1, event 3272)",
+        (1, 2, 1, 2),
+        3,
+        "0-2,6",  # node 0: strays 0 and 1; node 1: whole core 2,6
+        "0,2,6",
+        1,
+    ),
+    WholeCoreCase(
+        "eight CPUs over two nodes take whole cores in both and leave the stray threads out",
+        (1, 2, 1, 4),
+        8,
+        "0-5,10-13",  # node 0: strays 0, 1 and whole cores 2, 3; node 1: whole cores 4, 5
+        "2-5,10-13",
+        0,
+    ),
+    WholeCoreCase(
+        "one CPU heals a stray thread rather than splitting a whole core of a fuller L3",
+        (1, 1, 2, 2),
+        1,
+        "0,2-4,6",  # L3 0: whole core 0,4; L3 1: whole core 2,6 and stray 3
+        "3",
+        1,
+    ),
+    WholeCoreCase(
+        "the node whose whole cores fit in the fewest L3s wins over a fuller node whose whole "
+        "cores need one more L3",
+        (1, 2, 3, 2),
+        6,
+        # node 0: L3 0 = core 0 + stray 1, L3 1 = core 2 + stray 3, L3 2 = core 4;
+        # node 1: L3 3 = cores 6, 7, L3 4 = core 8, L3 5 = core 10 + stray 11
+        "0-4,6-8,10-12,14,16,18-20,22",
+        "6-8,18-20",
+        0,
+    ),
+    WholeCoreCase(
+        "a request that must span L3s anyway takes whole cores over three L3s rather than two "
+        "L3s with two partial cores",
+        (1, 1, 3, 2),
+        6,
+        "0-4,6,8,10",  # L3 0: core 0 + stray 1; L3 1: core 2 + stray 3; L3 2: core 4
+        "0,2,4,6,8,10",
+        0,
+    ),
+    WholeCoreCase(
+        "one NUMA node that holds the request is kept even when whole cores would need two",
+        (1, 2, 1, 4),
+        6,
+        "0-4,10-12",  # node 0: strays 0, 1 and whole cores 2, 3; node 1: whole core 4,12
+        "0-3,10-11",
+        2,
+    ),
+]
+
+
+@pytest.mark.parametrize("case", WHOLE_CORE_CASES, ids=[c.id for c in WHOLE_CORE_CASES])
+def test_whole_cores_first_and_stray_threads_only_where_they_belong(case: WholeCoreCase) -> None:
+    topo = T.build(*case.shape, 2)
+    avail = CPUSet.parse(case.available)
+    d = POLICY.decide(topo, Request(case.count), avail)
+    assert str(d.cpus) == case.expect
+    assert d.cpus <= avail
+    assert _partial_cores(topo, d.cpus) == case.partial
+    assert all(s.reason for s in d.explanation)
+
+
+def test_the_explanation_says_when_stray_threads_were_left_out() -> None:
+    topo = T.build(1, 2, 1, 2, 2)
+    d = POLICY.decide(topo, Request(3), CPUSet.parse("0-2,6"))
+    core_steps = [s for s in d.explanation if s.level == "core"]
+    assert any("stray" in s.reason and "CPU 0" in s.reason for s in core_steps)
+
+
+def test_the_four_numa_per_socket_miss_is_full_core_on_the_benchmark_machine() -> None:
+    """The decision the quality benchmark flagged: free CPUs 2 and 6 (stray threads of node 0)
+    and 56,120 (a whole core of node 7); three CPUs."""
+    from corepin.topology.synthetic import SyntheticSpec, synthetic
+
+    topo = synthetic(
+        SyntheticSpec(name="four-numa-per-socket", sockets=2, numa_per_socket=4, cores_per_l3=8)
+    )
+    avail = CPUSet.parse("2,6,56,120")
+    assert _partial_cores(topo, avail) == 2
+    d = POLICY.decide(topo, Request(3), avail)
+    assert len(d.mems) == 2
+    assert CPUSet.parse("56,120") <= d.cpus
+    assert _partial_cores(topo, d.cpus) == 1
+
+
+@st.composite
+def _whole_core_scenarios(draw: st.DrawFn, states: str = "wsu") -> tuple[Topology, CPUSet, int]:
+    """A hyperthreaded machine whose cores are entirely free (w), have one free thread (s) or
+    none (u), drawn from `states`."""
+    shape = draw(
+        st.tuples(st.integers(1, 2), st.integers(1, 2), st.integers(1, 3), st.integers(1, 4))
+    )
+    topo = T.build(*shape, 2)
+    cores = topo.core_ids()
+    drawn = draw(st.lists(st.sampled_from(states), min_size=len(cores), max_size=len(cores)))
+    avail = CPUSet()
+    for core, state in zip(cores, drawn, strict=True):
+        cpus = topo.cpus_in_cores(core)
+        if state == "w":
+            avail |= cpus
+        elif state == "s":
+            avail |= CPUSet.of(cpus.sorted()[draw(st.integers(0, 1))])
+    n = draw(st.integers(1, max(1, len(avail))))
+    return topo, avail, n
+
+
+@settings(max_examples=150, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@given(scenario=_whole_core_scenarios("wu"))
+def test_without_stray_threads_every_decision_is_full_core(
+    scenario: tuple[Topology, CPUSet, int],
+) -> None:
+    topo, avail, n = scenario
+    if not avail:
+        return
+    d = POLICY.decide(topo, Request(n), avail)
+    assert len(d.cpus) == n and d.cpus <= avail
+    assert _partial_cores(topo, d.cpus) <= n % 2
+
+
+@settings(max_examples=150, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@given(scenario=_whole_core_scenarios())
+def test_one_cpu_takes_a_stray_thread_whenever_there_is_one(
+    scenario: tuple[Topology, CPUSet, int],
+) -> None:
+    topo, avail, _ = scenario
+    if not avail:
+        return
+    strays = CPUSet(
+        c
+        for core in topo.core_ids()
+        if not topo.cpus_in_cores(core) <= avail
+        for c in topo.cpus_in_cores(core) & avail
+    )
+    d = POLICY.decide(topo, Request(1), avail)
+    if strays:
+        assert d.cpus <= strays
