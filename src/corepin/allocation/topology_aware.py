@@ -1,17 +1,25 @@
 """Policy `topology-aware` (the default): corepin's own exclusive CPU placement.
 
-Order of preference for n CPUs taken from the available set:
-1. the fewest NUMA nodes; among single nodes that can hold n, the one that also needs the fewest
-   L3 instances, then offers whole cores, then has the *fewest* free CPUs (best fit: partly used
-   nodes are filled first so that empty ones stay whole), then the lowest id;
-2. inside a node, the fewest L3 instances, chosen the same way;
+A *stray thread* is the free thread of a partly used core; a *partial core* of a decision is a
+core it holds only some threads of. Order of preference for n CPUs taken from the available set:
+1. one NUMA node whenever one can hold n; among those, the one that needs the fewest L3
+   instances, then can give n as whole cores inside that many L3s, then (odd n) has a stray
+   thread for the odd CPU, then has the *fewest* free CPUs (best fit: partly used nodes are
+   filled first so that empty ones stay whole), then the lowest id; one CPU (SMT-2) goes to a
+   stray thread whenever there is one, so that it splits no whole core;
+2. inside a node, one L3 whenever one can hold n, chosen the same way;
 3. inside an L3, whole physical cores (n / SMT-width cores when n is a multiple of the SMT
-   width; at most one partial core otherwise, preferring a core that is already partly used).
+   width; at most one partial core otherwise, a stray thread before a whole core).
 
 When no single unit can hold n, the fewest units are combined: largest first, then the best fit
-for the remainder, preferring units in one socket and close by NUMA distance. This is a greedy
-walk over the pool tree, linear in the number of units: no combinations are enumerated, so it
-stays fast at 16+ NUMA nodes and 1,000+ CPUs.
+for the remainder, preferring units in one socket, sharing an L3 or a die, close by NUMA
+distance. When a pick holds more partial cores than n allows, it is compared with the same walk
+over the whole free cores alone (for an odd n: whole cores for n - 1 plus one stray thread,
+near the rest); a single node or L3 that holds n is always kept, but over a span of several
+units a partial core weighs as much as one more unit, so whole cores over one more node or L3
+beat sharing cores with other workloads to save it. This is a greedy walk over the pool tree,
+linear in the number of units: no combinations are enumerated, so it stays fast at 16+ NUMA
+nodes and 1,000+ CPUs.
 
 Options in `Request`: `level` (exclusiveness: only fully free units of that level are used and
 the decision reserves them whole), `numa_hint` (tried first), `prefer_isolated` (isolated CPUs
