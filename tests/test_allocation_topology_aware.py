@@ -409,6 +409,14 @@ WHOLE_CORE_CASES = [
         1,
     ),
     WholeCoreCase(
+        "one CPU fills a stray thread of the node with the most of them, not the fullest node",
+        (1, 2, 1, 2),
+        1,
+        "0-1,3",  # node 0: strays 0 and 1; node 1: stray 3
+        "0",
+        1,
+    ),
+    WholeCoreCase(
         "the node whose whole cores fit in the fewest L3s wins over a fuller node whose whole "
         "cores need one more L3",
         (1, 2, 3, 2),

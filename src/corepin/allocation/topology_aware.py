@@ -6,7 +6,8 @@ core it holds only some threads of. Order of preference for n CPUs taken from th
    instances, then can give n as whole cores inside that many L3s, then (odd n) has a stray
    thread for the odd CPU, then has the *fewest* free CPUs (best fit: partly used nodes are
    filled first so that empty ones stay whole), then the lowest id; one CPU (SMT-2) goes to a
-   stray thread whenever there is one, so that it splits no whole core;
+   stray thread whenever there is one, so that it splits no whole core, in the node with the
+   most stray threads (they hold its whole-core capacity below its free count);
 2. inside a node, one L3 whenever one can hold n, chosen the same way;
 3. inside an L3, whole physical cores (n / SMT-width cores when n is a multiple of the SMT
    width; at most one partial core otherwise, a stray thread before a whole core).
@@ -126,11 +127,14 @@ class Selector:
         """(L3 instances needed, whole-core shortfall, odd remainder splits a whole core) for n
         CPUs in `unit`; the core figures are those of the best single L3 when one can hold n."""
         m = self.mask
+        if n < self.t and self.mode == "whole" and self.idx.pairs is not None:
+            # Any L3 with a free CPU holds n, and takes no whole core when the node has a stray
+            # thread: the node with the most stray threads first (they keep its whole-core
+            # capacity below its free count), else split a core of the best fit.
+            strays = (m & unit.mask & ~self.whole()).bit_count()
+            return 1, 0, -strays if strays else 1
         if len(unit.parts) == 1:
             return (1, *self.core_fit(unit.mask, unit.cores, n))
-        if n < self.t and self.mode == "whole" and self.idx.pairs is not None:
-            # Any L3 with a free CPU holds n; it needs a stray thread somewhere in the node.
-            return 1, 0, 0 if m & unit.mask & ~self.whole() else 1
         frees = [(p.mask & m).bit_count() for p in unit.parts]
         fitting = [p for p, f in zip(unit.parts, frees, strict=True) if f >= n]
         if fitting:
@@ -182,7 +186,13 @@ class Selector:
                 why = (
                     f"best fit among {len(fits)} NUMA nodes that hold {n} CPUs: {frees[best]} "
                     f"free, {l3s} L3 instance{'s' if l3s > 1 else ''}"
-                    + (", whole cores" if not short else f", {short} CPUs short of whole cores")
+                    + (
+                        f", {short} CPUs short of whole cores"
+                        if short
+                        else f", {-_split} stray thread{'s' if _split < -1 else ''} to fill"
+                        if _split < 0
+                        else ", whole cores"
+                    )
                 )
                 skipped = []
                 for i in fits:
@@ -194,7 +204,11 @@ class Selector:
                     elif o_short > short:
                         cause = "fewer whole cores"
                     elif o_split > _split:
-                        cause = "no stray thread for the odd CPU"
+                        cause = (
+                            "no stray thread for the odd CPU"
+                            if o_split > 0
+                            else "fewer stray threads"
+                        )
                     elif o_free > frees[best]:
                         whole = o_free == units[i].mask.bit_count()
                         cause = f"{o_free} free" + (", kept whole" if whole else "")
