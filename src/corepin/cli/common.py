@@ -30,6 +30,19 @@ def add_topology_source(parser: argparse.ArgumentParser, *, default_root: bool =
     )
 
 
+def add_state_arguments(parser: argparse.ArgumentParser, *, cgroups_help: str) -> None:
+    """The host-mode settings every state-keeping command takes (`HostSettings.from_args`):
+    --state-dir DIR, --cgroups auto|on|off (`cgroups_help` says what cgroups do for this
+    command) and the hidden --cgroup-root DIR."""
+    parser.add_argument(
+        "--state-dir",
+        metavar="DIR",
+        help="state directory (default: $COREPIN_STATE_DIR or /var/lib/corepin)",
+    )
+    parser.add_argument("--cgroups", choices=("auto", "on", "off"), help=cgroups_help)
+    parser.add_argument("--cgroup-root", metavar="DIR", help=argparse.SUPPRESS)
+
+
 def load_topology(args: argparse.Namespace) -> Topology:
     """The topology named by --topology FILE, else discovered under --sysfs-root (default /)."""
     path = getattr(args, "topology", None)

@@ -40,18 +40,13 @@ def _positive_float(text: str) -> float:
 
 
 def _common(parser: argparse.ArgumentParser) -> None:
-    parser.add_argument(
-        "--state-dir",
-        metavar="DIR",
-        help="state directory (default: $COREPIN_STATE_DIR or /var/lib/corepin)",
+    from corepin.cli.common import add_state_arguments
+
+    add_state_arguments(
+        parser,
+        cgroups_help="also confine runs with cpuset cgroups: auto (default: when the cpuset "
+        "hierarchy is writable), on (required), off (affinity only); env COREPIN_CGROUPS",
     )
-    parser.add_argument(
-        "--cgroups",
-        choices=("auto", "on", "off"),
-        help="also confine runs with cpuset cgroups: auto (default: when the cpuset hierarchy is "
-        "writable), on (required), off (affinity only); env COREPIN_CGROUPS",
-    )
-    parser.add_argument("--cgroup-root", metavar="DIR", help=argparse.SUPPRESS)
     parser.add_argument("--sysfs-root", metavar="DIR", help=argparse.SUPPRESS)
 
 

@@ -27,7 +27,7 @@ if TYPE_CHECKING:
 
 
 def add_arguments(parser: argparse.ArgumentParser, name: str) -> None:
-    from corepin.cli.common import add_topology_source
+    from corepin.cli.common import add_state_arguments, add_topology_source
 
     parser.usage = (
         "corepin migrate --from-kubelet FILE [--state-dir DIR] "
@@ -46,10 +46,10 @@ def add_arguments(parser: argparse.ArgumentParser, name: str) -> None:
         help="rename a corrupt corepin checkpoint aside (state.json.corrupt-<time>) so that "
         "corepin can start from an empty state",
     )
-    parser.add_argument(
-        "--state-dir",
-        metavar="DIR",
-        help="state directory (default: $COREPIN_STATE_DIR or /var/lib/corepin)",
+    add_state_arguments(
+        parser,
+        cgroups_help="look up the imported containers' cpuset cgroups: auto (default: when a "
+        "cgroup v1 cpuset hierarchy is there), on (required), off; env COREPIN_CGROUPS",
     )
     add_topology_source(parser)
     parser.add_argument(
@@ -70,13 +70,6 @@ def add_arguments(parser: argparse.ArgumentParser, name: str) -> None:
         default="text",
         help="output format (default: text)",
     )
-    parser.add_argument(
-        "--cgroups",
-        choices=("auto", "on", "off"),
-        help="look up the imported containers' cpuset cgroups: auto (default: when a cgroup v1 "
-        "cpuset hierarchy is there), on (required), off; env COREPIN_CGROUPS",
-    )
-    parser.add_argument("--cgroup-root", metavar="DIR", help=argparse.SUPPRESS)
 
 
 def run(args: Any) -> int:
