@@ -268,8 +268,7 @@ class Selector:
             before = c & m
             after = before & ~cpus
             strays += (0 < after != c) - (0 < before != c)
-        allowed = 1 if self.t > 1 and n % self.t else 0
-        pe = partial - allowed if partial > allowed else 0
+        pe = self._beyond_allowed(partial, n)
         # One NUMA node (one L3) stays best whenever it holds n. Over a span of several, a
         # partial core weighs as much as one more unit: whole cores over one more node or L3
         # beat sharing cores with strangers to save it.
@@ -290,6 +289,11 @@ class Selector:
             rest &= ~c
             if c & cpus != c:
                 partial += 1
+        return self._beyond_allowed(partial, n)
+
+    def _beyond_allowed(self, partial: int, n: int) -> int:
+        """How many of `partial` partly taken cores an allocation of n CPUs has beyond the one
+        it may hold when n is not a multiple of the threads per core (none when it is)."""
         allowed = 1 if self.t > 1 and n % self.t else 0
         return partial - allowed if partial > allowed else 0
 
