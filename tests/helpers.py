@@ -1,9 +1,11 @@
 """Small helpers shared by several test modules: running the real `corepin` command, reading a
-process's allowed CPUs from /proc, polling for a condition, removing scratch cgroups."""
+process's allowed CPUs from /proc, polling for a condition, removing scratch cgroups, the
+published kubelet checkpoint vectors."""
 
 from __future__ import annotations
 
 import contextlib
+import json
 import os
 import signal
 import subprocess
@@ -11,6 +13,7 @@ import sys
 import time
 from collections.abc import Callable, Mapping
 from pathlib import Path
+from typing import Any
 
 
 def corepin_argv(*args: str) -> list[str]:
@@ -71,3 +74,33 @@ def kill_and_remove_cgroup(base: Path, *, attempts: int = 100, pause: float = 0.
         except OSError:
             time.sleep(pause)
     return not base.exists()
+
+
+KUBELET_VECTORS_FILE = (
+    Path(__file__).resolve().parents[1].parent
+    / "shared"
+    / "fixtures"
+    / "peer"
+    / "kubelet_cpu_manager_state"
+    / "vectors.json"
+)
+
+
+def load_kubelet_vectors() -> list[dict[str, Any]]:
+    """The published cpu_manager_state vectors (values from the kubelet's own tests); empty
+    when the fixtures are absent."""
+    if not KUBELET_VECTORS_FILE.exists():
+        return []
+    vectors: list[dict[str, Any]] = json.loads(KUBELET_VECTORS_FILE.read_text())["vectors"]
+    return vectors
+
+
+def kubelet_vector_file(v: dict[str, Any]) -> str:
+    """The checkpoint file the kubelet would have written for a vector."""
+    if v["format"] == "v4-data":
+        return json.dumps({"data": v["data"], "checksum": v["dataChecksum"]})
+    doc: dict[str, Any] = {"policyName": v["policyName"], "defaultCpuSet": v["defaultCpuSet"]}
+    if v["entries"]:
+        doc["entries"] = v["entries"]
+    doc["checksum"] = v["checksum"]
+    return json.dumps(doc)

@@ -24,11 +24,16 @@ from corepin.state.kubelet import checksum_v2
 from corepin.testing.sysfs_tree import write_sysfs_tree
 from corepin.topology.discover import discover
 from corepin.topology.synthetic import dual_socket_ht, single_socket_ht
-from helpers import run_corepin
+from helpers import (
+    KUBELET_VECTORS_FILE,
+    kubelet_vector_file,
+    load_kubelet_vectors,
+    run_corepin,
+)
 
 C = CPUSet.parse
-FIXTURES = Path(__file__).resolve().parents[1].parent / "shared" / "fixtures"
-VECTORS_FILE = FIXTURES / "peer" / "kubelet_cpu_manager_state" / "vectors.json"
+VECTORS_FILE = KUBELET_VECTORS_FILE
+VECTORS = load_kubelet_vectors()
 POD = "0f8c2a6e-3b1d-4c2e-9a57-1d2e3f4a5b6c"
 POD2 = "7a1b2c3d-4e5f-4a6b-8c7d-9e0f1a2b3c4d"
 LIVE_CPUS = discover("/").online_cpus
@@ -36,27 +41,6 @@ ON_CPUS_0_1 = str(LIVE_CPUS) == "0-1"
 on_cpus_0_1 = pytest.mark.skipif(
     not ON_CPUS_0_1, reason=f"entries written for CPUs 0-1; this machine has {LIVE_CPUS}"
 )
-
-
-def load_vectors() -> list[dict[str, Any]]:
-    if not VECTORS_FILE.exists():
-        return []
-    vectors: list[dict[str, Any]] = json.loads(VECTORS_FILE.read_text())["vectors"]
-    return vectors
-
-
-VECTORS = load_vectors()
-
-
-def vector_file(v: dict[str, Any]) -> str:
-    """The checkpoint file the kubelet would have written for a vector."""
-    if v["format"] == "v4-data":
-        return json.dumps({"data": v["data"], "checksum": v["dataChecksum"]})
-    doc: dict[str, Any] = {"policyName": v["policyName"], "defaultCpuSet": v["defaultCpuSet"]}
-    if v["entries"]:
-        doc["entries"] = v["entries"]
-    doc["checksum"] = v["checksum"]
-    return json.dumps(doc)
 
 
 def vector_content(v: dict[str, Any]) -> dict[str, Any]:
@@ -138,7 +122,7 @@ def write(path: Path, doc: Any) -> str:
 def test_every_published_checkpoint_imports_or_is_refused_with_exit_2_and_report_shows_it(
     vector: dict[str, Any], tmp_path: Path, sixteen: str, capsys: pytest.CaptureFixture[str]
 ) -> None:
-    kubelet = write(tmp_path / "cpu_manager_state", vector_file(vector))
+    kubelet = write(tmp_path / "cpu_manager_state", kubelet_vector_file(vector))
     state_dir = tmp_path / "state"
     code, out, err = corepin(
         capsys,

@@ -26,32 +26,12 @@ from corepin.state.kubelet import (
     read_kubelet_state,
     spew_v2,
 )
+from helpers import KUBELET_VECTORS_FILE, kubelet_vector_file, load_kubelet_vectors
 
 C = CPUSet.parse
-FIXTURES = Path(__file__).resolve().parents[1].parent / "shared" / "fixtures"
-VECTORS_FILE = FIXTURES / "peer" / "kubelet_cpu_manager_state" / "vectors.json"
-
-
-def load_vectors() -> list[dict[str, Any]]:
-    if not VECTORS_FILE.exists():
-        return []
-    vectors: list[dict[str, Any]] = json.loads(VECTORS_FILE.read_text())["vectors"]
-    return vectors
-
-
-VECTORS = load_vectors()
+VECTORS_FILE = KUBELET_VECTORS_FILE
+VECTORS = load_kubelet_vectors()
 needs_fixtures = pytest.mark.skipif(not VECTORS, reason=f"fixtures absent: {VECTORS_FILE}")
-
-
-def file_of(v: dict[str, Any]) -> str:
-    """The checkpoint file the kubelet would have written for a vector."""
-    if v["format"] == "v4-data":
-        return json.dumps({"data": v["data"], "checksum": v["dataChecksum"]})
-    doc: dict[str, Any] = {"policyName": v["policyName"], "defaultCpuSet": v["defaultCpuSet"]}
-    if v["entries"]:
-        doc["entries"] = v["entries"]
-    doc["checksum"] = v["checksum"]
-    return json.dumps(doc)
 
 
 def computed(v: dict[str, Any]) -> int:
@@ -106,13 +86,13 @@ def test_every_vector_parses_or_fails_exactly_as_the_kubelet_does(vector: dict[s
         expected_error = 'could not parse default cpu set "1.3"'
     if expected_error is not None:
         with pytest.raises(StateFormatError) as info:
-            parse_kubelet_state(file_of(vector), source)
+            parse_kubelet_state(kubelet_vector_file(vector), source)
         msg = str(info.value)
         assert msg.startswith(source + ": ")
         kubelet_part = expected_error.split(": strconv")[0]  # Go's parser text differs
         assert kubelet_part in msg
         return
-    ck = parse_kubelet_state(file_of(vector), source)
+    ck = parse_kubelet_state(kubelet_vector_file(vector), source)
     assert ck.verified
     if vector["format"] == "v4-data":
         inner = json.loads(vector["data"])
@@ -131,7 +111,7 @@ def test_every_vector_parses_or_fails_exactly_as_the_kubelet_does(vector: dict[s
         assert got == entries
     if "expected_error_when_configured_policy_is_none" in vector:
         with pytest.raises(StateFormatError) as info:
-            parse_kubelet_state(file_of(vector), source, expected_policy="none")
+            parse_kubelet_state(kubelet_vector_file(vector), source, expected_policy="none")
         assert vector["expected_error_when_configured_policy_is_none"] in str(info.value)
         assert info.value.reason == "policy_mismatch"
 
@@ -140,7 +120,7 @@ def test_every_vector_parses_or_fails_exactly_as_the_kubelet_does(vector: dict[s
 def test_an_invalid_checksum_is_reported_as_a_corrupted_checkpoint() -> None:
     vector = next(v for v in VECTORS if v["name"] == "v2 invalid checksum")
     with pytest.raises(StateFormatError) as info:
-        parse_kubelet_state(file_of(vector), "/k/cpu_manager_state")
+        parse_kubelet_state(kubelet_vector_file(vector), "/k/cpu_manager_state")
     assert info.value.reason == "checksum_mismatch"
     assert "/k/cpu_manager_state: checkpoint is corrupted: checksum 1337" in str(info.value)
 
