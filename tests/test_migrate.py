@@ -94,6 +94,22 @@ def corepin(capsys: pytest.CaptureFixture[str], *args: str) -> tuple[int, str, s
     return code, out, err
 
 
+def migrate(
+    capsys: pytest.CaptureFixture[str], kubelet: str, state_dir: Path | str, *extra: str
+) -> tuple[int, str, str]:
+    """`corepin migrate --from-kubelet KUBELET --state-dir STATE_DIR EXTRA...` in this process."""
+    return corepin(
+        capsys, "migrate", "--from-kubelet", kubelet, "--state-dir", str(state_dir), *extra
+    )
+
+
+def quarantine(
+    capsys: pytest.CaptureFixture[str], state_dir: Path, *extra: str
+) -> tuple[int, str, str]:
+    """`corepin migrate --quarantine --state-dir STATE_DIR EXTRA...` in this process."""
+    return corepin(capsys, "migrate", "--quarantine", "--state-dir", str(state_dir), *extra)
+
+
 def report(capsys: pytest.CaptureFixture[str], state_dir: Path, *extra: str) -> dict[str, Any]:
     code, out, err = corepin(
         capsys, "report", "--state-dir", str(state_dir), "-o", "json", "--cgroups", "off", *extra
@@ -124,13 +140,10 @@ def test_every_published_checkpoint_imports_or_is_refused_with_exit_2_and_report
 ) -> None:
     kubelet = write(tmp_path / "cpu_manager_state", kubelet_vector_file(vector))
     state_dir = tmp_path / "state"
-    code, out, err = corepin(
+    code, out, err = migrate(
         capsys,
-        "migrate",
-        "--from-kubelet",
         kubelet,
-        "--state-dir",
-        str(state_dir),
+        state_dir,
         "--sysfs-root",
         sixteen,
         "--cgroups",
@@ -207,13 +220,10 @@ def test_a_hand_written_checkpoint_with_checksum_0_imports_for_this_machine(
 ) -> None:
     kubelet = write(tmp_path / "cpu_manager_state", HAND_WRITTEN[name])
     state_dir = tmp_path / "state"
-    code, out, err = corepin(
+    code, out, err = migrate(
         capsys,
-        "migrate",
-        "--from-kubelet",
         kubelet,
-        "--state-dir",
-        str(state_dir),
+        state_dir,
         "--cgroups",
         "off",
     )
@@ -239,13 +249,10 @@ def test_a_v3_pod_level_entry_with_extra_cpus_becomes_its_own_allocation(
         },
     )
     state_dir = tmp_path / "state"
-    code, _, err = corepin(
+    code, _, err = migrate(
         capsys,
-        "migrate",
-        "--from-kubelet",
         kubelet,
-        "--state-dir",
-        str(state_dir),
+        state_dir,
         "--sysfs-root",
         sixteen,
         "--cgroups",
@@ -273,13 +280,10 @@ def test_the_text_output_lists_assignments_pools_and_notes(
             "checksum": checksum_v2("static", "8-15", entries),
         },
     )
-    code, out, err = corepin(
+    code, out, err = migrate(
         capsys,
-        "migrate",
-        "--from-kubelet",
         kubelet,
-        "--state-dir",
-        str(tmp_path / "s"),
+        tmp_path / "s",
         "--sysfs-root",
         sixteen,
         "--cgroups",
@@ -309,9 +313,7 @@ def test_a_checksum_mismatch_exits_2_naming_the_file_and_both_checksums(
         {"policyName": "static", "defaultCpuSet": "0", "entries": entries, "checksum": 1337},
     )
     state_dir = tmp_path / "state"
-    code, out, err = corepin(
-        capsys, "migrate", "--from-kubelet", kubelet, "--state-dir", str(state_dir)
-    )
+    code, out, err = migrate(capsys, kubelet, state_dir)
     assert code == 2 and out == ""
     assert kubelet in err and "1337" in err and str(good) in err
     assert "checkpoint is corrupted" in err and "restore the file" in err
@@ -325,9 +327,7 @@ def test_a_checkpoint_whose_entries_overlap_the_default_set_is_refused(
         tmp_path / "k",
         {"policyName": "static", "defaultCpuSet": "0-1", "entries": {POD: {"a": "1"}}},
     )
-    code, _, err = corepin(
-        capsys, "migrate", "--from-kubelet", kubelet, "--state-dir", str(tmp_path / "s")
-    )
+    code, _, err = migrate(capsys, kubelet, tmp_path / "s")
     assert code == 2 and "also in the default CPU set" in err
 
 
@@ -339,9 +339,7 @@ def test_entries_on_cpus_this_machine_does_not_have_are_refused(
         tmp_path / "k",
         {"policyName": "static", "defaultCpuSet": "0", "entries": {POD: {"a": far}}},
     )
-    code, _, err = corepin(
-        capsys, "migrate", "--from-kubelet", kubelet, "--state-dir", str(tmp_path / "s")
-    )
+    code, _, err = migrate(capsys, kubelet, tmp_path / "s")
     assert code == 2 and f"CPUs {far} are assigned but not online" in err
     assert not (tmp_path / "s").exists()
 
@@ -350,7 +348,7 @@ def test_a_missing_kubelet_file_exits_2_naming_it(
     tmp_path: Path, capsys: pytest.CaptureFixture[str]
 ) -> None:
     missing = str(tmp_path / "nope")
-    code, _, err = corepin(capsys, "migrate", "--from-kubelet", missing, "--state-dir", "x")
+    code, _, err = migrate(capsys, missing, "x")
     assert code == 2 and missing in err and "cannot read" in err
 
 
@@ -366,21 +364,19 @@ def test_a_state_that_already_holds_allocations_is_refused_unless_forced(
         tmp_path / "k2",
         {"policyName": "static", "defaultCpuSet": "0-13", "entries": {POD2: {"b": "14-15"}}},
     )
-    common = ("--state-dir", str(state_dir), "--sysfs-root", sixteen, "--cgroups", "off")
-    assert corepin(capsys, "migrate", "--from-kubelet", first, *common)[0] == 0
+    common = ("--sysfs-root", sixteen, "--cgroups", "off")
+    assert migrate(capsys, first, state_dir, *common)[0] == 0
     before = (state_dir / "state.json").read_bytes()
 
-    code, out, err = corepin(capsys, "migrate", "--from-kubelet", second, *common)
+    code, out, err = migrate(capsys, second, state_dir, *common)
     assert code == 4 and out == ""
     assert f"already holds 1 allocation(s) (pod/{POD}/a)" in err
     assert "corepin reconcile --once" in err and "--force" in err
     assert (state_dir / "state.json").read_bytes() == before
 
-    code, out, err = corepin(capsys, "migrate", "--from-kubelet", second, *common, "-o", "json")
+    code, out, err = migrate(capsys, second, state_dir, *common, "-o", "json")
     assert code == 4  # a dry run refuses the same way
-    code, out, err = corepin(
-        capsys, "migrate", "--from-kubelet", second, *common, "--force", "-o", "json"
-    )
+    code, out, err = migrate(capsys, second, state_dir, *common, "--force", "-o", "json")
     assert code == 0, err
     result = json.loads(out)
     assert result["replaced"] == [f"pod/{POD}/a"] and result["revision"] == 2
@@ -397,10 +393,10 @@ def test_a_state_without_allocations_is_replaced_without_force(
         tmp_path / "k1",
         {"policyName": "static", "defaultCpuSet": "2-15", "entries": {POD: {"a": "0-1"}}},
     )
-    common = ("--state-dir", str(state_dir), "--sysfs-root", sixteen, "--cgroups", "off")
-    code, out, _ = corepin(capsys, "migrate", "--from-kubelet", none, *common)
+    common = ("--sysfs-root", sixteen, "--cgroups", "off")
+    code, out, _ = migrate(capsys, none, state_dir, *common)
     assert code == 0 and "(no assignments)" in out and "policy_none" in out
-    assert corepin(capsys, "migrate", "--from-kubelet", static, *common)[0] == 0
+    assert migrate(capsys, static, state_dir, *common)[0] == 0
     assert len(report(capsys, state_dir, "--sysfs-root", sixteen)["allocations"]) == 1
 
 
@@ -415,13 +411,10 @@ def test_a_dry_run_prints_the_import_and_writes_nothing(
         {"policyName": "static", "defaultCpuSet": "4-15", "entries": {POD: {"a": "0-3"}}},
     )
     state_dir = tmp_path / "state"
-    code, out, err = corepin(
+    code, out, err = migrate(
         capsys,
-        "migrate",
-        "--from-kubelet",
         kubelet,
-        "--state-dir",
-        str(state_dir),
+        state_dir,
         "--sysfs-root",
         sixteen,
         "--dry-run",
@@ -439,13 +432,10 @@ def test_a_dry_run_prints_the_import_and_writes_nothing(
     assert result["shared_pool"] == "4-15"
     assert not state_dir.exists()  # not even the directory or its lock file
 
-    code, out, _ = corepin(
+    code, out, _ = migrate(
         capsys,
-        "migrate",
-        "--from-kubelet",
         kubelet,
-        "--state-dir",
-        str(state_dir),
+        state_dir,
         "--sysfs-root",
         sixteen,
         "--dry-run",
@@ -465,13 +455,10 @@ def test_topology_file_previews_another_machine_but_writes_only_for_this_one(
         {"policyName": "static", "defaultCpuSet": "0-7,16-31", "entries": {POD: {"a": "8-15"}}},
     )
     state_dir = tmp_path / "state"
-    code, out, err = corepin(
+    code, out, err = migrate(
         capsys,
-        "migrate",
-        "--from-kubelet",
         kubelet,
-        "--state-dir",
-        str(state_dir),
+        state_dir,
         "--topology",
         other,
         "--dry-run",
@@ -483,13 +470,10 @@ def test_topology_file_previews_another_machine_but_writes_only_for_this_one(
     assert code == 0, err
     assert json.loads(out)["assignments"][0]["cpus"] == "8-15"
 
-    code, out, err = corepin(
+    code, out, err = migrate(
         capsys,
-        "migrate",
-        "--from-kubelet",
         kubelet,
-        "--state-dir",
-        str(state_dir),
+        state_dir,
         "--topology",
         other,
         "--cgroups",
@@ -510,13 +494,10 @@ def test_a_topology_file_of_this_machine_writes_a_state_report_accepts(
         tmp_path / "k", {"policyName": "static", "defaultCpuSet": "1", "entries": {POD: {"a": "0"}}}
     )
     state_dir = tmp_path / "state"
-    code, _, err = corepin(
+    code, _, err = migrate(
         capsys,
-        "migrate",
-        "--from-kubelet",
         kubelet,
-        "--state-dir",
-        str(state_dir),
+        state_dir,
         "--topology",
         here,
         "--cgroups",
@@ -554,13 +535,10 @@ def test_imported_containers_are_found_in_the_cpuset_hierarchy_and_stay_alive_wh
     )
     state_dir = tmp_path / "state"
     common = ("--sysfs-root", sixteen, "--cgroup-root", str(cg), "--cgroups", "on")
-    code, out, err = corepin(
+    code, out, err = migrate(
         capsys,
-        "migrate",
-        "--from-kubelet",
         kubelet,
-        "--state-dir",
-        str(state_dir),
+        state_dir,
         *common,
         "-o",
         "json",
@@ -592,13 +570,10 @@ def test_imported_containers_are_found_in_the_cpuset_hierarchy_and_stay_alive_wh
         tmp_path / "v1",
         {"policyName": "static", "defaultCpuSet": "4-15", "entries": {cid: "2-3"}, "checksum": 0},
     )
-    code, out, err = corepin(
+    code, out, err = migrate(
         capsys,
-        "migrate",
-        "--from-kubelet",
         v1,
-        "--state-dir",
-        str(tmp_path / "s2"),
+        tmp_path / "s2",
         *common,
         "--dry-run",
         "-o",
@@ -620,13 +595,10 @@ def test_quarantine_moves_a_corrupt_checkpoint_aside_and_an_import_then_succeeds
     kubelet = write(
         tmp_path / "k", {"policyName": "static", "defaultCpuSet": "0", "entries": {POD: {"a": "1"}}}
     )
-    code, _, err = corepin(
+    code, _, err = migrate(
         capsys,
-        "migrate",
-        "--from-kubelet",
         kubelet,
-        "--state-dir",
-        str(state_dir),
+        state_dir,
         "--cgroups",
         "off",
     )
@@ -634,9 +606,7 @@ def test_quarantine_moves_a_corrupt_checkpoint_aside_and_an_import_then_succeeds
     assert f"corepin migrate --quarantine --state-dir {state_dir}" in err
     assert "--force" not in err  # forcing never overwrites a corrupt checkpoint
 
-    code, out, err = corepin(
-        capsys, "migrate", "--quarantine", "--state-dir", str(state_dir), "-o", "json"
-    )
+    code, out, err = quarantine(capsys, state_dir, "-o", "json")
     assert code == 0, err
     moved = json.loads(out)["moved_to"]
     assert moved.startswith(str(state_dir / "state.json.corrupt-")) and Path(moved).exists()
@@ -644,13 +614,10 @@ def test_quarantine_moves_a_corrupt_checkpoint_aside_and_an_import_then_succeeds
     assert not (state_dir / "state.json").exists()
 
     if ON_CPUS_0_1:
-        code, _, err = corepin(
+        code, _, err = migrate(
             capsys,
-            "migrate",
-            "--from-kubelet",
             kubelet,
-            "--state-dir",
-            str(state_dir),
+            state_dir,
             "--cgroups",
             "off",
         )
@@ -662,20 +629,17 @@ def test_quarantine_leaves_a_healthy_checkpoint_alone_unless_forced(
     tmp_path: Path, sixteen: str, capsys: pytest.CaptureFixture[str]
 ) -> None:
     state_dir = tmp_path / "state"
-    code, out, _ = corepin(capsys, "migrate", "--quarantine", "--state-dir", str(state_dir))
+    code, out, _ = quarantine(capsys, state_dir)
     assert code == 0 and "nothing to quarantine" in out
     kubelet = write(
         tmp_path / "k",
         {"policyName": "static", "defaultCpuSet": "2-15", "entries": {POD: {"a": "0-1"}}},
     )
     assert (
-        corepin(
+        migrate(
             capsys,
-            "migrate",
-            "--from-kubelet",
             kubelet,
-            "--state-dir",
-            str(state_dir),
+            state_dir,
             "--sysfs-root",
             sixteen,
             "--cgroups",
@@ -683,12 +647,10 @@ def test_quarantine_leaves_a_healthy_checkpoint_alone_unless_forced(
         )[0]
         == 0
     )
-    code, _, err = corepin(capsys, "migrate", "--quarantine", "--state-dir", str(state_dir))
+    code, _, err = quarantine(capsys, state_dir)
     assert code == 2 and "not corrupt" in err and "1 allocation(s)" in err
     assert StateStore(state_dir).read() is not None
-    code, out, err = corepin(
-        capsys, "migrate", "--quarantine", "--state-dir", str(state_dir), "--force"
-    )
+    code, out, err = quarantine(capsys, state_dir, "--force")
     assert code == 0 and "state.json.corrupt-" in out
     assert StateStore(state_dir).read() is None
 
