@@ -374,8 +374,9 @@ def test_a_state_that_already_holds_allocations_is_refused_unless_forced(
     assert "corepin reconcile --once" in err and "--force" in err
     assert (state_dir / "state.json").read_bytes() == before
 
-    code, out, err = migrate(capsys, second, state_dir, *common, "-o", "json")
-    assert code == 4  # a dry run refuses the same way
+    code, out, err = migrate(capsys, second, state_dir, *common, "--dry-run", "-o", "json")
+    assert code == 4, "a dry run refuses the same way"
+    assert (state_dir / "state.json").read_bytes() == before
     code, out, err = migrate(capsys, second, state_dir, *common, "--force", "-o", "json")
     assert code == 0, err
     result = json.loads(out)
