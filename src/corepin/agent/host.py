@@ -125,6 +125,11 @@ class HostAgent:
         ]
         return state.remove_many(a.id for a in dead), changes
 
+    def _binds_memory(self) -> bool:
+        """Whether runs outside a cpuset cgroup bind their memory with set_mempolicy: when
+        the machine has two or more NUMA nodes with CPUs (or when forced, for testing)."""
+        return self.settings.force_membind or len(self.topology.numa_node_ids()) > 1
+
     # ------------------------------------------------------------------ decide
     def decide(
         self,
@@ -242,15 +247,18 @@ class HostAgent:
                 affinity = cpus | after_pool if kind != "exclusive" else cpus
                 cgroup: str | None = None
                 procs: str | None = None
+                run_mems = mems if kind == "exclusive" else self.topology.mems_of(affinity)
                 if self.pinner.cgroups_enabled:
                     cgroup = self.pinner.cgroup_path_for(assignment_id)
-                    cg_mems = mems if kind == "exclusive" else self.topology.mems_of(affinity)
-                    procs = self.pinner.prepare(cgroup, affinity, cg_mems)
+                    procs = self.pinner.prepare(cgroup, affinity, run_mems)
                 launch = Launch(
                     argv,
                     affinity,
                     _environment(kind, cpus, after_pool, mems),
                     cgroup_procs=procs,
+                    bind_mems=run_mems
+                    if procs is None and run_mems and self._binds_memory()
+                    else None,
                 )
                 child = launch.start()
                 assignment = Assignment(

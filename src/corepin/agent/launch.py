@@ -8,7 +8,9 @@ failure (command not found, not executable) travels back over a close-on-exec pi
 exit 127 or 126, as in a shell.
 
 The whole process tree inherits the affinity: it is set in the child before `exec`, and every
-process CMD forks starts with it.
+process CMD forks starts with it. With `bind_mems` the child also binds its memory to those NUMA
+nodes (`set_mempolicy(MPOL_BIND)`, see `corepin.enforcement.mempolicy`), which is inherited the
+same way; used for runs without a cpuset cgroup, whose `cpuset.mems` would do it otherwise.
 """
 
 from __future__ import annotations
@@ -54,6 +56,7 @@ class Launch:
         env: Mapping[str, str],
         *,
         cgroup_procs: str | None = None,
+        bind_mems: CPUSet | None = None,
     ) -> None:
         if not argv:
             raise InputError("no command given: use `corepin run [options] -- CMD ARGS...`")
@@ -65,6 +68,8 @@ class Launch:
         #: `cgroup.procs` file the child writes itself into before it waits for "go" (so the
         #: kernel's slow cgroup attach overlaps with the parent's checkpoint commit)
         self.cgroup_procs = cgroup_procs
+        #: NUMA nodes the child binds its memory to before exec (None: leave the policy alone)
+        self.bind_mems = bind_mems
         self.pid = 0
         self._go_w = -1
         self._err_r = -1
@@ -77,6 +82,12 @@ class Launch:
         environ.update(self.env)
         cpus = self.cpus.sorted()
         procs = self.cgroup_procs
+        bind = None
+        if self.bind_mems is not None:
+            # ctypes and libc are loaded here, in the parent, only for runs that bind memory
+            from corepin.enforcement.mempolicy import prepare_bind
+
+            bind = prepare_bind(self.bind_mems)
         sys.stdout.flush()
         sys.stderr.flush()
         opened: list[int] = []
@@ -100,6 +111,9 @@ class Launch:
                 for sig in FORWARDED:
                     signal.signal(sig, signal.SIG_DFL)
                 os.sched_setaffinity(0, cpus)
+                if bind is not None:
+                    stage = "mempolicy"
+                    bind()
                 if procs is not None:
                     stage = "cgroup"
                     fd = os.open(procs, os.O_WRONLY)
@@ -173,6 +187,10 @@ class Launch:
                     f"cannot pin {self.argv[0]!r} to CPUs {self.cpus}: {message}",
                     reason="affinity_failed",
                 )
+            if stage == "mempolicy" and self.bind_mems is not None:
+                from corepin.enforcement.mempolicy import MemoryPolicyError
+
+                raise MemoryPolicyError.from_errno(self.bind_mems, code, message)
             exit_code = 127 if code in (errno.ENOENT, errno.ENOTDIR) else 126
             raise CommandError(f"cannot run {self.argv[0]!r}: {message}", exit_code)
 

@@ -11,6 +11,8 @@ Environment variables (command-line options win):
   `on` (require it; exit 4 when unusable) or `off` (affinity only).
 - `COREPIN_CGROUP_ROOT`: the cgroup mount root (default `/sys/fs/cgroup`).
 - `COREPIN_POLICY`: allocation policy for exclusive runs (default `topology-aware`).
+- `COREPIN_FORCE_MEMBIND=1` (testing): bind the memory of runs without a cpuset cgroup to their
+  NUMA nodes even on a machine with a single NUMA node (normally done only with two or more).
 """
 
 from __future__ import annotations
@@ -40,6 +42,8 @@ class HostSettings:
     cgroups: str = "auto"
     policy: str = DEFAULT_POLICY
     cgroup_parent: str = CGROUP_PARENT
+    #: bind memory (set_mempolicy) of runs outside a cpuset cgroup even with one NUMA node
+    force_membind: bool = False
 
     def __post_init__(self) -> None:
         if self.cgroups not in CGROUP_MODES:
@@ -67,4 +71,5 @@ class HostSettings:
             cgroup_root=pick("cgroup_root", "COREPIN_CGROUP_ROOT", DEFAULT_CGROUP_ROOT),
             cgroups=pick("cgroups", "COREPIN_CGROUPS", "auto"),
             policy=pick("policy", "COREPIN_POLICY", DEFAULT_POLICY),
+            force_membind=environ.get("COREPIN_FORCE_MEMBIND", "") == "1",
         )
