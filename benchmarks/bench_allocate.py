@@ -65,7 +65,7 @@ def fill(topo: Topology, policy: Policy, occupancy: float, seed: int) -> CPUSet:
         except (AllocationError, RequestError):
             misses += 1
             continue
-        available = available - decision.reserved - decision.cpus
+        available = available - decision.withheld - decision.cpus
     return available
 
 

@@ -1,5 +1,5 @@
-"""Pools (reserved, infra, shared, exclusive), Koordinator reservations, PoolState, and the
-`corepin.allocate` Python entry point."""
+"""The one pool model (reserved, infra, isolated, shared, exclusive and share holds), Koordinator
+reservations, deciding out of the right pool, and the `corepin.allocate` Python entry point."""
 
 from __future__ import annotations
 
@@ -10,15 +10,16 @@ import corepin
 from corepin.allocation.api import build_request, parse_options
 from corepin.allocation.policies import POLICY_NAMES, get_policy
 from corepin.allocation.pools import (
-    PoolState,
-    Reservation,
+    NodePools,
+    decide,
     parse_cpu_quantity,
     parse_koordinator_reservation,
     select_reserved,
 )
-from corepin.allocation.types import Request
+from corepin.allocation.types import Decision, Request
 from corepin.core.cpuset import CPUSet
 from corepin.core.errors import AllocationError, RequestError
+from corepin.topology.model import Topology
 
 # ---------------------------------------------------------------------- reservations
 
@@ -91,97 +92,149 @@ def test_reserved_cpus_by_count_are_chosen_by_topology_and_by_list_as_given() ->
         select_reserved(topo, 25)
 
 
-# ---------------------------------------------------------------------- PoolState
+# ---------------------------------------------------------------------- NodePools
 
 
-def test_shared_pool_shrinks_and_grows_as_exclusive_assignments_come_and_go() -> None:
+def _take(
+    pools: NodePools, topo: Topology, request: Request, policy: str = "topology-aware"
+) -> tuple[NodePools, Decision]:
+    """Decide `request` out of `pools` and hold the result (as the state and simulator do)."""
+    kind = "exclusive" if request.exclusive and request.workload != "best-effort" else "shared"
+    d = decide(pools, topo, request, get_policy(policy), kind=kind)
+    return pools.hold(kind, d.withheld), d
+
+
+def test_shared_pool_shrinks_and_grows_as_exclusive_holds_come_and_go() -> None:
     topo = T.single_socket_ht()
-    state = PoolState.build(topo, reserved=CPUSet.of(0))
-    assert state.shared_pool() == topo.online_cpus, "non-strict reserved CPUs run shared work"
-    assert state.available_for_exclusive() == CPUSet.parse("1-7")
-    policy = get_policy("topology-aware")
-    state2, d = state.allocate("a", Request(2), policy)
-    assert d.cpus.isdisjoint(state.reserved)
-    assert state2.shared_pool() == topo.online_cpus - d.reserved
-    assert state2.exclusive_cpus() == d.reserved
-    state3 = state2.without("a")
-    assert state3.shared_pool() == topo.online_cpus
-    assert state3.without("a") is state3, "removing an unknown id changes nothing"
-    assert state.assignments == {}, "states are values: the original is unchanged"
+    pools = NodePools.for_topology(topo, reserved=CPUSet.of(0))
+    assert pools.shared_pool == topo.online_cpus, "non-strict reserved CPUs run shared work"
+    assert pools.free == CPUSet.parse("1-7")
+    pools2, d = _take(pools, topo, Request(2))
+    assert d.cpus.isdisjoint(CPUSet.of(0))
+    assert pools2.shared_pool == topo.online_cpus - d.withheld
+    assert pools2.exclusive_cpus == d.withheld
+    pools3 = pools2.release("exclusive", d.withheld)
+    assert pools3.shared_pool == topo.online_cpus
+    assert pools3 == pools, "releasing a hold restores the pools exactly"
+    assert pools.exclusive_cpus == CPUSet(), "pools are values: the original is unchanged"
+
+
+def test_share_holds_leave_the_free_set_but_stay_in_the_shared_pool() -> None:
+    topo = T.single_socket_ht()
+    pools = NodePools.for_topology(topo)
+    held = pools.hold("share", CPUSet.parse("2-3"))
+    assert held.shared_pool == topo.online_cpus
+    assert held.free == topo.online_cpus - CPUSet.parse("2-3")
+    assert held.held == CPUSet.parse("2-3")
+    with pytest.raises(AllocationError) as info:
+        held.hold("exclusive", CPUSet.of(3))
+    assert info.value.reason == "cpus_taken"
 
 
 def test_strict_reservation_keeps_reserved_cpus_off_shared_work() -> None:
     topo = T.single_socket_ht()
-    state = PoolState.build(topo, reserved=Reservation(count=2), strict=True)
-    assert len(state.reserved) == 2
-    assert state.shared_pool().isdisjoint(state.reserved)
-    assert state.available_for_exclusive().isdisjoint(state.reserved)
+    reserved = select_reserved(topo, 2)
+    pools = NodePools.for_topology(topo, reserved=reserved, strict=True)
+    assert pools.shared_pool.isdisjoint(reserved)
+    assert pools.free.isdisjoint(reserved)
+    assert len(pools.shared_pool) == 6
 
 
-def test_infra_cpus_are_neither_exclusive_nor_shared() -> None:
+def test_infra_cpus_are_neither_free_nor_shared() -> None:
     topo = T.single_socket_ht()
-    state = PoolState.build(topo, infra=CPUSet.parse("3,7"))
-    assert state.shared_pool() == CPUSet.parse("0-2,4-6")
-    assert state.available_for_exclusive() == CPUSet.parse("0-2,4-6")
-
-
-def test_isolated_cpus_are_kept_off_the_shared_pool_unless_asked() -> None:
-    topo = T.with_isolated()
-    state = PoolState.build(topo)
-    assert state.shared_pool() == CPUSet.parse("0-1,4-5")
-    assert state.shared_pool(allow_isolated=True) == topo.online_cpus
-    state, d = state.allocate("x", Request(2), get_policy("topology-aware"))
-    assert d.cpus <= topo.isolated_cpus, "exclusive requests prefer isolated CPUs"
-
-
-def test_overlapping_or_duplicate_assignments_are_refused() -> None:
-    topo = T.single_socket_ht()
-    state = PoolState.build(topo, reserved=CPUSet.of(7))
-    state, d = state.allocate("a", Request(2, level="core"), get_policy("topology-aware"))
+    pools = NodePools.for_topology(topo, infra=CPUSet.parse("3,7"))
+    assert pools.shared_pool == CPUSet.parse("0-2,4-6")
+    assert pools.free == CPUSet.parse("0-2,4-6")
     with pytest.raises(AllocationError) as info:
-        state.with_assignment("b", d)
-    assert info.value.reason == "overlap"
-    with pytest.raises(RequestError, match="'a'"):
-        state.with_assignment("a", d)
-    on_reserved = get_policy("topology-aware").decide(topo, Request(1), CPUSet.of(7))
-    with pytest.raises(AllocationError):
-        state.with_assignment("c", on_reserved)
+        pools.hold("exclusive", CPUSet.of(3))
+    assert info.value.reason == "cpus_infra"
+    with pytest.raises(RequestError, match="infra"):
+        NodePools.for_topology(topo, infra=CPUSet.of(99))
 
 
-def test_shared_and_best_effort_assignments_withhold_nothing_and_count_usage() -> None:
+def test_isolated_cpus_are_free_but_kept_off_the_shared_pool_unless_asked() -> None:
+    topo = T.with_isolated()
+    pools = NodePools.for_topology(topo)
+    assert pools.shared_pool == CPUSet.parse("0-1,4-5")
+    assert pools.free == topo.online_cpus, "isolated CPUs are free for exclusive requests"
+    assert pools.shared_pool_for(allow_isolated=True) == topo.online_cpus
+    pools, d = _take(pools, topo, Request(2))
+    assert d.cpus <= topo.isolated_cpus, "exclusive requests prefer isolated CPUs"
+    assert pools.shared_pool == CPUSet.parse("0-1,4-5"), "the shared pool never had them"
+
+
+def test_overlapping_reserved_offline_or_unknown_holds_are_refused_by_reason() -> None:
     topo = T.single_socket_ht()
-    state = PoolState.build(topo)
-    wa = get_policy("workload-aware")
-    state, a = state.allocate("a", Request(1, workload="best-effort"), wa)
-    state, b = state.allocate("b", Request(1, exclusive=False), get_policy("topology-aware"))
-    assert not a.reserved and not b.reserved
-    assert state.exclusive_cpus() == CPUSet()
-    counts = state.usage_counts()
-    assert counts[0] == 2
-    assert counts[1] == 1 and counts[7] == 1  # the shared request runs on the whole pool
+    pools = NodePools.for_topology(topo, reserved=CPUSet.of(7))
+    pools, d = _take(pools, topo, Request(2, level="core"))
+    cases = [
+        (d.withheld, "cpus_taken"),
+        (CPUSet.of(7), "cpus_reserved"),
+        (CPUSet.of(40), "cpus_offline"),
+    ]
+    for cpus, reason in cases:
+        with pytest.raises(AllocationError) as info:
+            pools.hold("exclusive", cpus)
+        assert info.value.reason == reason, cpus
+    with pytest.raises(RequestError, match="'bogus'"):
+        pools.hold("bogus", CPUSet.of(1))
+    assert pools.hold("shared", CPUSet()) is pools, "a shared hold takes nothing"
 
 
-def test_best_effort_assignments_spread_over_the_least_shared_cpus() -> None:
+def test_shared_and_best_effort_decisions_withhold_nothing() -> None:
     topo = T.single_socket_ht()
-    state = PoolState.build(topo)
+    pools = NodePools.for_topology(topo)
+    pools, a = _take(pools, topo, Request(1, workload="best-effort"), "workload-aware")
+    pools, b = _take(pools, topo, Request(1, exclusive=False))
+    assert not a.withheld and not b.withheld
+    assert len(a.cpus) == 1 and a.cpus <= pools.shared_pool
+    assert b.cpus == pools.shared_pool, "a shared request runs on the whole pool"
+    assert pools.exclusive_cpus == CPUSet()
+
+
+def test_best_effort_decisions_spread_over_the_least_used_cpus() -> None:
+    topo = T.single_socket_ht()
+    pools = NodePools.for_topology(topo)
     wa = get_policy("workload-aware")
+    usage: dict[int, int] = {}
     chosen = []
-    for i in range(10):
-        state, d = state.allocate(f"be{i}", Request(1, workload="best-effort"), wa)
-        chosen.append(d.cpus.first())
+    for _ in range(10):
+        d = decide(pools, topo, Request(1, workload="best-effort"), wa, usage=usage)
+        cpu = d.cpus.first()
+        usage[cpu] = usage.get(cpu, 0) + 1
+        chosen.append(cpu)
     assert chosen == [0, 1, 2, 3, 4, 5, 6, 7, 0, 1]
 
 
 def test_filling_the_machine_then_one_more_request_is_rejected_without_overlap() -> None:
     topo = T.multi_numa_per_socket()
-    state = PoolState.build(topo)
-    policy = get_policy("topology-aware")
-    for i in range(8):
-        state, _ = state.allocate(f"p{i}", Request(4), policy)
-    assert state.available_for_exclusive() == CPUSet()
+    pools = NodePools.for_topology(topo)
+    for _ in range(8):
+        pools, _d = _take(pools, topo, Request(4))
+    assert pools.free == CPUSet()
     with pytest.raises(AllocationError) as info:
-        state.allocate("late", Request(1), policy)
+        _take(pools, topo, Request(1))
     assert info.value.reason == "not_enough_cpus"
+    with pytest.raises(AllocationError) as shared:
+        _take(pools, topo, Request(1, exclusive=False))
+    assert shared.value.reason == "shared_pool_empty"
+
+
+def test_keep_shared_refuses_an_exclusive_decision_that_empties_the_shared_pool() -> None:
+    topo = T.single_socket_ht()
+    pools = NodePools.for_topology(topo).hold("exclusive", CPUSet.parse("0-5"))
+    policy = get_policy("topology-aware")
+    assert len(decide(pools, topo, Request(2), policy).cpus) == 2
+    with pytest.raises(AllocationError) as info:
+        decide(pools, topo, Request(2), policy, keep_shared=True)
+    assert info.value.reason == "shared_pool_exhausted"
+
+
+def test_a_numa_hint_naming_a_node_the_machine_lacks_is_refused() -> None:
+    topo = T.multi_numa_per_socket()
+    with pytest.raises(RequestError, match="NUMA node"):
+        corepin.allocate(topo, 1, options=("numa=9",))
+    assert len(corepin.allocate(topo, 1, options=("numa=1",))) == 1
 
 
 # ---------------------------------------------------------------------- corepin.allocate

@@ -11,10 +11,11 @@ from hypothesis import strategies as st
 import alloc_topologies as T
 from corepin.allocation.levels import index_of
 from corepin.allocation.policies import POLICY_NAMES, get_policy
-from corepin.allocation.pools import PoolState
+from corepin.allocation.pools import decide, select_reserved
 from corepin.allocation.types import LEVELS, WORKLOADS, Decision, Request
 from corepin.core.cpuset import CPUSet
 from corepin.core.errors import AllocationError, RequestError
+from corepin.state.model import STRICT_RESERVATION, Assignment, HostState
 from corepin.topology.model import Topology
 
 SETTINGS = settings(max_examples=150, deadline=None, suppress_health_check=[HealthCheck.too_slow])
@@ -85,13 +86,13 @@ def test_every_policy_returns_exactly_n_available_cpus_or_a_typed_error_and_is_d
     assert first.cpus <= avail
     if request.workload == "best-effort":
         assert len(first.cpus) == n
-        assert not first.reserved
+        assert not first.withheld
     else:
         assert len(first.cpus) == n
-        assert first.reserved >= first.cpus
+        assert first.withheld >= first.cpus
         if request.level != "cpu":
-            # every reserved unit was entirely available
-            assert first.reserved <= avail
+            # every withheld unit was entirely available
+            assert first.withheld <= avail
     assert first.mems == topo.mems_of(first.cpus)
 
 
@@ -190,34 +191,38 @@ def test_exclusive_decisions_never_overlap_and_reserved_cpus_are_never_handed_ou
     topo, reserved_count, ops = seq
     if reserved_count >= len(topo.online_cpus):
         reserved_count = 0
-    state = PoolState.build(topo, reserved=reserved_count, strict=True)
+    reserved = select_reserved(topo, reserved_count)
+    state = HostState.new(topo, reserved=reserved, options={STRICT_RESERVATION: "true"})
     assert len(state.reserved) == reserved_count
     added: list[str] = []
     for i, (op, arg) in enumerate(ops):
         if op == "remove":
             assert isinstance(arg, int)
             if added:
-                state = state.without(added.pop(arg % len(added)))
+                state = state.remove(added.pop(arg % len(added)))
             continue
         assert isinstance(arg, tuple)
         policy, request = arg
+        kind = "exclusive" if request.workload != "best-effort" else "shared"
         try:
-            state, decision = state.allocate(f"id{i}", request, get_policy(policy))
-        except AllocationError as exc:
-            assert exc.reason != "overlap", exc
+            decision = decide(state.pools, topo, request, get_policy(policy), kind=kind)
+        except (AllocationError, RequestError):
             continue
-        except RequestError:
-            continue
+        cpus = (
+            decision.cpus if kind == "exclusive" or decision.cpus != state.shared_pool else CPUSet()
+        )
+        state = state.add(Assignment(f"id{i}", kind, cpus, decision.withheld))
         added.append(f"id{i}")
         assert decision.cpus.isdisjoint(state.reserved)
-        withheld = [d.reserved for d in state.assignments.values() if d.reserved]
+        withheld = [a.withheld for a in state if a.withheld]
         seen = CPUSet()
         for claim in withheld:
             assert seen.isdisjoint(claim), "two exclusive decisions overlap"
             seen = seen | claim
         assert seen.isdisjoint(state.reserved)
-        assert state.shared_pool().isdisjoint(seen | state.reserved)
-        assert state.exclusive_cpus() == seen
+        assert state.shared_pool.isdisjoint(seen | state.reserved)
+        assert state.exclusive_cpus == seen
+        assert state.overlaps() == []
 
 
 LIBRARY = ("hybrid", "offline_cpus", "sixteen_numa", "multi_l3_per_numa", "dual_socket_ht")

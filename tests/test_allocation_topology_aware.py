@@ -9,7 +9,7 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 import alloc_topologies as T
-from corepin.allocation.levels import free_units, index_of, reserved_for, units_of
+from corepin.allocation.levels import free_units, index_of, withheld_for, units_of
 from corepin.allocation.topology_aware import TopologyAwarePolicy
 from corepin.allocation.types import Request
 from corepin.core.cpuset import CPUSet
@@ -209,8 +209,8 @@ def test_topology_aware_table(case: Case) -> None:
     assert decision.policy == "topology-aware"
     assert decision.mems == topo.mems_of(decision.cpus)
     if case.reserved is not None:
-        assert str(decision.reserved) == case.reserved
-    assert decision.reserved >= decision.cpus
+        assert str(decision.withheld) == case.reserved
+    assert decision.withheld >= decision.cpus
 
 
 def test_the_explanation_lists_the_levels_tried_and_why() -> None:
@@ -313,7 +313,7 @@ def test_shared_requests_get_the_shared_pool_without_isolated_cpus() -> None:
     topo = T.with_isolated()
     d = POLICY.decide(topo, Request(1, exclusive=False), topo.online_cpus)
     assert str(d.cpus) == "0-1,4-5"
-    assert not d.reserved
+    assert not d.withheld
 
 
 def test_level_helpers_agree_with_the_topology() -> None:
@@ -323,8 +323,8 @@ def test_level_helpers_agree_with_the_topology() -> None:
     assert units_of(topo, "socket")[1] == CPUSet.parse("8-15,24-31")
     # only core 0 (CPUs 0 and 16) has both threads inside 0-16
     assert free_units(topo, "core", CPUSet.parse("0-16")) == CPUSet.parse("0,16")
-    assert reserved_for(topo, "numa", CPUSet.of(9)) == CPUSet.parse("8-11,24-27")
-    assert reserved_for(topo, "cpu", CPUSet.of(9)) == CPUSet.of(9)
+    assert withheld_for(topo, "numa", CPUSet.of(9)) == CPUSet.parse("8-11,24-27")
+    assert withheld_for(topo, "cpu", CPUSet.of(9)) == CPUSet.of(9)
     assert index_of(topo) is index_of(topo)
 
 

@@ -44,7 +44,7 @@ def test_memory_bound_whole_sockets_reserves_the_fewest_entirely_free_sockets() 
     d = POLICY.decide(topo, request, avail)
     socket1 = topo.cpus_in_sockets(1)
     assert d.cpus <= socket1
-    assert d.reserved == socket1
+    assert d.withheld == socket1
     assert str(d.mems) == "2-3"
 
 
@@ -64,7 +64,7 @@ def test_cpu_bound_takes_one_thread_of_distinct_idle_cores_and_withholds_the_sib
     assert len(cores) == 4, "one thread per core"
     assert 1 not in cores, "a core with a busy sibling is not idle"
     assert len(topo.sockets_in(d.cpus)) == 1
-    assert d.reserved == topo.cpus_in_cores(*cores)
+    assert d.withheld == topo.cpus_in_cores(*cores)
     assert str(d.cpus) == "0,2-4"
 
 
@@ -102,7 +102,7 @@ def test_best_effort_shares_the_least_shared_cpus_and_reserves_nothing() -> None
     usage = {0: 2, 1: 1, 2: 0, 3: 4}
     d = POLICY.decide(topo, Request(2, workload="best-effort"), CPUSet.parse("0-3"), usage=usage)
     assert str(d.cpus) == "1-2"
-    assert not d.reserved
+    assert not d.withheld
 
 
 def test_best_effort_reads_usage_from_the_option_too() -> None:

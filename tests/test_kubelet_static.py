@@ -533,7 +533,7 @@ def test_the_policy_decides_like_static_allocate_and_explains_its_stages() -> No
     decision = POLICY.decide(topo, Request(count=22), P("0-79"))
     assert decision.cpus == P("0-10,40-50")
     assert decision.mems == P("0-1")
-    assert decision.reserved == decision.cpus
+    assert decision.withheld == decision.cpus
     assert decision.policy == "kubelet-static"
     levels = [s.level for s in decision.explanation]
     assert levels == ["numa", "core"]

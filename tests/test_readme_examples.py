@@ -67,7 +67,7 @@ def test_readme_policy_example(
 ) -> None:
     decision = decide(M32, count, available=CPUSet.parse(available), policy=policy, options=options)
     assert str(decision.cpus) == cpus
-    assert str(decision.reserved) == reserved
+    assert str(decision.withheld) == reserved
 
 
 def test_readme_full_pcpus_only_example_refuses_an_odd_count() -> None:

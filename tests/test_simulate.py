@@ -241,7 +241,7 @@ class TestReplay:
             (1, "b", None, "not_enough_cpus"),
             (5, "c", CPUSet.range(0, 15), None),
         ]
-        assert result.peak_reserved == 16
+        assert result.peak_withheld == 16
 
     def test_cpus_withheld_by_a_level_are_unavailable_until_the_remove(self) -> None:
         topo = two_numa_smt()

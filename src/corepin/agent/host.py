@@ -1,49 +1,64 @@
-"""Standalone host mode: `corepin run`, `report` and `reconcile` (CONTRACTS.md section 5).
+"""Standalone host mode: `corepin run`, `report`, `reconcile` and `release` (CONTRACTS.md 5).
 
 Composition only: the state layer keeps the checkpoint and the lock, the allocation layer
-decides, the enforcement layer pins (affinity of process trees, cpuset cgroups), and this module
-wires them into the three commands.
+decides out of the node's one pool model, the enforcement layer pins (affinity of process
+groups, cpuset cgroups), and this module wires them into the commands.
 
-`corepin run` in one transaction (under the state lock):
+`corepin run` in one transaction (under the state lock, termination signals held back):
   1. load the state (validated against the live topology) and reap assignments whose processes
-     are gone (pid + start time, so a recycled pid never keeps a dead allocation alive);
-  2. decide: exclusive runs ask the policy for N CPUs out of `free`; shared runs take the pool;
-  3. fork CMD held before exec (see `launch.py`), record the assignment with the child's pid and
-     start time (and corepin's own pid as `owner_pid`), commit;
+     are all gone;
+  2. decide: exclusive runs ask the policy for N CPUs out of the free set; shared runs take the
+     shared pool (a best-effort workload is placed on its least used CPUs);
+  3. fork CMD held before exec (see `launch.py`), record the assignment with a process owner
+     (the child's pid and start time, its session, corepin's own pid as runner), commit;
   4. re-pin every shared process to the new (smaller) shared pool, place the child in its
      cgroup, then let it exec.
-CMD runs; when it exits (or corepin is told to stop, which it forwards), a second transaction
-releases the assignment and re-pins the shared processes to the grown pool. A `kill -9` of
-corepin leaves the assignment behind while CMD lives; once neither is alive the next run or
+CMD runs; when it exits, a second transaction frees the assignment and re-pins the shared
+processes to the grown pool - unless processes of the run live on (a daemon CMD left behind):
+the assignment is then *lingering* and holds its CPUs until they are gone (`reconcile` and
+every later `run` check) or `corepin release ID [--kill]` ends it. A `kill -9` of corepin leaves
+the assignment behind while CMD lives; once nothing of the run is alive the next run or
 `reconcile` frees it.
+
+Which processes belong to a run: its cpuset cgroup when it has one; else its session (a run
+that is not the foreground job of a terminal leads a session of its own) and its process tree;
+for a foreground job of a terminal, corepin becomes the run's child subreaper and records the
+processes that outlive CMD. Every check compares start times, so a recycled pid never counts.
 """
 
 from __future__ import annotations
 
 import os
 import signal
+import sys
 import time
 from collections.abc import Iterator, Mapping
 from contextlib import contextmanager
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, Final
 
 from corepin.agent.settings import HostSettings
 from corepin.core.cpuset import CPUSet
-from corepin.core.errors import AllocationError, InputError
+from corepin.core.errors import CorepinError, InputError
+from corepin.core.text import printable
 
 if TYPE_CHECKING:
     from corepin.agent.pinning import Pinner
+    from corepin.allocation.types import Decision, Request
     from corepin.state.model import Assignment, HostState
+    from corepin.sysfs.procfs import ProcStat
     from corepin.topology.model import Topology
 
-#: `meta` keys of host-mode assignments.
-META_SOURCE = "source"
-META_OWNER_PID = "owner_pid"
-META_OWNER_START = "owner_start"
-META_COMMAND = "command"
-META_NAME = "name"
-SOURCE_RUN = "corepin-run"
+#: What the processes of an assignment are doing (`HostAgent.status`).
+RUNNING: Final = "running"  # its main process (or the corepin run waiting for it) lives
+LINGERING: Final = "lingering"  # the main process is gone, others of the run live on
+DEAD: Final = "dead"  # nothing of it is left: its CPUs can be freed
+UNKNOWN: Final = "unknown"  # tied to a cgroup this mode cannot see: never freed from here
+
+#: Signals held back while `corepin run` commits (delivered, or forwarded to CMD, afterwards).
+HELD_SIGNALS: Final = {signal.SIGINT, signal.SIGTERM, signal.SIGHUP, signal.SIGQUIT}
+#: How long `release --kill` waits after SIGTERM before it sends SIGKILL.
+KILL_GRACE: Final = 5.0
 
 
 @dataclass(frozen=True, slots=True)
@@ -58,7 +73,36 @@ class Change:
         return {"action": self.action, "target": self.target, "detail": self.detail}
 
     def __str__(self) -> str:
-        return f"{self.action} {self.target}: {self.detail}"
+        return printable(f"{self.action} {self.target}: {self.detail}")
+
+
+@dataclass(frozen=True, slots=True)
+class RunSpec:
+    """What `corepin run` asks for: `exclusive` CPUs (None: the shared pool), `with_shared`
+    (exclusive CPUs plus the shared pool), and request options as `corepin allocate` takes
+    them (`level`, `smt`, `numa`, `workload`, `prefer-isolated`, policy options)."""
+
+    exclusive: int | None = None
+    with_shared: bool = False
+    options: Mapping[str, str] | None = None
+
+    def request(self) -> Request:
+        from corepin.allocation.api import build_request
+
+        options = dict(self.options or {})
+        if self.exclusive is None:
+            for name in ("level", "smt", "numa", "prefer-isolated"):
+                if name in options:
+                    raise InputError(
+                        f"option {name!r} applies to --exclusive runs only", reason="bad_usage"
+                    )
+            options["shared"] = "true"
+        return build_request(self.exclusive or 1, options)
+
+    def kind(self, request: Request) -> str:
+        if self.exclusive is None or request.workload == "best-effort":
+            return "shared"
+        return "mixed" if self.with_shared else "exclusive"
 
 
 class HostAgent:
@@ -91,36 +135,64 @@ class HostAgent:
         """The state transaction (exclusive lock held) with the state validated at boot."""
         from corepin.agent.store import open_transaction
 
-        with open_transaction(self.settings, self.topology, self._alive) as txn:
+        with open_transaction(self.settings, self.topology, self._dead_ids) as txn:
             yield txn
 
     def read_state(self) -> HostState:
-        """The current state without taking part in a write (shared lock when available)."""
+        """The current state without taking part in a write (no lock)."""
         from corepin.agent.store import read_state
 
-        return read_state(self.settings, self.topology, self._alive)
+        return read_state(self.settings, self.topology, self._dead_ids)
 
     # ------------------------------------------------------------------ liveness
-    def _alive(self, a: Assignment) -> bool:
-        from corepin.sysfs.procfs import process_alive
+    def _table(self) -> dict[int, ProcStat]:
+        from corepin.sysfs.procfs import process_table
 
-        proc = self.settings.proc_root
-        if a.pid is not None and process_alive(a.pid, a.start_time, proc):
-            return True
-        owner = _int_or_none(a.meta.get(META_OWNER_PID))
-        if owner is not None:
-            start = _int_or_none(a.meta.get(META_OWNER_START))
-            if process_alive(owner, start, proc):
-                return True
-        if a.pid is None and a.cgroup is not None:
-            return self.pinner.cgroup_exists(a.cgroup)
-        return False
+        return process_table(self.settings.proc_root)
 
-    def reap(self, state: HostState) -> tuple[HostState, list[Change]]:
-        """`state` without the assignments whose processes are all gone."""
-        dead = [a for a in state if not self._alive(a)]
+    def status(
+        self, a: Assignment, table: dict[int, ProcStat], *, ignore_runner: bool = False
+    ) -> str:
+        """RUNNING, LINGERING, DEAD or UNKNOWN (see the constants) for `a` given a process
+        table. `ignore_runner`: the corepin run waiting for it does not count (it is asking)."""
+        from corepin.sysfs.procfs import ProcessGroup
+
+        process = a.process
+        if process is not None:
+            if _same_process(table, process.pid, process.start_time):
+                return RUNNING
+            if not ignore_runner and _same_process(
+                table, process.runner_pid, process.runner_start_time
+            ):
+                return RUNNING
+            in_cgroup = self.pinner.cgroup_pids(a)
+            if in_cgroup:
+                return LINGERING
+            group = ProcessGroup(process.pid, process.start_time, process.session, process.members)
+            if group.pids(table):
+                return LINGERING
+            if in_cgroup is None and process.cgroup is not None:
+                return UNKNOWN
+            return DEAD
+        if a.container is not None:
+            exists = self.pinner.cgroup_exists(a)
+            if exists is None:
+                return UNKNOWN if a.cgroup is not None else DEAD
+            return RUNNING if exists else DEAD
+        return DEAD
+
+    def _dead_ids(self, state: HostState) -> set[str]:
+        table = self._table()
+        return {a.id for a in state if self.status(a, table) == DEAD}
+
+    def reap(
+        self, state: HostState, table: dict[int, ProcStat] | None = None
+    ) -> tuple[HostState, list[Change]]:
+        """`state` without the assignments of which nothing is left alive."""
+        table = self._table() if table is None else table
+        dead = [a for a in state if self.status(a, table) == DEAD]
         changes = [
-            Change("freed", a.id, f"process {a.pid} is gone; released CPUs {a.reserved or '-'}")
+            Change("freed", a.id, f"{a.label} is gone; released CPUs {a.withheld or '-'}")
             for a in dead
         ]
         return state.remove_many(a.id for a in dead), changes
@@ -131,74 +203,27 @@ class HostAgent:
         return self.settings.force_membind or len(self.topology.numa_node_ids()) > 1
 
     # ------------------------------------------------------------------ decide
-    def decide(
-        self,
-        state: HostState,
-        *,
-        exclusive: int | None,
-        with_shared: bool,
-        level: str,
-        policy: str,
-        options: Mapping[str, str],
-    ) -> tuple[str, CPUSet, CPUSet, CPUSet, str]:
-        """(kind, cpus, reserved, mems, policy name) for a new run; AllocationError if none."""
-        topo = self.topology
-        if exclusive is None:
-            pool = state.shared_pool
-            if not pool:
-                raise AllocationError(
-                    "the shared pool is empty: every online CPU is held exclusively "
-                    f"({state.exclusive_cpus}); wait for an exclusive run to end",
-                    reason="shared_pool_empty",
-                )
-            return "shared", CPUSet(), CPUSet(), topo.mems_of(pool), ""
+    def decide(self, state: HostState, request: Request, kind: str) -> Decision:
+        """The decision for a new assignment of `kind` out of `state`'s pools (AllocationError
+        when there is none)."""
+        from corepin.allocation.api import check_request
         from corepin.allocation.policies import get_policy
-        from corepin.allocation.types import Request
+        from corepin.allocation.pools import decide
 
-        request = Request(count=exclusive, level=level, options=dict(options))
-        free = state.free
-        if len(free) < exclusive:
-            raise AllocationError(
-                f"cannot allocate {exclusive} exclusive CPU(s): only {len(free)} free "
-                f"({free or 'none'}) of online {state.online}",
-                reason="not_enough_cpus",
-            )
-        decision = get_policy(policy).decide(topo, request, free)
-        if state.shared_assignments() and not (state.shared_pool - decision.reserved):
-            raise AllocationError(
-                f"cannot allocate {exclusive} exclusive CPU(s): CPUs {decision.reserved} would "
-                "leave no CPU for the running shared processes",
-                reason="shared_pool_exhausted",
-            )
-        kind = "mixed" if with_shared else "exclusive"
-        return kind, decision.cpus, decision.reserved, decision.mems, decision.policy
-
-    def _reap_and_decide(
-        self,
-        state: HostState,
-        *,
-        exclusive: int | None,
-        with_shared: bool,
-        level: str,
-        options: Mapping[str, str],
-    ) -> tuple[HostState, tuple[str, CPUSet, CPUSet, CPUSet, str]]:
-        """`state` without its dead assignments, and the decision (with the configured policy)
-        for a new one on what is left."""
-        state, _ = self.reap(state)
-        decided = self.decide(
-            state,
-            exclusive=exclusive,
-            with_shared=with_shared,
-            level=level,
-            policy=self.settings.policy,
-            options=options,
+        check_request(self.topology, request)
+        return decide(
+            state.pools,
+            self.topology,
+            request,
+            get_policy(self.settings.policy),
+            kind=kind,
+            usage=state.usage_counts(),
+            keep_shared=bool(state.shared_assignments()),
         )
-        return state, decided
 
     # ------------------------------------------------------------------ enforce
     def enforce(self, state: HostState, ids: set[str] | None = None) -> list[Change]:
-        """Make the pins of the live assignments (or just `ids`) match the state."""
-        self.pinner.forget_processes()
+        """Make the pins of the assignments (or just `ids`) match the state."""
         chosen = [a for a in state if ids is None or a.id in ids]
         if not chosen:
             return []
@@ -209,18 +234,11 @@ class HostAgent:
         return self.enforce(state, {a.id for a in state.shared_assignments()})
 
     # ------------------------------------------------------------------ run
-    def run(
-        self,
-        argv: list[str],
-        *,
-        exclusive: int | None,
-        with_shared: bool,
-        level: str,
-        options: Mapping[str, str],
-        name: str | None,
-    ) -> int:
+    def run(self, argv: list[str], spec: RunSpec, *, name: str | None = None) -> int:
+        """Run `argv` pinned as `spec` asks; CMD's exit code (see the module docstring)."""
         from corepin.agent.launch import Launch
         from corepin.state.model import Assignment
+        from corepin.state.owners import ProcessOwner
         from corepin.sysfs.procfs import process_start_time
 
         if not argv:
@@ -228,97 +246,225 @@ class HostAgent:
                 "no command given: use `corepin run [options] -- CMD ARGS...`",
                 reason="missing_command",
             )
+        # a caller that ignores SIGCHLD would make the kernel reap CMD, and its exit code be lost
+        signal.signal(signal.SIGCHLD, signal.SIG_DFL)
+        request = spec.request()  # bad options are refused before the state is touched
+        kind = spec.kind(request)
         label = name or os.path.basename(argv[0]) or "cmd"
         me = os.getpid()
         my_start = process_start_time(me, self.settings.proc_root)
+        foreground = _foreground_job()
         launch: Launch | None = None
         assignment_id = ""
+        mask: set[int | signal.Signals] | None = None
         try:
             with self.transaction() as txn:
-                state, (kind, cpus, reserved, mems, policy) = self._reap_and_decide(
-                    txn.state,
-                    exclusive=exclusive,
-                    with_shared=with_shared,
-                    level=level,
-                    options=options,
-                )
+                mask = signal.pthread_sigmask(signal.SIG_BLOCK, HELD_SIGNALS)
+                state, _ = self.reap(txn.state)
+                decision = self.decide(state, request, kind)
                 assignment_id = _new_id(state)
-                after_pool = state.shared_pool - reserved
-                affinity = cpus | after_pool if kind != "exclusive" else cpus
+                cpus = decision.cpus if kind != "shared" or spec.exclusive else CPUSet()
+                withheld = decision.withheld if kind != "shared" else CPUSet()
+                held = state.pools.hold(kind, withheld)
+                pool = held.shared_pool
+                probe = Assignment(assignment_id, kind, cpus, withheld)
+                affinity = probe.affinity(pool)
+                run_mems = decision.mems if kind == "exclusive" else self.topology.mems_of(affinity)
                 cgroup: str | None = None
                 procs: str | None = None
-                run_mems = mems if kind == "exclusive" else self.topology.mems_of(affinity)
                 if self.pinner.cgroups_enabled:
                     cgroup = self.pinner.cgroup_path_for(assignment_id)
                     procs = self.pinner.prepare(cgroup, affinity, run_mems)
+                elif foreground:
+                    _become_subreaper()
                 launch = Launch(
                     argv,
                     affinity,
-                    _environment(kind, cpus, after_pool, mems),
+                    _environment(kind, cpus, pool, decision.mems if kind != "shared" else run_mems),
                     cgroup_procs=procs,
                     bind_mems=run_mems
                     if procs is None and run_mems and self._binds_memory()
                     else None,
+                    new_session=not foreground,
+                    sigmask=mask,
                 )
                 child = launch.start()
+                owner = ProcessOwner(
+                    pid=child,
+                    start_time=process_start_time(child, self.settings.proc_root),
+                    runner_pid=me,
+                    runner_start_time=my_start,
+                    cgroup=cgroup,
+                    session=None if foreground else child,
+                    name=label,
+                    command=" ".join(argv)[:1024],
+                )
                 assignment = Assignment(
                     id=assignment_id,
                     kind=kind,
                     cpus=cpus,
-                    reserved=reserved,
-                    mems=mems,
-                    level=level,
-                    pid=child,
-                    start_time=process_start_time(child, self.settings.proc_root),
-                    cgroup=cgroup,
+                    withheld=withheld,
+                    mems=decision.mems if kind != "shared" else CPUSet(),
+                    level=request.level,
+                    owner=owner,
                     created=time.time(),
-                    policy=policy,
-                    meta={
-                        META_SOURCE: SOURCE_RUN,
-                        META_OWNER_PID: str(me),
-                        META_OWNER_START: str(my_start),
-                        META_NAME: label,
-                        META_COMMAND: " ".join(argv)[:200],
-                    },
+                    policy=decision.policy,
+                    workload=request.workload,
                 )
                 state = txn.commit(state.add(assignment))
                 # the pool changed: shrink the shared processes before CMD starts on its CPUs
-                if exclusive is not None:
+                if assignment.exclusive:
                     self.repin_shared(state)
                 launch.go()
         except BaseException:
             if launch is not None and launch.pid:
                 launch.abort()
             if assignment_id:
-                self.release(assignment_id)
+                self._finish_quietly(assignment_id)
             raise
-        try:
-            code = launch.wait()
         finally:
-            self.release(assignment_id)
+            if mask is not None:
+                signal.pthread_sigmask(signal.SIG_SETMASK, mask)
+        code = launch.wait()
+        self._finish_quietly(assignment_id)
         return code
 
-    def release(self, assignment_id: str) -> None:
-        """Free the run's assignment, remove its cgroup, grow the shared pool."""
+    def _finish_quietly(self, assignment_id: str) -> None:
+        """`finish`, but a release that cannot be written (lock busy, disk full, corrupt
+        state) is a warning: CMD's exit code is still returned, `reconcile` frees it later."""
+        try:
+            self.finish(assignment_id)
+        except CorepinError as exc:
+            print(
+                f"corepin run: warning: could not release {assignment_id} ({exc}); "
+                "`corepin reconcile --once` frees it once its processes are gone",
+                file=sys.stderr,
+            )
+
+    def finish(self, assignment_id: str) -> None:
+        """CMD of a run exited: free its assignment, remove its cgroup, grow the shared pool -
+        unless processes of the run live on, which keep it (lingering)."""
         old_handlers = {}
-        for sig in (signal.SIGTERM, signal.SIGINT, signal.SIGHUP):
+        for sig in HELD_SIGNALS:
             old_handlers[sig] = signal.signal(sig, signal.SIG_IGN)
         try:
             with self.transaction() as txn:
                 state = txn.state
-                gone = state.get(assignment_id)
-                state, reaped = self.reap(state.remove(assignment_id, missing_ok=True))
-                if gone is not None or reaped:
-                    state = txn.commit(state)
-                if gone is not None:
-                    self.pinner.remove(gone)
-                    if gone.exclusive:
-                        self.repin_shared(state)
-                elif self.pinner.cgroups_enabled:  # prepared but never committed
-                    self.pinner.remove_orphans({a.id for a in state})
+                a = state.get(assignment_id)
+                if a is None:  # released on purpose, or never committed
+                    if self.pinner.cgroups_enabled:
+                        self.pinner.remove_orphans({x.id for x in state})
+                    return
+                table = self._table()
+                a = self._adopt_orphans(a, table)
+                if self.status(a, table, ignore_runner=True) in (LINGERING, UNKNOWN):
+                    if a is not state.get(assignment_id):
+                        txn.commit(state.replace_assignment(a))
+                    _say_lingering(a, self.pinner.cgroup_pids(a), table)
+                    return
+                state, _ = self.reap(state.remove(assignment_id), table)
+                state = txn.commit(state)
+                self.pinner.remove(a)
+                if a.exclusive:
+                    self.repin_shared(state)
         finally:
             for sig, handler in old_handlers.items():
                 signal.signal(sig, handler)
+
+    def _adopt_orphans(self, a: Assignment, table: dict[int, ProcStat]) -> Assignment:
+        """`a` with the processes that outlived CMD and were re-parented to this corepin (its
+        child subreaper) recorded as members."""
+        process = a.process
+        if process is None or process.session is not None or process.cgroup is not None:
+            return a
+        me = os.getpid()
+        orphans = tuple(
+            (pid, st.start_time) for pid, st in table.items() if st.ppid == me and st.alive
+        )
+        if not orphans:
+            return a
+        from dataclasses import replace
+
+        return a.evolve(owner=replace(process, members=process.members + orphans))
+
+    # ------------------------------------------------------------------ release
+    def release(self, assignment_id: str, *, kill: bool = False) -> list[Change]:
+        """End an assignment on purpose (`corepin release ID [--kill]`).
+
+        With `kill`, its processes get SIGTERM, and SIGKILL after KILL_GRACE seconds, then its
+        CPUs are freed. Without, its CPUs are freed and processes of it that still run move
+        to the shared pool (the assignment stays, as a shared one, until they exit)."""
+        with self.transaction() as txn:
+            state = txn.state
+            a = state.get(assignment_id)
+            if a is None:
+                known = ", ".join(a.id for a in state) or "none"
+                raise InputError(
+                    f"no allocation {assignment_id!r} (allocations: {known})",
+                    reason="unknown_id",
+                )
+            changes: list[Change] = []
+            if kill:
+                if a.process is None:
+                    raise InputError(
+                        f"{assignment_id!r} belongs to container {a.label}: --kill ends "
+                        "corepin runs only; stop containers through their runtime",
+                        reason="bad_usage",
+                    )
+                killed = self._kill(a)
+                changes.append(Change("killed", a.id, f"{killed} process(es)"))
+            table = self._table()
+            if self.status(a, table, ignore_runner=True) in (RUNNING, LINGERING):
+                moved = a.evolve(
+                    kind="shared", cpus=CPUSet(), withheld=CPUSet(), mems=CPUSet(), level="cpu"
+                )
+                state = txn.commit(state.replace_assignment(moved))
+                changes.append(
+                    Change(
+                        "released",
+                        a.id,
+                        f"CPUs {a.withheld or '-'}; its processes now run in the shared pool",
+                    )
+                )
+                changes.extend(self.enforce(state))
+                return changes
+            state = txn.commit(state.remove(assignment_id))
+            self.pinner.remove(a)
+            changes.append(Change("released", a.id, f"CPUs {a.withheld or '-'}"))
+            if a.exclusive:
+                changes.extend(self.repin_shared(state))
+            return changes
+
+    def _kill(self, a: Assignment) -> int:
+        """SIGTERM every process of `a` (checked by start time through a pidfd, so a recycled
+        pid is never signalled), wait up to KILL_GRACE seconds, SIGKILL what is left."""
+        from corepin.sysfs.procfs import ProcessGroup
+
+        process = a.process
+        assert process is not None
+        group = ProcessGroup(process.pid, process.start_time, process.session, process.members)
+
+        def members() -> dict[int, int]:
+            table = self._table()
+            found = {pid: table[pid].start_time for pid in group.pids(table)}
+            for pid in self.pinner.cgroup_pids(a) or ():
+                st = table.get(pid)
+                if st is not None and st.alive:
+                    found[pid] = st.start_time
+            found.pop(os.getpid(), None)
+            return found
+
+        first = members()
+        for pid, start in first.items():
+            _signal_exactly(pid, start, signal.SIGTERM, self.settings.proc_root)
+        deadline = time.monotonic() + KILL_GRACE
+        left = members()
+        while left and time.monotonic() < deadline:
+            time.sleep(0.05)
+            left = members()
+        for pid, start in left.items():
+            _signal_exactly(pid, start, signal.SIGKILL, self.settings.proc_root)
+        return len(first | left)
 
     # ------------------------------------------------------------------ containers
     def pin_container(
@@ -327,7 +473,6 @@ class HostAgent:
         *,
         exclusive: int | None,
         runtime: str | None = None,
-        level: str = "cpu",
         options: Mapping[str, str] | None = None,
         kubepods: str = "kubepods",
     ) -> Assignment:
@@ -341,6 +486,7 @@ class HostAgent:
         from corepin.core.ids import validate_container_id
         from corepin.enforcement.layout import find_container_cgroup
         from corepin.state.model import Assignment
+        from corepin.state.owners import ContainerOwner
 
         ident = validate_container_id(container_id, runtime or "generic")
         driver = self.pinner.driver
@@ -357,28 +503,26 @@ class HostAgent:
                 f"no cgroup for container {ident!r} below {driver.root}/{kubepods}: is it running?",
                 reason="container_not_found",
             )
+        spec = RunSpec(exclusive=exclusive, options=options)
+        request = spec.request()
+        kind = spec.kind(request)
         with self.transaction() as txn:
-            state, (kind, cpus, reserved, mems, policy) = self._reap_and_decide(
-                txn.state,
-                exclusive=exclusive,
-                with_shared=False,
-                level=level,
-                options=options or {},
-            )
+            state, _ = self.reap(txn.state)
+            decision = self.decide(state, request, kind)
             assignment = Assignment(
                 id=f"ctr-{ident[:12]}",
                 kind=kind,
-                cpus=cpus,
-                reserved=reserved,
-                mems=mems,
-                level=level,
-                cgroup=path,
+                cpus=decision.cpus if kind != "shared" else CPUSet(),
+                withheld=decision.withheld if kind != "shared" else CPUSet(),
+                mems=decision.mems if kind != "shared" else CPUSet(),
+                level=request.level,
+                owner=ContainerOwner(container_id=ident, runtime=runtime or "", cgroup=path),
                 created=time.time(),
-                policy=policy,
-                meta={META_SOURCE: "container", META_NAME: ident[:12], "container_id": ident},
+                policy=decision.policy,
+                workload=request.workload,
             )
             state = txn.commit(state.replace_assignment(assignment))
-            if exclusive is not None:
+            if assignment.exclusive:
                 self.repin_shared(state)
             self.pinner.apply(assignment, state.shared_pool)
         return assignment
@@ -390,8 +534,7 @@ class HostAgent:
             before = txn.state
             state, changes = self.reap(before)
             if changes:
-                txn.commit(state)
-                state = txn.state
+                state = txn.commit(state)
                 for a in before:
                     if a.id not in state:
                         self.pinner.remove(a)
@@ -402,8 +545,11 @@ class HostAgent:
     # ------------------------------------------------------------------ report
     def report(self, state: HostState) -> dict[str, Any]:
         pool = state.shared_pool
+        table = self._table()
         allocations = []
         for a in state:
+            process = a.process
+            status = self.status(a, table)
             allocations.append(
                 {
                     "id": a.id,
@@ -411,17 +557,20 @@ class HostAgent:
                     "cpus": str(a.affinity(pool)),
                     "exclusive": a.exclusive,
                     "kind": a.kind,
-                    "exclusive_cpus": str(a.cpus),
-                    "reserved": str(a.reserved),
+                    "exclusive_cpus": str(a.cpus) if a.holds else "",
+                    "withheld": str(a.withheld),
                     "mems": str(a.mems),
                     "level": a.level,
-                    "name": a.meta.get(META_NAME, ""),
-                    "command": a.meta.get(META_COMMAND, ""),
-                    "owner_pid": _int_or_none(a.meta.get(META_OWNER_PID)),
+                    "workload": a.workload,
+                    "name": process.name if process is not None else a.label,
+                    "command": process.command if process is not None else "",
+                    "owner_pid": process.runner_pid if process is not None else None,
+                    "owner": a.owner.to_json() if a.owner is not None else None,
                     "cgroup": a.cgroup,
                     "created": a.created,
                     "policy": a.policy,
-                    "alive": self._alive(a),
+                    "status": status,
+                    "alive": status in (RUNNING, LINGERING),
                 }
             )
         return {
@@ -429,15 +578,78 @@ class HostAgent:
             "shared_pool": str(pool),
             "free": str(state.free),
             "online": str(state.online),
+            "isolated": str(state.isolated),
             "reserved": str(state.reserved),
             "exclusive": str(state.exclusive_cpus),
+            "held": str(state.held),
             "revision": state.revision,
         }
 
 
-def _int_or_none(text: str | None) -> int | None:
-    """A non-negative integer kept as text in `meta`, or None when absent or not a number."""
-    return int(text) if text and text.isascii() and text.isdigit() else None
+def _same_process(table: dict[int, ProcStat], pid: int | None, start_time: int | None) -> bool:
+    if pid is None:
+        return False
+    st = table.get(pid)
+    return st is not None and st.alive and (start_time is None or st.start_time == start_time)
+
+
+def _signal_exactly(pid: int, start_time: int, sig: int, proc_root: str) -> None:
+    """Send `sig` to `pid` only if it is still the process that started at `start_time`: the
+    pidfd pins the process, so the check cannot be raced by pid reuse."""
+    from corepin.sysfs.procfs import ProcessGone, process_start_time
+
+    try:
+        fd = os.pidfd_open(pid)
+    except (ProcessLookupError, OSError):
+        return
+    try:
+        if process_start_time(pid, proc_root) != start_time:
+            return
+        signal.pidfd_send_signal(fd, sig)
+    except (ProcessGone, ProcessLookupError, PermissionError):
+        pass
+    finally:
+        os.close(fd)
+
+
+def _foreground_job() -> bool:
+    """Whether corepin runs as the foreground job of a terminal (CMD may be interactive: it
+    stays in corepin's session and process group)."""
+    try:
+        return os.isatty(0) and os.tcgetpgrp(0) == os.getpgrp()
+    except OSError:
+        return False
+
+
+def _become_subreaper() -> None:
+    """Let processes CMD leaves behind be re-parented to this corepin (so it can record them)."""
+    import ctypes
+
+    pr_set_child_subreaper = 36
+    try:
+        libc = ctypes.CDLL(None, use_errno=True)
+        libc.prctl(pr_set_child_subreaper, 1, 0, 0, 0)
+    except (OSError, AttributeError):
+        pass
+
+
+def _say_lingering(a: Assignment, in_cgroup: list[int] | None, table: dict[int, Any]) -> None:
+    from corepin.sysfs.procfs import ProcessGroup
+
+    process = a.process
+    pids = set(in_cgroup or ())
+    if process is not None:
+        group = ProcessGroup(process.pid, process.start_time, process.session, process.members)
+        pids.update(group.pids(table))
+    shown = ", ".join(str(p) for p in sorted(pids)[:5]) + (" ..." if len(pids) > 5 else "")
+    print(
+        printable(
+            f"corepin run: {a.id} keeps CPUs {a.withheld or a.affinity(CPUSet())}: "
+            f"{len(pids)} process(es) of it still run (pid {shown or '?'}); they are freed "
+            f"when these exit, or by `corepin release {a.id} [--kill]`"
+        ),
+        file=sys.stderr,
+    )
 
 
 def _new_id(state: HostState) -> str:
@@ -448,21 +660,13 @@ def _new_id(state: HostState) -> str:
 
 
 def _environment(kind: str, cpus: CPUSet, pool: CPUSet, mems: CPUSet) -> dict[str, str]:
-    exclusive = cpus if kind != "shared" else CPUSet()
-    shared = pool if kind != "exclusive" else CPUSet()
+    exclusive = cpus if kind in ("exclusive", "mixed") else CPUSet()
+    shared = pool if kind in ("shared", "mixed") else CPUSet()
+    if kind == "shared" and cpus:
+        shared = cpus & pool or pool
     return {
         "COREPIN_CPUS": str(exclusive | shared),
         "COREPIN_CPUS_EXCLUSIVE": str(exclusive),
         "COREPIN_CPUS_SHARED": str(shared),
         "COREPIN_MEMS": str(mems),
     }
-
-
-def parse_options(items: list[str]) -> dict[str, str]:
-    out: dict[str, str] = {}
-    for item in items:
-        key, sep, value = item.partition("=")
-        if not key:
-            raise InputError(f"bad policy option {item!r}: expected NAME or NAME=VALUE")
-        out[key] = value if sep else "true"
-    return out

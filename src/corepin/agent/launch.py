@@ -8,9 +8,13 @@ failure (command not found, not executable) travels back over a close-on-exec pi
 exit 127 or 126, as in a shell.
 
 The whole process tree inherits the affinity: it is set in the child before `exec`, and every
-process CMD forks starts with it. With `bind_mems` the child also binds its memory to those NUMA
-nodes (`set_mempolicy(MPOL_BIND)`, see `corepin.enforcement.mempolicy`), which is inherited the
-same way; used for runs without a cpuset cgroup, whose `cpuset.mems` would do it otherwise.
+process CMD forks starts with it. With `new_session` the child leads a session of its own
+(`setsid`), so every process CMD starts - even one that outlives CMD - is found by its session
+id; corepin's termination signals then go to CMD's whole process group. `sigmask`, when given,
+is the signal mask CMD starts with (the parent blocks termination signals while it commits).
+With `bind_mems` the child also binds its memory to those NUMA nodes (`set_mempolicy(MPOL_BIND)`,
+see `corepin.enforcement.mempolicy`), which is inherited the same way; used for runs without a
+cpuset cgroup, whose `cpuset.mems` would do it otherwise.
 """
 
 from __future__ import annotations
@@ -57,6 +61,8 @@ class Launch:
         *,
         cgroup_procs: str | None = None,
         bind_mems: CPUSet | None = None,
+        new_session: bool = False,
+        sigmask: set[int | signal.Signals] | None = None,
     ) -> None:
         if not argv:
             raise InputError("no command given: use `corepin run [options] -- CMD ARGS...`")
@@ -70,6 +76,10 @@ class Launch:
         self.cgroup_procs = cgroup_procs
         #: NUMA nodes the child binds its memory to before exec (None: leave the policy alone)
         self.bind_mems = bind_mems
+        #: the child leads a new session (and process group) of its own
+        self.new_session = new_session
+        #: the signal mask the child execs with (None: the one it inherits)
+        self.sigmask = sigmask
         self.pid = 0
         self._go_w = -1
         self._err_r = -1
@@ -82,6 +92,8 @@ class Launch:
         environ.update(self.env)
         cpus = self.cpus.sorted()
         procs = self.cgroup_procs
+        new_session = self.new_session
+        sigmask = self.sigmask
         bind = None
         if self.bind_mems is not None:
             # ctypes and libc are loaded here, in the parent, only for runs that bind memory
@@ -110,6 +122,8 @@ class Launch:
                 os.close(err_r)
                 for sig in FORWARDED:
                     signal.signal(sig, signal.SIG_DFL)
+                if new_session:
+                    os.setsid()
                 os.sched_setaffinity(0, cpus)
                 if bind is not None:
                     stage = "mempolicy"
@@ -124,6 +138,8 @@ class Launch:
                 if os.read(go_r, 1) != b"1":
                     os._exit(125)
                 os.close(go_r)
+                if sigmask is not None:
+                    signal.pthread_sigmask(signal.SIG_SETMASK, sigmask)
                 stage = "exec"
                 os.execvpe(self.argv[0], self.argv, environ)
             except OSError as exc:
@@ -145,13 +161,13 @@ class Launch:
     def go(self) -> None:
         """Let the child exec CMD. Raises CommandError when exec fails (child already reaped).
 
-        From here on corepin's termination signals are forwarded to the child until `wait()`
-        returns."""
-        pid = self.pid
+        From here on corepin's termination signals are forwarded to the child (to its process
+        group when it leads a session of its own) until `wait()` returns."""
+        target = -self.pid if self.new_session else self.pid
 
         def forward(signum: int, _frame: FrameType | None) -> None:
-            with contextlib.suppress(ProcessLookupError):
-                os.kill(pid, signum)
+            with contextlib.suppress(ProcessLookupError, PermissionError):
+                os.kill(target, signum)
 
         self._previous = {sig: signal.signal(sig, forward) for sig in FORWARDED}
         try:

@@ -28,7 +28,7 @@ from __future__ import annotations
 
 import os
 import time
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, Final
 
@@ -45,16 +45,12 @@ if TYPE_CHECKING:
     from corepin.agent.settings import HostSettings
     from corepin.enforcement.cgroups import CgroupDriver
     from corepin.state.kubelet import KubeletCheckpoint
-    from corepin.state.model import HostState
+    from corepin.state.model import Assignment, HostState
     from corepin.topology.model import Topology
 
 #: policies whose checkpoints can be imported
 STATIC_POLICY: Final = "static"
 NONE_POLICY: Final = "none"
-#: `meta` keys of imported assignments (besides `source` and `kubelet_format` of the state layer)
-META_POD_UID: Final = "pod_uid"
-META_CONTAINER: Final = "container"
-META_CONTAINER_ID: Final = "container_id"
 _QOS: Final = ("guaranteed", "burstable", "besteffort")
 
 
@@ -89,6 +85,7 @@ class MigrationResult:
                     "cpus": str(a.cpus),
                     "mems": str(a.mems),
                     "cgroup": a.cgroup,
+                    "owner": a.owner.to_json() if a.owner is not None else None,
                 }
                 for a in st
             ],
@@ -156,21 +153,7 @@ def convert(
         notes.append(f"event=default_cpus_dropped cpus={absent} cause=not_online")
     if not checkpoint.verified:
         notes.insert(0, "event=unverified cause=checksum_0 (the file carries no checksum)")
-    items = {}
-    for a in state:
-        items[a.id] = a.evolve(meta={**a.meta, **_container_meta(a.id)})
-    return state.evolve(assignments=items), notes
-
-
-def _container_meta(assignment_id: str) -> dict[str, str]:
-    parts = assignment_id.split("/", 2)
-    if parts[0] == "pod" and len(parts) == 3:
-        return {META_POD_UID: parts[1], META_CONTAINER: parts[2]}
-    if parts[0] == "pod" and len(parts) == 2:
-        return {META_POD_UID: parts[1]}
-    if parts[0] == "container" and len(parts) >= 2:
-        return {META_CONTAINER_ID: assignment_id.split("/", 1)[1]}
-    return {}
+    return state, notes
 
 
 # ---------------------------------------------------------------------- cgroups
@@ -215,23 +198,25 @@ def _pod_cgroups(driver: CgroupDriver, pod_uid: str) -> list[str]:
     return found
 
 
-def find_cgroup(driver: CgroupDriver, assignment_id: str, cpus: CPUSet) -> str | None:
+def find_cgroup(driver: CgroupDriver, a: Assignment) -> str | None:
     """The cgroup of the container an imported assignment belongs to, or None."""
     from corepin.enforcement.layout import find_container_cgroup
 
-    meta = _container_meta(assignment_id)
+    owner = a.container
+    if owner is None:
+        return None
     try:
-        if META_CONTAINER_ID in meta:
+        if owner.container_id:
             return find_container_cgroup(
-                driver.root, meta[META_CONTAINER_ID], under=("kubepods", "kubepods.slice")
+                driver.root, owner.container_id, under=("kubepods", "kubepods.slice")
             )
-        if META_CONTAINER not in meta:
+        if not owner.container:
             return None  # pod-level CPUs: no single container cgroup holds them
         matches = []
-        for pod in _pod_cgroups(driver, meta[META_POD_UID]):
+        for pod in _pod_cgroups(driver, owner.pod_uid):
             for child in driver.child_groups(pod):
                 try:
-                    if CPUSet.parse(driver.read_cpus_text(child)) == cpus:
+                    if CPUSet.parse(driver.read_cpus_text(child)) == a.cpus:
                         matches.append(child)
                 except (CorepinError, ValueError):
                     continue
@@ -252,7 +237,7 @@ def attach_cgroups(state: HostState, driver: CgroupDriver | None) -> tuple[HostS
     notes: list[str] = []
     items = {}
     for a in state:
-        path = find_cgroup(driver, a.id, a.cpus)
+        path = find_cgroup(driver, a)
         if path is None:
             notes.append(
                 f"event=no_container id={a.id} cause=no_cgroup_with_cpus_{a.cpus} (not running "
@@ -261,7 +246,9 @@ def attach_cgroups(state: HostState, driver: CgroupDriver | None) -> tuple[HostS
             items[a.id] = a
         else:
             notes.append(f"event=container_found id={a.id} cgroup={path}")
-            items[a.id] = a.evolve(cgroup=path)
+            owner = a.container
+            assert owner is not None  # find_cgroup finds cgroups of containers only
+            items[a.id] = a.evolve(owner=replace(owner, cgroup=path))
     return state.evolve(assignments=items), notes
 
 

@@ -1,35 +1,46 @@
-"""Making processes and cgroups match the state: affinity of process trees, cpuset cgroups.
+"""Making processes and cgroups match the state: affinity of process groups, cpuset cgroups.
 
 Host mode pins a run two ways:
 
-- CPU affinity (`sched_setaffinity`) of every thread of CMD and of all its descendants: works
-  for any user on their own processes, on any kernel;
-- optionally a cpuset cgroup `<cpuset root>/corepin/<assignment id>` holding CMD's process tree
-  with `cpuset.cpus` = its CPUs and `cpuset.mems` = the NUMA nodes of those CPUs, so memory is
-  allocated on the same nodes and a process cannot widen its own affinity. Setting `cgroups`:
-  `auto` uses it when the cpuset hierarchy is writable, `on` requires it, `off` never.
+- CPU affinity (`sched_setaffinity`) of every thread of every process of the run (its tree, its
+  session, its recorded members; `corepin.sysfs.procfs.ProcessGroup`): works for any user on
+  their own processes, on any kernel;
+- optionally a cpuset cgroup `<cpuset root>/<cgroup parent>/<assignment id>` holding the run's
+  processes with `cpuset.cpus` = its CPUs and `cpuset.mems` = the NUMA nodes of those CPUs, so
+  memory is allocated on the same nodes and a process cannot widen its own affinity. Setting
+  `cgroups`: `auto` uses it when the cpuset hierarchy is writable, `on` requires it, `off` never.
+  The cgroup parent is per state directory (`HostSettings.cgroup_parent`).
 
-Every check reads first and writes only what differs: in a steady state nothing is written.
-A thread that narrowed its own affinity to a subset of its exclusive CPUs (a packet-processing
-process pinning its workers from `COREPIN_CPUS_EXCLUSIVE`) is left alone; any other difference
-is drift and is re-applied.
+Both go through the one enforcement engine (`corepin.enforcement.reconcile.Reconciler`): read
+first, write only what differs, so a steady state writes nothing. A thread that narrowed its own
+affinity to a subset of its exclusive CPUs (a packet-processing process pinning its workers from
+`COREPIN_CPUS_EXCLUSIVE`) is left alone; any other difference is drift and is re-applied.
+
+Trust: the checkpoint says which cgroup and processes belong to an assignment, and a forged or
+stale checkpoint must not make root touch anything else. A cgroup is written only when it is the
+run's own group below this state directory's parent, or a container cgroup in the kubelet's
+layout (`kubepods` / `kubepods.slice`); a process only when its start time is the recorded one.
 """
 
 from __future__ import annotations
 
 import os
 from pathlib import Path
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Literal
 
 from corepin.core.cpuset import CPUSet
-from corepin.core.errors import CgroupError, CorepinError, SysfsError
+from corepin.core.errors import CgroupError, CorepinError
 
 if TYPE_CHECKING:
     from corepin.agent.host import Change
     from corepin.agent.settings import HostSettings
     from corepin.enforcement.cgroups import CgroupDriver
+    from corepin.enforcement.reconcile import CgroupTarget, ProcessTarget
     from corepin.state.model import Assignment
     from corepin.topology.model import Topology
+
+#: first path components of the kubelet's pod cgroups (cgroupfs and systemd drivers)
+KUBELET_PARENTS = ("kubepods", "kubepods.slice")
 
 
 class Pinner:
@@ -41,7 +52,7 @@ class Pinner:
         self.writes = 0
         self._driver: CgroupDriver | None = None
         self._cgroups: bool | None = None
-        self._parents: dict[int, int] | None = None
+        self._inspector: CgroupDriver | Literal[False] | None = None
 
     # ------------------------------------------------------------------ cgroups
     @property
@@ -90,8 +101,7 @@ class Pinner:
                 )
             parent = self.settings.cgroup_parent
             if not driver.exists(parent):
-                driver.create(parent)
-                self.writes += 1
+                self.writes += len(driver.create(parent))
             self._driver = driver
             return True
         except CorepinError:
@@ -104,172 +114,207 @@ class Pinner:
 
         return f"{self.settings.cgroup_parent}/{validate_component(assignment_id, 'run id')}"
 
-    def cgroup_exists(self, path: str) -> bool:
-        driver = self.driver
-        return driver is not None and driver.exists(path)
+    def trusted_cgroup(self, a: Assignment) -> str | None:
+        """The assignment's cgroup when corepin may touch it: a run's own group below this
+        state directory's parent (`<parent>/<id>`), or a container's group in the kubelet's
+        layout. None for anything else (a forged or foreign path is never written)."""
+        from corepin.core.ids import IdError, split_cgroup_path
 
-    def _sync_cgroup(self, path: str, cpus: CPUSet, mems: CPUSet) -> list[str]:
-        """Make the group's cpus/mems equal to the wanted ones; what changed (empty: nothing)."""
-        driver = self.driver
-        if driver is None or not driver.exists(path):
-            return []
-        done: list[str] = []
-        current_mems = driver.read_mems_text(path)
-        current_cpus = driver.read_cpus_text(path)
-        want_mems = str(mems)
-        if mems and current_mems and current_mems != want_mems:
-            # widen mems first so the cpus write never leaves the group without a node
-            union = CPUSet.parse(current_mems) | mems
-            if str(union) != current_mems:
-                driver.write_mems(path, union)
-                self.writes += 1
-        if current_cpus != str(cpus):
-            driver.write_cpus(path, cpus)
-            self.writes += 1
-            done.append(f"cpuset.cpus {current_cpus or '(empty)'} -> {cpus}")
-        if mems and driver.read_mems_text(path) != want_mems:
-            driver.write_mems(path, mems)
-            self.writes += 1
-            done.append(f"cpuset.mems {current_mems or '(empty)'} -> {mems}")
-        return done
-
-    # ------------------------------------------------------------------ processes
-    def _tree(self, pid: int) -> list[int]:
-        from corepin.sysfs.procfs import descendants, parent_map
-
-        if self._parents is None:
-            self._parents = parent_map(self.settings.proc_root)
-        return [pid, *descendants(pid, self.settings.proc_root, parents=self._parents)]
-
-    def forget_processes(self) -> None:
-        """Drop the cached process table (call at the start of every pass)."""
-        self._parents = None
-
-    def _pin_tree(self, a: Assignment, want: CPUSet) -> tuple[int, int]:
-        """(threads re-pinned, threads seen) for the process tree of `a`."""
-        from corepin.enforcement.affinity import get_affinity, set_affinity
-        from corepin.sysfs.procfs import ProcessGone, list_threads
-
-        if a.pid is None:
-            return 0, 0
-        proc = self.settings.proc_root
-        changed = seen = 0
-        for pid in self._tree(a.pid):
+        path = a.cgroup
+        if path is None:
+            return None
+        try:
+            parts = split_cgroup_path(path)
+        except IdError:
+            return None
+        rel = "/".join(parts)
+        if a.process is not None:
             try:
-                tids = list_threads(pid, proc)
-            except (ProcessGone, SysfsError):
-                continue
-            for tid in tids:
-                try:
-                    current = get_affinity(tid)
-                except ProcessLookupError:
-                    continue
-                seen += 1
-                if current == want:
-                    continue
-                if a.kind != "shared" and current and current.issubset(a.cpus):
-                    continue  # pinned itself inside its own exclusive CPUs: allowed
-                try:
-                    set_affinity(tid, want, pid=pid)
-                except ProcessGone:
-                    continue
-                self.writes += 1
-                changed += 1
-        return changed, seen
+                return rel if rel == self.cgroup_path_for(a.id) else None
+            except IdError:
+                return None
+        if a.container is not None and parts and parts[0] in KUBELET_PARENTS and len(parts) > 1:
+            return rel
+        return None
+
+    @property
+    def inspector(self) -> CgroupDriver | None:
+        """A driver to look at the cpuset hierarchy with: the writing one when cgroups are
+        enabled, else a read-only view when the hierarchy is there (so `--cgroups off` still
+        sees whether a run's cgroup holds processes), else None."""
+        if self.driver is not None:
+            return self.driver
+        if self._inspector is None:
+            from corepin.enforcement.cgroups import CgroupV1, open_cgroups
+
+            try:
+                if self.settings.cgroup_root.rstrip("/") == "/sys/fs/cgroup":
+                    view = open_cgroups()
+                else:
+                    view = CgroupV1(Path(self.settings.cgroup_root) / "cpuset")
+            except CorepinError:
+                view = None
+            if view is not None and view.version == 1 and os.path.isdir(view.root):
+                self._inspector = view
+            else:
+                self._inspector = False
+        return self._inspector or None
+
+    def cgroup_exists(self, a: Assignment) -> bool | None:
+        """Whether the assignment's (trusted) cgroup exists; None when that cannot be seen
+        here (no cpuset hierarchy, or no trusted cgroup)."""
+        view = self.inspector
+        path = self.trusted_cgroup(a)
+        if view is None or path is None:
+            return None
+        return view.exists(path)
+
+    def cgroup_pids(self, a: Assignment) -> list[int] | None:
+        """The processes in the assignment's (trusted) cgroup: None when that cannot be seen
+        here; [] when the group is empty or gone."""
+        view = self.inspector
+        path = self.trusted_cgroup(a)
+        if view is None or path is None:
+            return None
+        if not view.exists(path):
+            return []
+        try:
+            return view.procs(path)
+        except CgroupError:
+            return [] if not view.exists(path) else None
 
     # ------------------------------------------------------------------ assignments
     def wanted(self, a: Assignment, pool: CPUSet) -> tuple[CPUSet, CPUSet]:
         """(affinity, mems) an assignment should have with shared pool `pool`."""
         cpus = a.affinity(pool)
-        mems = self.topology.mems_of(cpus) if a.kind != "exclusive" or not a.mems else a.mems
+        mems = (
+            a.mems if a.kind in ("exclusive", "share") and a.mems else self.topology.mems_of(cpus)
+        )
         return cpus, mems
 
     def prepare(self, path: str, cpus: CPUSet, mems: CPUSet) -> str:
         """Create a run's cgroup with its CPUs and nodes; the `cgroup.procs` file to join it."""
+        from corepin.enforcement.reconcile import CgroupTarget, Reconciler
+
         driver = self.driver
         if driver is None:
             raise CgroupError(self.settings.cgroup_root, "cgroups are not enabled")
-        driver.create(path)
-        self.writes += 1
-        self._sync_cgroup(path, cpus, mems)
+        self.writes += len(driver.create(path))
+        report = Reconciler(driver, proc_root=self.settings.proc_root).reconcile(
+            [CgroupTarget(path, cpus=cpus, mems=mems)]
+        )
+        self.writes += report.writes
+        if report.errors:
+            raise report.errors[0]
         return os.path.join(driver.dir(path), "cgroup.procs")
+
+    def targets(
+        self, a: Assignment, pool: CPUSet
+    ) -> tuple[CgroupTarget | None, ProcessTarget | None]:
+        """The enforcement targets of one assignment: its trusted cgroup and its processes."""
+        from corepin.enforcement.reconcile import CgroupTarget, ProcessTarget
+
+        cpus, mems = self.wanted(a, pool)
+        if not cpus:
+            return None, None
+        cgroup = None
+        path = self.trusted_cgroup(a)
+        if path is not None and self.driver is not None:
+            cgroup = CgroupTarget(path, cpus=cpus, mems=mems, owner=a.id)
+        process = None
+        owner = a.process
+        if owner is not None:
+            process = ProcessTarget(
+                owner.pid,
+                cpus,
+                start_time=owner.start_time,
+                owner=a.id,
+                session=owner.session,
+                members=owner.members,
+                allow_within=a.cpus if a.kind != "shared" else None,
+            )
+        return cgroup, process
 
     def apply(self, a: Assignment, pool: CPUSet) -> list[Change]:
         """Re-apply one assignment (cgroup first, then every thread's affinity)."""
         return self.apply_all([a], pool)
 
     def apply_all(self, assignments: list[Assignment], pool: CPUSet) -> list[Change]:
-        """Re-apply `assignments`: their cgroups in one pass of the enforcement reconcile engine
-        (which orders widening and shrinking across the hierarchy and writes only what
-        differs), then the affinity of every thread of their process trees. What changed."""
+        """Re-apply `assignments` in one pass of the enforcement reconcile engine (which orders
+        widening and shrinking across the hierarchy, verifies every process's start time and
+        writes only what differs). What changed."""
         from corepin.agent.host import Change
+        from corepin.enforcement.reconcile import Reconciler
 
-        changes: list[Change] = []
-        driver = self.driver
-        wanted = {a.id: self.wanted(a, pool) for a in assignments}
-        if driver is not None:
-            from corepin.enforcement.reconcile import CgroupTarget, Reconciler
-
-            targets = [
-                CgroupTarget(a.cgroup, cpus=wanted[a.id][0], mems=wanted[a.id][1], owner=a.id)
-                for a in assignments
-                if a.cgroup is not None and wanted[a.id][0]
-            ]
-            if targets:
-                owners = {driver.rel(t.path): t.owner for t in targets}
-                report = Reconciler(
-                    driver, proc_root=self.settings.proc_root, topology=self.topology
-                ).reconcile(targets)
-                self.writes += report.writes
-                for c in report.changes:
-                    owner = owners.get(c.path, c.path)
-                    why = "" if c.why == "target" else f" ({c.why})"
-                    changes.append(
-                        Change(
-                            "repinned",
-                            owner,
-                            f"cgroup {c.path}: {c.what} {c.old or '(empty)'} -> {c.new}{why}",
-                        )
-                    )
-                for err in report.errors:
-                    changes.append(Change("failed", "-", err.message))
+        cgroups: list[CgroupTarget] = []
+        processes: list[ProcessTarget] = []
         for a in assignments:
-            cpus = wanted[a.id][0]
-            if not cpus:
+            cgroup, process = self.targets(a, pool)
+            if cgroup is not None:
+                cgroups.append(cgroup)
+            if process is not None:
+                processes.append(process)
+        if not cgroups and not processes:
+            return []
+        driver = self.driver
+        owners = {driver.rel(t.path): t.owner for t in cgroups} if driver is not None else {}
+        report = Reconciler(
+            driver, proc_root=self.settings.proc_root, topology=self.topology
+        ).reconcile([*cgroups, *processes])
+        self.writes += report.writes
+        changes: list[Change] = []
+        threads: dict[str, int] = {}
+        for c in report.changes:
+            if c.what == "affinity":
+                threads[c.owner] = threads.get(c.owner, 0) + 1
                 continue
-            changed, seen = self._pin_tree(a, cpus)
-            if changed:
+            owner = owners.get(c.path, c.path)
+            why = "" if c.why == "target" else f" ({c.why})"
+            changes.append(
+                Change(
+                    "repinned",
+                    owner,
+                    f"cgroup {c.path}: {c.what} {c.old or '(empty)'} -> {c.new}{why}",
+                )
+            )
+        for target in processes:
+            count = threads.get(target.owner, 0)
+            if count:
                 changes.append(
                     Change(
                         "repinned",
-                        a.id,
-                        f"set affinity {cpus} on {changed} of {seen} thread(s) of pid {a.pid}",
+                        target.owner,
+                        f"set affinity {target.cpus} on {count} thread(s) of its processes",
                     )
                 )
+        for err in report.errors:
+            changes.append(Change("failed", "-", err.message))
         return changes
 
     def remove(self, a: Assignment) -> None:
-        """Remove the run's cgroup if it is empty (left for `remove_orphans` otherwise)."""
+        """Remove the run's own cgroup if it is empty (left for `remove_orphans` otherwise)."""
         driver = self.driver
-        if driver is None or a.cgroup is None or not driver.exists(a.cgroup):
+        path = self.trusted_cgroup(a)
+        if driver is None or path is None or a.process is None or not driver.exists(path):
             return
-        if not a.cgroup.startswith(self.settings.cgroup_parent + "/"):
-            return  # not ours (a container's cgroup): never removed by host mode
         try:
-            driver.remove(a.cgroup)
+            driver.remove(path)
             self.writes += 1
         except CgroupError:
             pass
 
     def remove_orphans(self, live_ids: set[str]) -> list[Change]:
-        """Remove empty `corepin/<id>` groups whose assignment is gone."""
+        """Remove the empty groups below this state directory's parent whose assignment is
+        gone, and the parent itself once nothing is left in it."""
         from corepin.agent.host import Change
 
         driver = self.driver
         if driver is None:
             return []
         out: list[Change] = []
-        for group in driver.child_groups(self.settings.cgroup_parent):
+        parent = self.settings.cgroup_parent
+        groups = driver.child_groups(parent)
+        for group in groups:
             name = group.rsplit("/", 1)[-1]
             if name in live_ids:
                 continue
@@ -281,4 +326,11 @@ class Pinner:
             except CgroupError:
                 continue
             out.append(Change("removed", name, f"empty cgroup {group} of a finished run"))
+        if not live_ids and driver.exists(parent) and not driver.child_groups(parent):
+            try:
+                if not driver.procs(parent):
+                    driver.remove(parent)
+                    self.writes += 1
+            except CgroupError:
+                pass
         return out

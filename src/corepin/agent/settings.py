@@ -17,6 +17,7 @@ Environment variables (command-line options win):
 
 from __future__ import annotations
 
+import os
 from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any, Final
@@ -27,8 +28,21 @@ DEFAULT_STATE_DIR: Final = "/var/lib/corepin"
 DEFAULT_CGROUP_ROOT: Final = "/sys/fs/cgroup"
 DEFAULT_POLICY: Final = "topology-aware"
 CGROUP_MODES: Final = ("auto", "on", "off")
-#: Name of corepin's own cgroup under the cpuset hierarchy (`<root>/cpuset/corepin/<id>`).
+#: corepin's own cgroup under the cpuset hierarchy. Each state directory gets a group of its own
+#: below it (`<root>/cpuset/corepin/<state dir key>/<run id>`), so runs of two state directories
+#: on one host never see (or remove) each other's cgroups.
 CGROUP_PARENT: Final = "corepin"
+
+
+def state_dir_key(state_dir: str) -> str:
+    """A short, stable, path-safe name for a state directory (hash of its absolute path)."""
+    try:  # the builtin module is much cheaper to import than hashlib (OpenSSL)
+        from _blake2 import blake2b
+    except ImportError:  # pragma: no cover - CPython always builds it
+        from hashlib import blake2b
+
+    path = os.path.abspath(state_dir)
+    return "sd-" + blake2b(path.encode("utf-8", "surrogateescape"), digest_size=6).hexdigest()
 
 
 @dataclass(frozen=True, slots=True)
@@ -41,7 +55,8 @@ class HostSettings:
     cgroup_root: str = DEFAULT_CGROUP_ROOT
     cgroups: str = "auto"
     policy: str = DEFAULT_POLICY
-    cgroup_parent: str = CGROUP_PARENT
+    #: corepin's cgroup parent for this state directory (default: CGROUP_PARENT/<state dir key>)
+    cgroup_parent: str = ""
     #: bind memory (set_mempolicy) of runs outside a cpuset cgroup even with one NUMA node
     force_membind: bool = False
 
@@ -53,6 +68,10 @@ class HostSettings:
             )
         if not self.state_dir:
             raise InputError("the state directory must not be empty", reason="bad_state_dir")
+        if not self.cgroup_parent:
+            object.__setattr__(
+                self, "cgroup_parent", f"{CGROUP_PARENT}/{state_dir_key(self.state_dir)}"
+            )
 
     @classmethod
     def from_args(cls, args: Any, environ: Mapping[str, str]) -> HostSettings:

@@ -16,7 +16,7 @@ from corepin.core.errors import StateError
 
 if TYPE_CHECKING:
     from corepin.agent.settings import HostSettings
-    from corepin.state.model import Assignment, HostState
+    from corepin.state.model import HostState
     from corepin.state.store import Transaction
     from corepin.topology.model import Topology
 
@@ -45,16 +45,18 @@ def adopt(
     state: HostState,
     topology: Topology,
     source: str,
-    alive: Callable[[Assignment], bool] | None = None,
+    dead_ids: Callable[[HostState], set[str]] | None = None,
 ) -> HostState:
     """`state` checked against the live `topology` by `corepin.state.validate` (safe repairs
     adopted, unsafe states refused with StateError telling the operator what to do).
 
-    Assignments for which `alive` says False are not checked (their CPUs may be the very ones
-    that went away): they stay in the state for the caller to free and report."""
+    Assignments named by `dead_ids` (nothing of them is alive) are not checked (their CPUs may
+    be the very ones that went away): they stay in the state for the caller to free and
+    report."""
     from corepin.state.validate import validate
 
-    dead = {a.id: a for a in state if alive is not None and not alive(a)}
+    gone = dead_ids(state) if dead_ids is not None and len(state) else set()
+    dead = {a.id: a for a in state if a.id in gone}
     try:
         checked, _ = validate(state.remove_many(dead), topology)
     except StateError as exc:
@@ -68,19 +70,19 @@ def adopt(
 def open_transaction(
     settings: HostSettings,
     topology: Topology,
-    alive: Callable[[Assignment], bool] | None = None,
+    dead_ids: Callable[[HostState], set[str]] | None = None,
 ) -> Iterator[HostTransaction]:
     from corepin.state.store import StateStore
 
     store = StateStore(settings.state_dir)
     with store.transaction() as tx:
-        yield HostTransaction(tx, adopt(tx.state, topology, store.path, alive))
+        yield HostTransaction(tx, adopt(tx.state, topology, store.path, dead_ids))
 
 
 def read_state(
     settings: HostSettings,
     topology: Topology,
-    alive: Callable[[Assignment], bool] | None = None,
+    dead_ids: Callable[[HostState], set[str]] | None = None,
 ) -> HostState:
     """The committed state for reports (no lock; an empty state when there is none yet)."""
     from corepin.state.model import HostState
@@ -88,4 +90,4 @@ def read_state(
 
     store = StateStore(settings.state_dir)
     state = store.read()
-    return adopt(state or HostState(), topology, store.path, alive)
+    return adopt(state or HostState(), topology, store.path, dead_ids)

@@ -79,6 +79,21 @@ def build_request(count: int, options: OptionsArg = ()) -> Request:
     )
 
 
+def check_request(topology: Topology, request: Request) -> Request:
+    """`request`, checked against `topology`: RequestError naming what this machine does not
+    have (a NUMA hint naming nodes it lacks)."""
+    if request.numa_hint is not None:
+        known = CPUSet(topology.numa_node_ids())
+        unknown = request.numa_hint - known
+        if unknown:
+            raise RequestError(
+                f"option numa={request.numa_hint} names NUMA node(s) {unknown} that this "
+                f"machine does not have (NUMA nodes with CPUs: {known or 'none'})",
+                reason="bad_option_value",
+            )
+    return request
+
+
 def check_available(topology: Topology, available: CPUSet | str | None) -> CPUSet:
     """The available set (default: all online CPUs); RequestError naming CPUs that are not
     online CPUs of the topology."""
@@ -110,7 +125,7 @@ def decide(
     options: OptionsArg = (),
 ) -> Decision:
     """The full Decision (CPUs, mems, reserved, explanation) for `count` CPUs."""
-    request = build_request(count, options)
+    request = check_request(topology, build_request(count, options))
     chosen = get_policy(policy)
     return chosen.decide(topology, request, check_available(topology, available))
 

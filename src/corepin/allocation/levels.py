@@ -207,7 +207,7 @@ class TopologyIndex:
                 out |= m
         return out
 
-    def reserved_mask(self, level: str, cpus: int) -> int:
+    def withheld_mask(self, level: str, cpus: int) -> int:
         """`cpus` plus the rest of every unit of `level` that holds one of them."""
         if level == "cpu":
             return cpus
@@ -257,9 +257,9 @@ def free_units(topology: Topology, level: str, available: CPUSet) -> CPUSet:
     return CPUSet.from_bits(index_of(topology).free_units_mask(check_level(level), available.bits))
 
 
-def reserved_for(topology: Topology, level: str, cpus: CPUSet) -> CPUSet:
+def withheld_for(topology: Topology, level: str, cpus: CPUSet) -> CPUSet:
     """`cpus` plus the rest of their units of `level`: what a decision at `level` withholds."""
-    return CPUSet.from_bits(index_of(topology).reserved_mask(check_level(level), cpus.bits))
+    return CPUSet.from_bits(index_of(topology).withheld_mask(check_level(level), cpus.bits))
 
 
 def units_of(topology: Topology, level: str) -> list[CPUSet]:

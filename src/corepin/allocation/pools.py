@@ -1,28 +1,42 @@
-"""CPU pools: reserved, infra, shared and exclusive (pure values, no I/O).
+"""The one pool model of a node's CPUs (pure values, no I/O).
 
+Every part of corepin that needs to know which CPUs are free, shared or held - the state of host
+mode and of the node agent, the simulator, the published NodeCPUTopology and the placement core
+- asks a `NodePools`; nothing else computes a pool.
+
+Machine facts:
+- **online**: the CPUs that can run anything.
+- **isolated**: CPUs the kernel keeps out of the scheduler (`isolcpus=`): never in the shared pool;
+  free for exclusive requests, which prefer them.
 - **reserved**: CPUs kept for the system (kubelet `reserved-cpus` / `--reserved-cpus`, Koordinator's
   `node.koordinator.sh/reservation`): given as an explicit list or as a count chosen by topology.
-  Reserved CPUs are never handed out exclusively. Without `strict` they still run shared work
-  (as the kubelet does); with `strict` they run nothing but the system.
-- **infra**: CPUs for infrastructure daemons (CMK's infra pool): never exclusive, not shared.
-- **exclusive**: the CPUs withheld by exclusive assignments (each decision's `reserved`, i.e. its
-  CPUs plus the rest of the units its exclusiveness level withholds).
-- **shared**: every online CPU that is not exclusive, not infra, not strict-reserved and not
-  isolated (isolated CPUs join the shared pool only when asked). It is recomputed from the
-  assignments, so it grows and shrinks as exclusive assignments come and go.
+  Reserved CPUs are never handed out. Without `strict` they still run shared work (as the kubelet
+  does); with `strict` they run nothing but the system.
+- **infra**: CPUs for infrastructure daemons (CMK's infra pool): never handed out, not shared.
 
-`PoolState` is an immutable value; `with_assignment` / `without` return new states. The state
-layer and the simulator build on it.
+Holds (what assignments take), by kind:
+- `exclusive` and `mixed`: the assignment's CPUs plus the rest of the units its exclusiveness
+  level withholds (its *withheld* set) belong to it alone: out of the free set and out of the
+  shared pool (`mixed` runs on its own CPUs plus the shared pool);
+- `share`: CPUs of its own that stay in the shared pool for others: out of the free set only;
+- `shared`: runs on the shared pool and holds nothing.
+
+Derived (CONTRACTS.md 7.2):
+- *held* = withheld CPUs of every exclusive, mixed and share hold;
+- *free* = online - reserved - infra - held (isolated CPUs are free);
+- *shared pool* = online - isolated - infra - exclusive holds - (reserved when strict).
+
+`NodePools` is an immutable value of integer bitmasks: taking or releasing a hold returns a new
+value and costs a few integer operations (the simulator does it once per trace event).
 """
 
 from __future__ import annotations
 
 import importlib
 import json
-from collections.abc import Mapping
-from dataclasses import dataclass, field
-from types import MappingProxyType
-from typing import Any
+from collections.abc import Iterable, Mapping
+from dataclasses import dataclass
+from typing import Any, Final
 
 from corepin.allocation.types import Decision, Policy, Request
 from corepin.core.cpuset import CPUSet
@@ -31,7 +45,14 @@ from corepin.topology.model import Topology
 
 KOORDINATOR_RESERVATION = "node.koordinator.sh/reservation"
 
-_NO_ASSIGNMENTS: Mapping[str, Decision] = MappingProxyType({})
+_EMPTY: Final = CPUSet()
+
+#: Assignment kinds (see the module docstring).
+KINDS: Final = ("exclusive", "mixed", "share", "shared")
+#: Kinds whose withheld CPUs leave the shared pool.
+EXCLUSIVE_KINDS: Final = frozenset({"exclusive", "mixed"})
+#: Kinds that hold CPUs at all (out of the free set).
+HOLDING_KINDS: Final = frozenset({"exclusive", "mixed", "share"})
 
 
 # ---------------------------------------------------------------------- reserved CPUs
@@ -150,144 +171,262 @@ def select_reserved(topology: Topology, count: int = 0, explicit: CPUSet | None 
     return TopologyAwarePolicy().decide(topology, Request(count), online).cpus
 
 
-# ---------------------------------------------------------------------- pool state
+# ---------------------------------------------------------------------- the pool model
 @dataclass(frozen=True, slots=True)
-class PoolState:
-    """Pools of one machine at one moment (immutable).
+class NodePools:
+    """The CPUs of one node at one moment: machine facts plus what the holds take.
 
-    `assignments` maps an id to its Decision; exclusive ones withhold `decision.reserved`,
-    shared ones (empty `reserved`) withhold nothing and count as users of their CPUs.
+    Build it with `NodePools.build(...)` (facts, optionally with holds) or from a topology with
+    `NodePools.for_topology(...)`; change it with `hold` / `release`. The integer fields are
+    bitmasks (bit i = CPU i).
     """
 
-    topology: Topology
-    reserved: CPUSet = field(default_factory=CPUSet)
-    infra: CPUSet = field(default_factory=CPUSet)
-    assignments: Mapping[str, Decision] = field(default_factory=lambda: _NO_ASSIGNMENTS)
+    online: int
+    isolated: int = 0
+    reserved: int = 0
+    infra: int = 0
     strict: bool = False
-    _withheld: int = field(default=-1, repr=False, compare=False)
+    exclusive: int = 0
+    share: int = 0
 
-    def __post_init__(self) -> None:
-        if not isinstance(self.assignments, MappingProxyType):
-            object.__setattr__(self, "assignments", MappingProxyType(dict(self.assignments)))
-        if self._withheld < 0:
-            mask = 0
-            for d in self.assignments.values():
-                mask |= d.reserved.bits
-            object.__setattr__(self, "_withheld", mask)
-
-    # ------------------------------------------------------------------ pools
-    def exclusive_cpus(self) -> CPUSet:
-        """Every CPU withheld by an exclusive assignment."""
-        return CPUSet.from_bits(self._withheld)
-
-    def available_for_exclusive(self) -> CPUSet:
-        """Online CPUs free for a new exclusive decision: not reserved, infra or withheld."""
-        online = self.topology.online_cpus.bits
-        return CPUSet.from_bits(online & ~self.reserved.bits & ~self.infra.bits & ~self._withheld)
-
-    def shared_pool(self, *, allow_isolated: bool = False) -> CPUSet:
-        """Online CPUs for shared work: not exclusive, not infra, not reserved when strict,
-        not isolated unless `allow_isolated`."""
-        mask = self.topology.online_cpus.bits & ~self._withheld & ~self.infra.bits
-        if self.strict:
-            mask &= ~self.reserved.bits
-        if not allow_isolated:
-            mask &= ~self.topology.isolated_cpus.bits
-        return CPUSet.from_bits(mask)
-
-    def usage_counts(self) -> dict[int, int]:
-        """CPU -> how many shared assignments run on it (for best-effort placement)."""
-        counts: dict[int, int] = {}
-        for d in self.assignments.values():
-            if not d.reserved:
-                for cpu in d.cpus:
-                    counts[cpu] = counts.get(cpu, 0) + 1
-        return counts
-
-    # ------------------------------------------------------------------ changes
-    def with_assignment(self, ident: str, decision: Decision) -> PoolState:
-        """A new state that also holds `decision` under `ident`.
-
-        Raises RequestError when `ident` is already assigned and AllocationError (reason
-        "overlap") when an exclusive decision touches withheld, reserved or infra CPUs."""
-        if ident in self.assignments:
-            raise RequestError(f"assignment {ident!r} already exists", reason="duplicate_id")
-        claim = decision.reserved.bits
-        if claim:
-            clash = claim & (self._withheld | self.reserved.bits | self.infra.bits)
-            if clash:
-                raise AllocationError(
-                    f"decision for {ident!r} withholds CPUs {CPUSet.from_bits(clash)} that are "
-                    "already exclusive, reserved or infra",
-                    reason="overlap",
-                )
-            outside = claim & ~self.topology.online_cpus.bits
-            if outside:
-                raise AllocationError(
-                    f"decision for {ident!r} uses CPUs {CPUSet.from_bits(outside)} that are not "
-                    "online",
-                    reason="offline_cpus",
-                )
-        table = dict(self.assignments)
-        table[ident] = decision
-        return PoolState(
-            self.topology,
-            self.reserved,
-            self.infra,
-            MappingProxyType(table),
-            self.strict,
-            self._withheld | claim,
-        )
-
-    def without(self, ident: str) -> PoolState:
-        """A new state without `ident` (the same state when it is not assigned)."""
-        if ident not in self.assignments:
-            return self
-        table = {k: v for k, v in self.assignments.items() if k != ident}
-        return PoolState(self.topology, self.reserved, self.infra, table, self.strict)
-
-    def allocate(self, ident: str, request: Request, policy: Policy) -> tuple[PoolState, Decision]:
-        """Decide `request` with `policy` from the right pool and record it under `ident`."""
-        if ident in self.assignments:
-            raise RequestError(f"assignment {ident!r} already exists", reason="duplicate_id")
-        if request.exclusive and request.workload != "best-effort":
-            decision = policy.decide(self.topology, request, self.available_for_exclusive())
-        else:
-            pool = self.shared_pool(allow_isolated="allow-isolated" in request.options)
-            from corepin.allocation.workload_aware import WorkloadAwarePolicy
-
-            if request.workload == "best-effort" and isinstance(policy, WorkloadAwarePolicy):
-                decision = policy.decide(self.topology, request, pool, usage=self.usage_counts())
-            else:
-                decision = policy.decide(self.topology, request, pool)
-            if decision.reserved:
-                decision = Decision(
-                    decision.cpus, decision.mems, CPUSet(), decision.policy, decision.explanation
-                )
-        return self.with_assignment(ident, decision), decision
-
+    # ------------------------------------------------------------------ construction
     @classmethod
     def build(
         cls,
+        online: CPUSet,
+        *,
+        isolated: CPUSet = _EMPTY,
+        reserved: CPUSet = _EMPTY,
+        infra: CPUSet = _EMPTY,
+        strict: bool = False,
+        holds: Iterable[tuple[str, CPUSet]] = (),
+    ) -> NodePools:
+        """Pools from machine facts and `(kind, withheld)` holds. Holds are summed, not checked
+        against each other (`overlaps` finds clashes in a restored state); `hold` checks."""
+        exclusive = share = 0
+        for kind, withheld in holds:
+            if kind in EXCLUSIVE_KINDS:
+                exclusive |= withheld.bits
+            elif kind == "share":
+                share |= withheld.bits
+            elif kind != "shared":
+                raise RequestError(f"unknown assignment kind {kind!r}", reason="bad_kind")
+        return cls(
+            online.bits,
+            isolated.bits & online.bits,
+            reserved.bits,
+            infra.bits,
+            strict,
+            exclusive,
+            share,
+        )
+
+    @classmethod
+    def for_topology(
+        cls,
         topology: Topology,
         *,
-        reserved: Reservation | CPUSet | int | None = None,
-        infra: CPUSet | None = None,
+        reserved: CPUSet = _EMPTY,
+        infra: CPUSet = _EMPTY,
         strict: bool = False,
-    ) -> PoolState:
-        """A fresh state; `reserved` as a Reservation, an explicit CPUSet or a count."""
-        if isinstance(reserved, Reservation):
-            chosen = select_reserved(topology, reserved.count, reserved.cpus)
-        elif isinstance(reserved, CPUSet):
-            chosen = select_reserved(topology, explicit=reserved)
-        elif isinstance(reserved, int):
-            chosen = select_reserved(topology, reserved)
-        else:
-            chosen = CPUSet()
-        infra_set = infra or CPUSet()
-        if not infra_set.issubset(topology.online_cpus):
+    ) -> NodePools:
+        """Empty pools of `topology` (online and isolated CPUs from it)."""
+        if not infra.issubset(topology.online_cpus):
             raise RequestError(
-                f"infra CPUs {infra_set - topology.online_cpus} are not online CPUs",
+                f"infra CPUs {infra - topology.online_cpus} are not online CPUs",
                 reason="bad_infra",
             )
-        return cls(topology, chosen, infra_set, strict=strict)
+        return cls.build(
+            topology.online_cpus,
+            isolated=topology.isolated_cpus,
+            reserved=reserved,
+            infra=infra,
+            strict=strict,
+        )
+
+    # ------------------------------------------------------------------ derived sets
+    @property
+    def held_bits(self) -> int:
+        return self.exclusive | self.share
+
+    @property
+    def free_bits(self) -> int:
+        return self.online & ~self.reserved & ~self.infra & ~self.exclusive & ~self.share
+
+    @property
+    def shared_bits(self) -> int:
+        mask = self.online & ~self.isolated & ~self.infra & ~self.exclusive
+        if self.strict:
+            mask &= ~self.reserved
+        return mask
+
+    @property
+    def free(self) -> CPUSet:
+        """CPUs a new exclusive or share request may take."""
+        return CPUSet.from_bits(self.free_bits)
+
+    @property
+    def shared_pool(self) -> CPUSet:
+        """CPUs every shared workload runs on."""
+        return CPUSet.from_bits(self.shared_bits)
+
+    @property
+    def held(self) -> CPUSet:
+        """CPUs withheld by exclusive, mixed and share holds."""
+        return CPUSet.from_bits(self.held_bits)
+
+    @property
+    def exclusive_cpus(self) -> CPUSet:
+        """CPUs withheld by exclusive and mixed holds (out of the shared pool)."""
+        return CPUSet.from_bits(self.exclusive)
+
+    def shared_pool_for(self, *, allow_isolated: bool = False) -> CPUSet:
+        """The shared pool, with the free isolated CPUs too when `allow_isolated`."""
+        mask = self.shared_bits
+        if allow_isolated:
+            mask |= self.isolated & ~self.exclusive & ~self.infra
+        return CPUSet.from_bits(mask)
+
+    # ------------------------------------------------------------------ changes
+    def check_hold(self, kind: str, withheld: CPUSet) -> None:
+        """AllocationError (machine-readable reason) unless `withheld` can be held as `kind`:
+        its CPUs must be online, not reserved, not infra and not held already."""
+        if kind not in KINDS:
+            raise RequestError(f"unknown assignment kind {kind!r}", reason="bad_kind")
+        claim = withheld.bits
+        if kind == "shared" or not claim:
+            return
+        taken = claim & self.held_bits
+        if taken:
+            raise AllocationError(
+                f"CPUs {CPUSet.from_bits(taken)} are already held", reason="cpus_taken"
+            )
+        reserved = claim & self.reserved
+        if reserved:
+            raise AllocationError(
+                f"CPUs {CPUSet.from_bits(reserved)} are reserved", reason="cpus_reserved"
+            )
+        infra = claim & self.infra
+        if infra:
+            raise AllocationError(
+                f"CPUs {CPUSet.from_bits(infra)} are infra CPUs", reason="cpus_infra"
+            )
+        offline = claim & ~self.online
+        if offline:
+            raise AllocationError(
+                f"CPUs {CPUSet.from_bits(offline)} are not online", reason="cpus_offline"
+            )
+
+    def hold(self, kind: str, withheld: CPUSet) -> NodePools:
+        """These pools with `withheld` held as `kind` (checked by `check_hold`)."""
+        self.check_hold(kind, withheld)
+        if kind in EXCLUSIVE_KINDS:
+            return NodePools(
+                self.online,
+                self.isolated,
+                self.reserved,
+                self.infra,
+                self.strict,
+                self.exclusive | withheld.bits,
+                self.share,
+            )
+        if kind == "share":
+            return NodePools(
+                self.online,
+                self.isolated,
+                self.reserved,
+                self.infra,
+                self.strict,
+                self.exclusive,
+                self.share | withheld.bits,
+            )
+        return self
+
+    def release(self, kind: str, withheld: CPUSet) -> NodePools:
+        """These pools without the hold `(kind, withheld)` (holds never overlap)."""
+        if kind in EXCLUSIVE_KINDS:
+            return NodePools(
+                self.online,
+                self.isolated,
+                self.reserved,
+                self.infra,
+                self.strict,
+                self.exclusive & ~withheld.bits,
+                self.share,
+            )
+        if kind == "share":
+            return NodePools(
+                self.online,
+                self.isolated,
+                self.reserved,
+                self.infra,
+                self.strict,
+                self.exclusive,
+                self.share & ~withheld.bits,
+            )
+        return self
+
+    def keeps_shared_pool(self, withheld: CPUSet) -> bool:
+        """Whether the shared pool keeps a CPU once `withheld` is held exclusively."""
+        return bool(self.shared_bits & ~withheld.bits)
+
+
+# ---------------------------------------------------------------------- deciding
+def decide(
+    pools: NodePools,
+    topology: Topology,
+    request: Request,
+    policy: Policy,
+    *,
+    kind: str | None = None,
+    usage: Mapping[int, int] | None = None,
+    keep_shared: bool = False,
+) -> Decision:
+    """Decide `request` with `policy` out of the right pool of `pools`.
+
+    `kind` defaults to `exclusive` for exclusive requests and `shared` otherwise. Exclusive,
+    mixed and share requests take CPUs from the free set (a best-effort workload is placed in
+    the shared pool instead, on its least used CPUs given `usage` - CPU -> number of shared
+    workloads pinned there - when the policy can). Shared requests get the shared pool (the
+    decision's `cpus`; with option `allow-isolated` the isolated CPUs too) and withhold nothing.
+    With `keep_shared`, an exclusive decision that would leave the shared pool empty is refused
+    (reason `shared_pool_exhausted`); an empty shared pool refuses shared requests (reason
+    `shared_pool_empty`).
+    """
+    kind = kind or ("exclusive" if request.exclusive else "shared")
+    if kind not in KINDS:
+        raise RequestError(f"unknown assignment kind {kind!r}", reason="bad_kind")
+    if kind != "shared" and request.workload != "best-effort":
+        free = pools.free
+        if len(free) < request.count:
+            raise AllocationError(
+                f"cannot allocate {request.count} CPU(s): only {len(free)} free "
+                f"({free or 'none'}) of online {CPUSet.from_bits(pools.online)}",
+                reason="not_enough_cpus",
+            )
+        decision = policy.decide(topology, request, free)
+        if (
+            keep_shared
+            and kind in EXCLUSIVE_KINDS
+            and not pools.keeps_shared_pool(decision.withheld)
+        ):
+            raise AllocationError(
+                f"cannot allocate {request.count} CPU(s): CPUs {decision.withheld} would leave "
+                "no CPU in the shared pool",
+                reason="shared_pool_exhausted",
+            )
+        return decision
+    pool = pools.shared_pool_for(allow_isolated="allow-isolated" in request.options)
+    if not pool:
+        raise AllocationError(
+            "the shared pool is empty: every CPU that may run shared work is held exclusively "
+            f"({pools.exclusive_cpus or 'none'}), reserved or isolated",
+            reason="shared_pool_empty",
+        )
+    if request.workload == "best-effort":
+        from corepin.allocation.workload_aware import WorkloadAwarePolicy
+
+        if isinstance(policy, WorkloadAwarePolicy):
+            placed = policy.decide(topology, request, pool, usage=usage)
+            return Decision(placed.cpus, placed.mems, CPUSet(), placed.policy, placed.explanation)
+    return Decision(pool, topology.mems_of(pool), CPUSet(), policy.name)

@@ -9,13 +9,14 @@ Trace format (CONTRACTS.md section 4)::
                  "workload": "cpu-bound", "shared": false},
                 {"op": "remove", "id": "ns/pod/ctr"}]}
 
-Replay keeps the live exclusive assignments of each policy. An exclusive add asks the policy for
-`cpus` CPUs out of `available` = online CPUs minus everything the live decisions reserve
-(`Decision.reserved`, which includes the units withheld by an exclusiveness level); a policy
-error (AllocationError, or a RequestError for a request the policy does not take) rejects the
-add and its `.reason` is counted. A shared add is admitted when the shared pool (online CPUs
-not reserved by a live exclusive decision) is not empty; it takes no CPUs. A remove frees what
-its add reserved; a remove of an id that was never admitted is ignored.
+Replay keeps the live exclusive assignments of each policy in the node's one pool model
+(`corepin.allocation.pools.NodePools`, the same the host state and the node agent use). An
+exclusive add asks the policy for `cpus` CPUs out of the free set (online CPUs minus everything
+the live decisions withhold, `Decision.withheld`, which includes the units withheld by an
+exclusiveness level); a policy error (AllocationError, or a RequestError for a request the
+policy does not take) rejects the add and its `.reason` is counted. A shared add is admitted
+when the shared pool is not empty; it takes no CPUs. A remove frees what its add withheld; a
+remove of an id that was never admitted is ignored.
 
 Quality of an admitted exclusive allocation of n CPUs (CONTRACTS.md section 4):
 - NUMA-aligned: it spans the fewest NUMA nodes that n CPUs could span on an empty machine;
@@ -31,6 +32,7 @@ from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass, field, replace
 from typing import Any, Final
 
+from corepin.allocation.pools import NodePools
 from corepin.allocation.types import LEVELS, WORKLOADS, Policy, Request
 from corepin.core.cpuset import CPUSet
 from corepin.core.errors import AllocationError, CorepinError, InputError, RequestError
@@ -295,7 +297,7 @@ class PolicyResult:
     llc_aligned: int
     full_core: int
     reasons: Mapping[str, int] = field(default_factory=dict)
-    peak_reserved: int = 0
+    peak_withheld: int = 0
     seconds: float = 0.0
 
     @property
@@ -329,7 +331,7 @@ class PolicyResult:
             "llc_aligned_ratio": self.llc_aligned_ratio,
             "full_core_ratio": self.full_core_ratio,
             "rejection_reasons": dict(sorted(self.reasons.items())),
-            "peak_reserved_cpus": self.peak_reserved,
+            "peak_withheld_cpus": self.peak_withheld,
             "seconds": round(self.seconds, 6),
             "events_per_second": self.events_per_second,
         }
@@ -357,10 +359,9 @@ def replay(
     events = trace.events if isinstance(trace, Trace) else tuple(trace)
     total = len(events)
     scorer = metrics if metrics is not None else AlignmentMetrics(topology)
-    online = topology.online_cpus.bits
     name = policy.name
-    used = 0  # bitmask of CPUs reserved by live exclusive decisions
-    live_exclusive: dict[str, int] = {}
+    pools = NodePools.for_topology(topology)
+    live_exclusive: dict[str, CPUSet] = {}
     live_shared: set[str] = set()
     admitted = rejected = admitted_exclusive = admitted_shared = 0
     numa_ok = llc_ok = core_ok = 0
@@ -374,21 +375,19 @@ def replay(
         if event.op == "remove":
             freed = live_exclusive.pop(event.id, None)
             if freed is not None:
-                used &= ~freed
+                pools = pools.release("exclusive", freed)
             else:
                 live_shared.discard(event.id)
             continue
-        available_bits = online & ~used
         if event.shared:
-            if available_bits:
+            pool_bits = pools.shared_bits
+            if pool_bits:
                 admitted += 1
                 admitted_shared += 1
                 live_shared.add(event.id)
                 if on_decision is not None:
                     on_decision(
-                        DecisionRecord(
-                            name, index, event.id, CPUSet.from_bits(available_bits), None
-                        )
+                        DecisionRecord(name, index, event.id, CPUSet.from_bits(pool_bits), None)
                     )
             else:
                 rejected += 1
@@ -407,7 +406,7 @@ def replay(
                 options=options or {},
             )
             request_cache[key] = request
-        available = CPUSet.from_bits(available_bits)
+        available = pools.free
         try:
             decision = decide(topology, request, available)
         except (AllocationError, RequestError) as exc:
@@ -417,17 +416,23 @@ def replay(
                 on_decision(DecisionRecord(name, index, event.id, None, exc.reason))
             continue
         cpus = decision.cpus
-        if cpus.bits & ~available_bits or len(cpus) != event.cpus:
+        if cpus.bits & ~available.bits or len(cpus) != event.cpus:
             raise SimulationError(
                 f"policy {name!r} at trace event {index} ({event.id!r}, {event.cpus} CPUs) "
                 f"returned CPUs {cpus} ({len(cpus)} CPUs) from available {available}"
             )
-        held = (decision.reserved.bits | cpus.bits) & available_bits
-        used |= held
+        held = decision.withheld | cpus
+        try:
+            pools = pools.hold("exclusive", held)
+        except AllocationError as exc:
+            raise SimulationError(
+                f"policy {name!r} at trace event {index} ({event.id!r}) withholds CPUs "
+                f"{held} that are not free: {exc}"
+            ) from None
         live_exclusive[event.id] = held
-        reserved_now = used.bit_count()
-        if reserved_now > peak:
-            peak = reserved_now
+        withheld_now = pools.exclusive.bit_count()
+        if withheld_now > peak:
+            peak = withheld_now
         admitted += 1
         admitted_exclusive += 1
         numa, llc, whole = scorer.classify(cpus)
@@ -449,5 +454,5 @@ def replay(
         llc_aligned=llc_ok,
         full_core=core_ok,
         reasons=dict(sorted(reasons.items())),
-        peak_reserved=peak,
+        peak_withheld=peak,
     )

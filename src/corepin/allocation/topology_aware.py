@@ -664,7 +664,7 @@ class TopologyAwarePolicy:
                         "level",
                         level,
                         f"only {level}s whose CPUs are all free are used; their other CPUs "
-                        "are reserved with the decision",
+                        "are withheld with the decision",
                     )
                 )
             sel = Selector(idx, usable, "spread" if request.smt == "spread" else "whole")
@@ -673,7 +673,7 @@ class TopologyAwarePolicy:
             return Decision(
                 cpus=CPUSet.from_bits(cpus),
                 mems=mems_of(idx, cpus),
-                reserved=CPUSet.from_bits(idx.reserved_mask(level, cpus)),
+                withheld=CPUSet.from_bits(idx.withheld_mask(level, cpus)),
                 policy=NAME,
                 explanation=tuple(steps),
             )
@@ -731,7 +731,7 @@ def shared_decision(idx: TopologyIndex, avail: int, request: Request, policy: st
     return Decision(
         cpus=CPUSet.from_bits(pool),
         mems=mems_of(idx, pool),
-        reserved=CPUSet.from_bits(0),
+        withheld=CPUSet.from_bits(0),
         policy=policy,
         explanation=(Step("pool", "shared", "shared requests run on the whole shared pool"),),
     )

@@ -115,20 +115,24 @@ class Step:
 @dataclass(frozen=True, slots=True)
 class Decision:
     """A policy's answer. `cpus` has exactly request.count CPUs for exclusive requests (the shared
-    pool for shared ones); `mems` are the NUMA node ids of `cpus`; `reserved` is `cpus` plus the
-    rest of the units withheld by the exclusiveness level."""
+    pool for shared ones); `mems` are the NUMA node ids of `cpus`; `withheld` is `cpus` plus the
+    rest of the units the exclusiveness level withholds from everyone else (empty for shared
+    decisions). "Withheld" is never "reserved": reserved CPUs are the node's system CPUs."""
 
     cpus: CPUSet
     mems: CPUSet
-    reserved: CPUSet
+    withheld: CPUSet
     policy: str
     explanation: tuple[Step, ...] = ()
 
     def to_json(self) -> dict[str, Any]:
+        """JSON of `corepin allocate -o json`. CONTRACTS.md section 3 names the withheld set
+        `reserved`; that key is kept for it, `withheld` carries the same set by its own name."""
         return {
             "cpus": str(self.cpus),
             "mems": str(self.mems),
-            "reserved": str(self.reserved),
+            "withheld": str(self.withheld),
+            "reserved": str(self.withheld),
             "policy": self.policy,
             "explanation": [s.to_json() for s in self.explanation],
         }

@@ -10,7 +10,7 @@
   cores first), on the fewest NUMA nodes and L3 instances.
 - `best-effort`: shares CPUs: returns the n shared-pool CPUs that the fewest others already
   share (usage counts from the `usage` keyword of `decide`, or option `usage=CPU:COUNT,...`),
-  ties by lowest id. Nothing is reserved.
+  ties by lowest id. Nothing is withheld.
 - no family: the `topology-aware` choice.
 
 Deterministic: every choice is ordered by counts and then by lowest id.
@@ -81,7 +81,7 @@ def _decision(idx: TopologyIndex, cpus: int, level: str, steps: list[Step]) -> D
     return Decision(
         CPUSet.from_bits(cpus),
         mems_of(idx, cpus),
-        CPUSet.from_bits(idx.reserved_mask(level, cpus)),
+        CPUSet.from_bits(idx.withheld_mask(level, cpus)),
         NAME,
         tuple(steps),
     )
@@ -124,7 +124,7 @@ class WorkloadAwarePolicy:
             )
             d = TopologyAwarePolicy().decide(topology, inner, available)
             why = Step("workload", "none", "no workload family: the topology-aware choice")
-            return Decision(d.cpus, d.mems, d.reserved, NAME, (why, *d.explanation))
+            return Decision(d.cpus, d.mems, d.withheld, NAME, (why, *d.explanation))
         n = request.count
         if avail.bit_count() < n:
             raise AllocationError(

@@ -1,4 +1,4 @@
-"""`corepin run`, `corepin report`, `corepin reconcile`: standalone host mode (CONTRACTS.md 5).
+"""`corepin run`, `report`, `reconcile`, `release`: standalone host mode (CONTRACTS.md 5).
 
 Argument parsing only; the work happens in `corepin.agent.host`, imported when a command runs
 so that `corepin --help` and the other subcommands stay cheap.
@@ -54,7 +54,13 @@ def add_arguments(parser: argparse.ArgumentParser, name: str) -> None:
     if name == "run":
         parser.usage = (
             "corepin run [--exclusive N [--with-shared] | --shared] [--level LEVEL] "
-            "[--state-dir DIR] [--policy NAME] -- CMD ARGS..."
+            "[--option NAME[=VALUE]]... [--state-dir DIR] [--policy NAME] -- CMD ARGS..."
+        )
+        parser.description = (
+            "Run CMD pinned to CPUs of its own (--exclusive N) or to the shared pool. The "
+            "allocation is held while any process of the run lives (a daemon CMD leaves behind "
+            "keeps it: `corepin report` shows it as lingering, `corepin release ID` ends it); "
+            "corepin exits with CMD's exit code."
         )
         mode = parser.add_mutually_exclusive_group()
         mode.add_argument(
@@ -76,7 +82,6 @@ def add_arguments(parser: argparse.ArgumentParser, name: str) -> None:
         parser.add_argument(
             "--level",
             choices=LEVELS,
-            default="cpu",
             help="exclusiveness level: withhold whole units of this level (default: cpu)",
         )
         parser.add_argument(
@@ -89,7 +94,10 @@ def add_arguments(parser: argparse.ArgumentParser, name: str) -> None:
             action="append",
             default=[],
             metavar="NAME[=VALUE]",
-            help="policy option, repeatable",
+            help="request or policy option as `corepin allocate` takes it, repeatable: "
+            "level=, smt=auto|whole-cores|spread, numa=NODES, "
+            "workload=memory-bound|cpu-bound|io-bound|best-effort, prefer-isolated=, "
+            "allow-isolated (shared runs), and the policy's own options",
         )
         parser.add_argument(
             "--name",
@@ -108,6 +116,24 @@ def add_arguments(parser: argparse.ArgumentParser, name: str) -> None:
         )
         parser.add_argument("--out", metavar="FILE", help="write the output to FILE")
         _common(parser)
+    elif name == "release":
+        parser.description = (
+            "End an allocation on purpose: free its CPUs. Without --kill, processes of it that "
+            "still run move to the shared pool (tracked until they exit); with --kill they get "
+            "SIGTERM, then SIGKILL after a grace period."
+        )
+        parser.add_argument("id", metavar="ID", help="the allocation id (see `corepin report`)")
+        parser.add_argument(
+            "--kill", action="store_true", help="end the run's processes, then free its CPUs"
+        )
+        parser.add_argument(
+            "-o",
+            "--output",
+            choices=("text", "json"),
+            default="text",
+            help="how to print what changed (default: text)",
+        )
+        _common(parser)
     elif name == "reconcile":
         parser.add_argument("--once", action="store_true", help="one pass, then exit")
         parser.add_argument(
@@ -125,7 +151,7 @@ def add_arguments(parser: argparse.ArgumentParser, name: str) -> None:
             help="how to print what changed (default: text)",
         )
         _common(parser)
-    else:  # pragma: no cover - the dispatcher only passes the three names
+    else:  # pragma: no cover - the dispatcher only passes the four names
         raise ValueError(f"unknown host subcommand {name!r}")
 
 
@@ -154,11 +180,14 @@ def run(args: Any) -> int:
         return _cmd_run(settings, args)
     if args.command == "report":
         return _cmd_report(settings, args)
+    if args.command == "release":
+        return _cmd_release(settings, args)
     return _cmd_reconcile(settings, args)
 
 
 def _cmd_run(settings: HostSettings, args: Any) -> int:
-    from corepin.agent.host import HostAgent, parse_options
+    from corepin.agent.host import HostAgent, RunSpec
+    from corepin.allocation.api import parse_options
     from corepin.core.errors import InputError
 
     argv = list(args.cmd or [])
@@ -171,17 +200,23 @@ def _cmd_run(settings: HostSettings, args: Any) -> int:
         )
     if args.with_shared and args.exclusive is None:
         raise InputError("--with-shared needs --exclusive N", reason="bad_usage")
-    if args.exclusive is None and args.level != "cpu":
-        raise InputError("--level applies to --exclusive runs only", reason="bad_usage")
-    agent = HostAgent(settings)
-    return agent.run(
-        argv,
-        exclusive=args.exclusive,
-        with_shared=bool(args.with_shared),
-        level=args.level,
-        options=parse_options(args.option),
-        name=args.name,
-    )
+    options = parse_options(args.option)
+    if args.level is not None:
+        if "level" in options:
+            raise InputError(
+                f"the level is given twice: --level {args.level} and --option "
+                f"level={options['level']}",
+                reason="bad_option",
+            )
+        if args.exclusive is None:
+            raise InputError("--level applies to --exclusive runs only", reason="bad_usage")
+        options["level"] = args.level
+    if "shared" in options:
+        raise InputError(
+            "use --shared (not --option shared) for a run in the shared pool", reason="bad_option"
+        )
+    spec = RunSpec(exclusive=args.exclusive, with_shared=bool(args.with_shared), options=options)
+    return HostAgent(settings).run(argv, spec, name=args.name)
 
 
 def _cmd_report(settings: HostSettings, args: Any) -> int:
@@ -203,17 +238,25 @@ def _cmd_report(settings: HostSettings, args: Any) -> int:
 
 
 def _report_table(data: Mapping[str, Any]) -> str:
-    rows = [("ID", "NAME", "PID", "KIND", "CPUS", "MEMS", "COMMAND")]
+    from corepin.core.text import printable
+
+    rows: list[tuple[str, ...]] = [
+        ("ID", "NAME", "PID", "KIND", "CPUS", "MEMS", "STATUS", "COMMAND")
+    ]
     for a in data["allocations"]:
         rows.append(
-            (
-                a["id"],
-                a["name"],
-                str(a["pid"] or "-"),
-                a["kind"],
-                a["cpus"] or "-",
-                a["mems"] or "-",
-                a["command"][:40],
+            tuple(
+                printable(cell)
+                for cell in (
+                    a["id"],
+                    a["name"],
+                    str(a["pid"] or "-"),
+                    a["kind"],
+                    a["cpus"] or "-",
+                    a["mems"] or "-",
+                    a["status"],
+                    a["command"][:40],
+                )
             )
         )
     widths = [max(len(r[i]) for r in rows) for i in range(len(rows[0]))]
@@ -229,8 +272,8 @@ def _report_table(data: Mapping[str, Any]) -> str:
 
 
 def _report_svg(topology: Topology, state: HostState, data: Mapping[str, Any]) -> str:
-    from corepin.agent.host import META_NAME
     from corepin.cli.render.svg import render_svg
+    from corepin.core.text import printable
 
     owners: dict[int, str] = {}
     for cpu in topology.online_cpus:
@@ -240,8 +283,8 @@ def _report_svg(topology: Topology, state: HostState, data: Mapping[str, Any]) -
     for cpu in state.reserved:
         owners[cpu] = "reserved"
     for a in state:
-        label = f"{a.meta.get(META_NAME) or a.id} (pid {a.pid})" if a.pid else a.id
-        for cpu in a.reserved:
+        label = printable(f"{a.label} (pid {a.pid})" if a.pid else a.label)
+        for cpu in a.withheld:
             owners[cpu] = label
     shared_users = [a for a in state if a.kind == "shared"]
     title = (
@@ -249,6 +292,20 @@ def _report_svg(topology: Topology, state: HostState, data: Mapping[str, Any]) -
         f"{data['shared_pool'] or '(empty)'} used by {len(shared_users)} shared run(s)"
     )
     return render_svg(topology, owners, title=title)
+
+
+def _cmd_release(settings: HostSettings, args: Any) -> int:
+    import json
+
+    from corepin.agent.host import HostAgent
+
+    changes = HostAgent(settings).release(args.id, kill=bool(args.kill))
+    if args.output == "json":
+        print(json.dumps({"changes": [c.to_json() for c in changes]}), flush=True)
+    else:
+        for change in changes:
+            print(change, flush=True)
+    return 0
 
 
 def _cmd_reconcile(settings: HostSettings, args: Any) -> int:

@@ -24,6 +24,7 @@ COMMANDS: dict[str, tuple[str, str]] = {
     "run": ("corepin.cli.host_cmd", "run a command pinned to exclusive or shared CPUs"),
     "report": ("corepin.cli.host_cmd", "show who holds which CPUs on this host"),
     "reconcile": ("corepin.cli.host_cmd", "free dead allocations and re-apply drifted pins"),
+    "release": ("corepin.cli.host_cmd", "end an allocation on purpose (optionally its processes)"),
     "migrate": ("corepin.cli.migrate_cmd", "import the kubelet's cpu_manager_state into corepin"),
 }
 

@@ -1,12 +1,18 @@
 """Per-process CPU affinity for processes outside any container.
 
-`pin_process_tree` sets the affinity of every thread (/proc/PID/task/*) of a process and of its
-descendants with `sched_setaffinity`. Threads and processes exit while we walk the tree: an
-ESRCH is counted as `vanished`, never an error. New threads inherit the affinity of the thread that
-creates them, so the walk repeats (a few passes at most) until a pass finds nothing to change,
-which catches threads created by not-yet-pinned threads during an earlier pass.
+`pin_process_group` sets the affinity of every thread (/proc/PID/task/*) of every process of a
+`ProcessGroup` (a root process with its descendants, its session, and recorded members; see
+`corepin.sysfs.procfs`) with `sched_setaffinity`; `pin_process_tree` is the same for one process
+tree. Threads and processes exit while we walk: an ESRCH is counted as `vanished`, never an
+error. New threads and processes inherit the affinity of the one that creates them, so the walk
+rescans /proc and repeats until a pass finds nothing to change (bounded by `max_passes`), which
+catches children forked by not-yet-pinned processes between the scan and the pin.
 
-Idempotent: a thread is only written when its current affinity differs.
+PID reuse: every process is pinned only after its start time is read again and found equal to
+the one of the scan (and the root's to the recorded one), so a pid recycled in between is never
+touched. Idempotent: a thread is only written when its current affinity differs; a thread that
+narrowed its own affinity to a subset of `allow_within` (a workload pinning its workers inside
+its exclusive CPUs) is left alone.
 """
 
 from __future__ import annotations
@@ -20,8 +26,10 @@ from corepin.core.errors import EnvironmentProblem, InputError
 from corepin.core.ids import validate_pid
 from corepin.sysfs.procfs import (
     ProcessGone,
-    descendants,
+    ProcessGroup,
+    ProcStat,
     list_threads,
+    process_table,
     read_stat,
 )
 
@@ -30,6 +38,7 @@ __all__ = [
     "AffinityResult",
     "ThreadChange",
     "get_affinity",
+    "pin_process_group",
     "pin_process_tree",
     "set_affinity",
 ]
@@ -112,42 +121,108 @@ def pin_process_tree(
     start_time: int | None = None,
     proc_root: str | os.PathLike[str] = "/proc",
     include_descendants: bool = True,
-    parents: dict[int, int] | None = None,
-    max_passes: int = 4,
+    max_passes: int = 32,
     dry_run: bool = False,
 ) -> AffinityResult:
     """Give every thread of `pid` (and of its descendants) the affinity `cpus`.
 
     `start_time` (field 22 of /proc/PID/stat) guards against PID reuse: when the live process
-    started at another time, ProcessGone is raised and nothing is written. `parents` (from
-    `corepin.sysfs.procfs.parent_map`) reuses one scan of /proc for many calls. `dry_run` reports
+    started at another time, ProcessGone is raised and nothing is written. `dry_run` reports
     the threads that would change (one pass) without writing.
     """
     validate_pid(pid)
-    if not cpus:
-        raise InputError(f"cannot pin process {pid} to an empty CPU set", reason="empty_cpuset")
+    if not include_descendants:
+        if not cpus:
+            raise InputError(f"cannot pin process {pid} to an empty CPU set", reason="empty_cpuset")
+        _check_root(pid, start_time, proc_root)
+        result = AffinityResult()
+        _pin_threads(pid, None, cpus, None, proc_root, result, dry_run)
+        return result
+    return pin_process_group(
+        ProcessGroup(pid, start_time),
+        cpus,
+        proc_root=proc_root,
+        max_passes=max_passes,
+        dry_run=dry_run,
+    )
+
+
+def _check_root(pid: int, start_time: int | None, proc_root: str | os.PathLike[str]) -> int:
     stat = read_stat(pid, proc_root)
     if start_time is not None and stat.start_time != start_time:
         raise ProcessGone(pid, f"{os.fspath(proc_root)}/{pid} (started at {start_time})")
+    return stat.start_time
+
+
+def pin_process_group(
+    group: ProcessGroup,
+    cpus: CPUSet,
+    *,
+    proc_root: str | os.PathLike[str] = "/proc",
+    allow_within: CPUSet | None = None,
+    table: dict[int, ProcStat] | None = None,
+    max_passes: int = 32,
+    dry_run: bool = False,
+) -> AffinityResult:
+    """Give every thread of every process of `group` the affinity `cpus`, rescanning /proc
+    until a pass changes nothing. `table` (from `process_table`) serves the first pass, so
+    many groups can share one scan when nothing changes. ProcessGone when no process of the
+    group is left (the root gone or recycled, no session process, no member)."""
+    validate_pid(group.pid)
+    if not cpus:
+        raise InputError(
+            f"cannot pin process {group.pid} to an empty CPU set", reason="empty_cpuset"
+        )
     result = AffinityResult()
     for number in range(max_passes):
-        tree = [pid]
-        if include_descendants:
-            tree += descendants(pid, proc_root, parents=parents if number == 0 else None)
+        if table is None or number:
+            table = process_table(proc_root)
+        pids = group.pids(table)
+        if not pids:
+            if number == 0:
+                raise ProcessGone(group.pid, f"{os.fspath(proc_root)}/{group.pid}")
+            break
         changed_this_pass = 0
-        for member in tree:
-            try:
-                tids = list_threads(member, proc_root)
-            except ProcessGone:
-                continue
-            for tid in tids:
-                changed_this_pass += _pin_thread(member, tid, cpus, result, dry_run)
+        for member in pids:
+            changed_this_pass += _pin_threads(
+                member, table[member].start_time, cpus, allow_within, proc_root, result, dry_run
+            )
         if changed_this_pass == 0 or dry_run:
             break
     return result
 
 
-def _pin_thread(pid: int, tid: int, cpus: CPUSet, result: AffinityResult, dry_run: bool) -> int:
+def _pin_threads(
+    pid: int,
+    start_time: int | None,
+    cpus: CPUSet,
+    allow_within: CPUSet | None,
+    proc_root: str | os.PathLike[str],
+    result: AffinityResult,
+    dry_run: bool,
+) -> int:
+    """Pin every thread of `pid` after checking that it is still the process that started at
+    `start_time` (None: no check). How many threads changed."""
+    try:
+        if start_time is not None and read_stat(pid, proc_root).start_time != start_time:
+            return 0  # the pid was recycled since the scan: not ours
+        tids = list_threads(pid, proc_root)
+    except ProcessGone:
+        return 0
+    changed = 0
+    for tid in tids:
+        changed += _pin_thread(pid, tid, cpus, allow_within, result, dry_run)
+    return changed
+
+
+def _pin_thread(
+    pid: int,
+    tid: int,
+    cpus: CPUSet,
+    allow_within: CPUSet | None,
+    result: AffinityResult,
+    dry_run: bool,
+) -> int:
     try:
         current = get_affinity(tid)
     except ProcessLookupError:
@@ -156,6 +231,8 @@ def _pin_thread(pid: int, tid: int, cpus: CPUSet, result: AffinityResult, dry_ru
     result.checked += 1
     if current == cpus:
         return 0
+    if allow_within is not None and current and current.issubset(allow_within):
+        return 0  # narrowed itself inside the CPUs it may keep to itself: allowed
     if any(c.tid == tid for c in result.restricted):
         return 0
     if dry_run:

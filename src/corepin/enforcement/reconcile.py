@@ -4,8 +4,9 @@ Desired state is a list of targets:
 - `CgroupTarget(path, cpus=, mems=, quota=, create=)`: a cgroup (relative to the hierarchy root)
   whose cpuset.cpus / cpuset.mems / CFS quota should hold the given values (None = leave alone;
   mems default to the NUMA nodes of the CPUs when a topology is given);
-- `ProcessTarget(pid, cpus, start_time=)`: a process tree outside any container, pinned with
-  sched_setaffinity (every thread of the process and of its descendants).
+- `ProcessTarget(pid, cpus, start_time=, session=, members=)`: the processes of a workload
+  outside any container (a process tree, its session and recorded members, see
+  `corepin.sysfs.procfs.ProcessGroup`), pinned with sched_setaffinity (every thread).
 
 Rules:
 - Read before write, write only what differs. A steady state performs zero writes (the report's
@@ -33,9 +34,9 @@ from typing import Any
 from corepin.core.cpuset import CPUSet
 from corepin.core.errors import CgroupError, CorepinError, InputError
 from corepin.core.ids import split_cgroup_path, validate_pid
-from corepin.enforcement.affinity import AffinityError, pin_process_tree
+from corepin.enforcement.affinity import AffinityError, pin_process_group, pin_process_tree
 from corepin.enforcement.cgroups import CgroupDriver, CpuQuota
-from corepin.sysfs.procfs import ProcessGone, parent_map
+from corepin.sysfs.procfs import ProcessGone, ProcessGroup, process_table
 from corepin.topology.model import Topology
 
 __all__ = [
@@ -62,13 +63,21 @@ class CgroupTarget:
 
 @dataclass(frozen=True, slots=True)
 class ProcessTarget:
-    """Desired affinity of a process tree; `start_time` guards against PID reuse."""
+    """Desired affinity of a workload's processes; `start_time` guards against PID reuse.
+    `allow_within`: threads that narrowed themselves to a subset of it are left alone."""
 
     pid: int
     cpus: CPUSet
     start_time: int | None = None
     include_descendants: bool = True
     owner: str = ""
+    session: int | None = None
+    members: tuple[tuple[int, int], ...] = ()
+    allow_within: CPUSet | None = None
+
+    @property
+    def group(self) -> ProcessGroup:
+        return ProcessGroup(self.pid, self.start_time, self.session, self.members)
 
 
 @dataclass(frozen=True, slots=True)
@@ -80,6 +89,7 @@ class Change:
     old: str
     new: str
     why: str = "target"  # target | widen-ancestor | widen-first | shrink-child | create
+    owner: str = ""  # the target's owner, for affinity changes
 
     def to_json(self) -> dict[str, str]:
         return {
@@ -468,21 +478,28 @@ class Reconciler:
     def _reconcile_processes(
         self, targets: Sequence[ProcessTarget], report: ReconcileReport
     ) -> None:
-        parents = (
-            parent_map(self.proc_root) if any(t.include_descendants for t in targets) else None
-        )
+        table = process_table(self.proc_root)
         for target in targets:
             report.checked += 1
             try:
-                result = pin_process_tree(
-                    target.pid,
-                    target.cpus,
-                    start_time=target.start_time,
-                    proc_root=self.proc_root,
-                    include_descendants=target.include_descendants,
-                    parents=parents,
-                    dry_run=report.dry_run,
-                )
+                if target.include_descendants:
+                    result = pin_process_group(
+                        target.group,
+                        target.cpus,
+                        proc_root=self.proc_root,
+                        allow_within=target.allow_within,
+                        table=table,
+                        dry_run=report.dry_run,
+                    )
+                else:
+                    result = pin_process_tree(
+                        target.pid,
+                        target.cpus,
+                        start_time=target.start_time,
+                        proc_root=self.proc_root,
+                        include_descendants=False,
+                        dry_run=report.dry_run,
+                    )
             except ProcessGone:
                 report.gone.append(target)
                 continue
@@ -497,6 +514,7 @@ class Reconciler:
                         f"pid {change.pid} tid {change.tid}",
                         str(change.old),
                         str(change.new),
+                        owner=target.owner,
                     )
                 )
             for narrowed in result.restricted:

@@ -1,6 +1,8 @@
 """corepin state layer: what standalone host mode and the node agent persist.
 
-- `model`: `Assignment`, `HostState` (immutable values, pure updates, derived pools);
+- `model`: `Assignment`, `HostState` (immutable values, pure updates, pools derived by the one
+  pool model `corepin.allocation.pools.NodePools`);
+- `owners`: `ProcessOwner`, `ContainerOwner` (who an assignment belongs to);
 - `checkpoint`: versioned, checksummed JSON checkpoint, atomic writer, migrations;
 - `store`: `StateStore` (state directory, flock, transactions, quarantine);
 - `validate`: restored state against the live topology (repair or refuse);
@@ -11,6 +13,7 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING, Any
 
+from corepin.allocation.pools import KINDS
 from corepin.state.checkpoint import (
     CURRENT_VERSION,
     decode_checkpoint,
@@ -18,7 +21,8 @@ from corepin.state.checkpoint import (
     read_checkpoint,
     write_checkpoint,
 )
-from corepin.state.model import KINDS, STRICT_RESERVATION, Assignment, HostState, fingerprint
+from corepin.state.model import STRICT_RESERVATION, Assignment, HostState, fingerprint
+from corepin.state.owners import ContainerOwner, Owner, ProcessOwner
 from corepin.state.store import (
     DEFAULT_STATE_DIR,
     STATE_DIR_ENV,
@@ -43,8 +47,11 @@ __all__ = [
     "STATE_DIR_ENV",
     "STRICT_RESERVATION",
     "Assignment",
+    "ContainerOwner",
     "HostState",
     "KubeletCheckpoint",
+    "Owner",
+    "ProcessOwner",
     "StateStore",
     "Transaction",
     "decode_checkpoint",

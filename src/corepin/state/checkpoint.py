@@ -2,7 +2,7 @@
 
 File format (UTF-8 JSON, one object, trailing newline):
 
-    {"version":2,"checksum":"sha256:<64 hex>","payload":<payload>}
+    {"version":3,"checksum":"sha256:<64 hex>","payload":<payload>}
 
 - `payload` is serialized canonically, exactly as
   `json.dumps(payload, sort_keys=True, separators=(",", ":"), ensure_ascii=False)` encoded
@@ -13,17 +13,29 @@ File format (UTF-8 JSON, one object, trailing newline):
 - `version` is the payload format version. Older versions are migrated in memory by the chain
   of functions in `MIGRATIONS` (vN -> vN+1); a newer version than this code knows is refused.
 
-Payload, version 2:
+Payload, version 3:
 
-    {"revision": int, "topology": "sha256:...", "online": "0-7", "reserved": "0",
-     "options": {"name": "value"},
-     "assignments": [{"id": str, "kind": "exclusive"|"shared"|"mixed", "cpus": "2-3",
-                      "reserved": "2-3", "mems": "0", "level": "cpu", "pid": int|null,
-                      "start_time": int|null, "cgroup": str|null, "created": float,
-                      "policy": str, "meta": {str: str}}]}   # sorted by id
+    {"revision": int, "topology": "sha256:...", "online": "0-7", "isolated": "",
+     "reserved": "0", "infra": "", "options": {"name": "value"},
+     "assignments": [{"id": str, "kind": "exclusive"|"mixed"|"share"|"shared",
+                      "cpus": "2-3", "withheld": "2-3", "mems": "0", "level": "cpu",
+                      "owner": <owner>|null, "created": float, "policy": str,
+                      "workload": str|null}]}   # sorted by id
 
-Version 1 (corepin 0.0.x) recorded `{"id", "exclusive": bool, "cpus", "pid", "created",
-"policy"}` per assignment: no kind, no process start time, no NUMA mems, no level.
+    <owner> = {"type": "process", "pid": int, "start_time": int|null,
+               "runner_pid": int|null, "runner_start_time": int|null, "cgroup": str|null,
+               "session": int|null, "members": [[pid, start_time], ...],
+               "name": str, "command": str}
+            | {"type": "container", "pod_uid": str, "container": str, "namespace": str,
+               "pod": str, "container_id": str, "qos": str, "runtime": str,
+               "cgroup": str|null}
+
+Version 2 recorded per assignment `{"id", "kind", "cpus", "reserved" (the withheld set),
+"mems", "level", "pid", "start_time", "cgroup", "created", "policy", "meta": {str: str}}` with
+the owner spread over `pid`, `start_time`, `cgroup` and untyped `meta` strings (`source`,
+`owner_pid`, `owner_start`, `name`, `command`, `container_id`, `pod_uid`, `container`), and no
+isolated or infra CPUs at the state level. Version 1 (corepin 0.0.x) recorded
+`{"id", "exclusive": bool, "cpus", "pid", "created", "policy"}` per assignment.
 
 Writes are atomic: a temp file `.state.json.tmp-<pid>-<random>` in the same directory is
 written, flushed and fsynced, renamed over the checkpoint, then the directory is fsynced. A
@@ -40,9 +52,11 @@ import os
 from collections.abc import Callable, Mapping
 from typing import Any, Final
 
+from corepin.allocation.pools import KINDS
 from corepin.core.cpuset import CPUSet
 from corepin.core.errors import CorepinError, StateError, StateFormatError
-from corepin.state.model import KINDS, Assignment, HostState
+from corepin.state.model import Assignment, HostState
+from corepin.state.owners import owner_from_json
 
 try:  # the builtin module is much cheaper to import than hashlib (OpenSSL)
     from _sha256 import sha256 as _sha256  # type: ignore[import-not-found,unused-ignore]
@@ -52,7 +66,7 @@ except ImportError:  # pragma: no cover - Python >= 3.12 names it _sha2
     except ImportError:
         from hashlib import sha256 as _sha256
 
-CURRENT_VERSION: Final = 2
+CURRENT_VERSION: Final = 3
 STATE_FILE: Final = "state.json"
 TEMP_MARK: Final = ".tmp-"
 
@@ -85,15 +99,13 @@ def _assignment_to_json(a: Assignment) -> dict[str, Any]:
         "id": a.id,
         "kind": a.kind,
         "cpus": str(a.cpus),
-        "reserved": str(a.reserved),
+        "withheld": str(a.withheld),
         "mems": str(a.mems),
         "level": a.level,
-        "pid": a.pid,
-        "start_time": a.start_time,
-        "cgroup": a.cgroup,
+        "owner": a.owner.to_json() if a.owner is not None else None,
         "created": a.created,
         "policy": a.policy,
-        "meta": dict(a.meta),
+        "workload": a.workload,
     }
 
 
@@ -102,7 +114,9 @@ def state_to_payload(state: HostState) -> dict[str, Any]:
         "revision": state.revision,
         "topology": state.topology,
         "online": str(state.online),
+        "isolated": str(state.isolated),
         "reserved": str(state.reserved),
+        "infra": str(state.infra),
         "options": dict(state.options),
         "assignments": [_assignment_to_json(a) for a in state.assignments.values()],
     }
@@ -193,20 +207,22 @@ def _assignment_from_json(r: _Reader, row: Any, where: str) -> Assignment:
     created = r.field(row, "created", where)
     if isinstance(created, bool) or not isinstance(created, (int, float)):
         raise r.fail(f"{where}.created", f"expected a number, got {_kind(created)}")
+    raw_owner = row.get("owner")
     try:
+        owner = None
+        if raw_owner is not None:
+            owner = owner_from_json(r.obj(raw_owner, f"{where}.owner"))
         return Assignment(
             id=ident,
             kind=kind,
             cpus=r.cpus(row, "cpus", where),
-            reserved=r.cpus(row, "reserved", where),
+            withheld=r.cpus(row, "withheld", where),
             mems=r.cpus(row, "mems", where),
             level=r.str_(row, "level", where),
-            pid=r.int_(row, "pid", where, optional=True),
-            start_time=r.int_(row, "start_time", where, optional=True),
-            cgroup=r.str_(row, "cgroup", where, optional=True),
+            owner=owner,
             created=float(created),
             policy=r.str_(row, "policy", where),
-            meta=r.strmap(row, "meta", where),
+            workload=r.str_(row, "workload", where, optional=True),
         )
     except StateFormatError:
         raise
@@ -232,7 +248,9 @@ def payload_to_state(payload: Any, source: str) -> HostState:
             revision=r.int_(p, "revision", "payload"),
             topology=r.str_(p, "topology", "payload"),
             online=r.cpus(p, "online", "payload"),
+            isolated=r.cpus(p, "isolated", "payload"),
             reserved=r.cpus(p, "reserved", "payload"),
+            infra=r.cpus(p, "infra", "payload"),
             options=r.strmap(p, "options", "payload"),
             assignments=items,
         )
@@ -284,9 +302,89 @@ def _v1_to_v2(payload: dict[str, Any], source: str) -> dict[str, Any]:
     return out
 
 
+def _v2_owner(row: Mapping[str, Any]) -> dict[str, Any] | None:
+    """The typed owner of a version-2 row, from its pid, start time, cgroup and `meta`."""
+    meta = row.get("meta") or {}
+    if not isinstance(meta, Mapping):
+        meta = {}
+
+    def text(key: str) -> str:
+        value = meta.get(key, "")
+        return value if isinstance(value, str) else ""
+
+    def number(key: str) -> int | None:
+        value = text(key)
+        return int(value) if value.isascii() and value.isdigit() else None
+
+    raw_id = row.get("id")
+    ident = raw_id if isinstance(raw_id, str) else ""
+    cgroup = row.get("cgroup")
+    pid = row.get("pid")
+    if isinstance(pid, int) and not isinstance(pid, bool) and pid > 0:
+        return {
+            "type": "process",
+            "pid": pid,
+            "start_time": row.get("start_time"),
+            "runner_pid": number("owner_pid"),
+            "runner_start_time": number("owner_start"),
+            "cgroup": cgroup,
+            "session": None,
+            "members": [],
+            "name": text("name"),
+            "command": text("command"),
+        }
+    pod_uid, container, container_id = text("pod_uid"), text("container"), text("container_id")
+    parts = ident.split("/", 2)
+    if not pod_uid and parts[0] == "pod" and len(parts) >= 2:
+        pod_uid = parts[1]
+        container = parts[2] if len(parts) == 3 else ""
+    if not container_id and parts[0] == "container" and len(parts) >= 2:
+        container_id = ident.split("/", 1)[1]
+    if pod_uid or container_id:
+        return {
+            "type": "container",
+            "pod_uid": pod_uid,
+            "container": container,
+            "namespace": "",
+            "pod": "",
+            "container_id": container_id,
+            "qos": "",
+            "runtime": "",
+            "cgroup": cgroup,
+        }
+    return None
+
+
+_V2_OWNER_FIELDS: Final = frozenset({"reserved", "pid", "start_time", "cgroup", "meta"})
+
+
+def _v2_to_v3(payload: dict[str, Any], source: str) -> dict[str, Any]:
+    """v2 -> v3: typed owners replace pid/start_time/cgroup/meta; `reserved` per assignment
+    becomes `withheld`; the state gains `isolated` and `infra` (empty: `validate` adopts the
+    live topology's isolated CPUs). Every assignment is kept."""
+    r = _Reader(source)
+    rows = r.field(payload, "assignments", "payload")
+    if not isinstance(rows, list):
+        raise r.fail("payload.assignments", f"expected a list, got {_kind(rows)}")
+    out_rows = []
+    for i, row in enumerate(rows):
+        row = r.obj(row, f"payload.assignments[{i}]")
+        new = {k: v for k, v in row.items() if k not in _V2_OWNER_FIELDS}
+        new["withheld"] = row.get("reserved", "")
+        new["owner"] = _v2_owner(row)
+        new["workload"] = None
+        out_rows.append(new)
+    out = dict(payload)
+    out["assignments"] = out_rows
+    out.setdefault("isolated", "")
+    out.setdefault("infra", "")
+    return out
+
+
 #: version N -> function producing the version N+1 payload.
 MIGRATIONS: Final[dict[int, Callable[[dict[str, Any], str], dict[str, Any]]]] = {
     1: _v1_to_v2,
+    2: _v2_to_v3,
 }
 
 

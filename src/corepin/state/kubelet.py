@@ -40,6 +40,7 @@ from typing import Any, Final
 from corepin.core.cpuset import CPUSet
 from corepin.core.errors import CorepinError, StateFormatError
 from corepin.state.model import STRICT_RESERVATION, Assignment, HostState
+from corepin.state.owners import ContainerOwner
 
 FNV32_OFFSET: Final = 0x811C9DC5
 FNV32_PRIME: Final = 0x01000193
@@ -356,6 +357,16 @@ def read_kubelet_state(path: str, *, expected_policy: str | None = None) -> Kube
     return parse_kubelet_state(data, path, expected_policy=expected_policy)
 
 
+def _owner_of(ident: str) -> ContainerOwner:
+    """The container owner of an imported entry: `pod/<uid>/<name>` (a container),
+    `pod/<uid>` (pod-level CPUs) or `container/<id>` (a v1 entry of unknown pod)."""
+    kind, _, rest = ident.partition("/")
+    if kind == "container":
+        return ContainerOwner(container_id=rest)
+    pod_uid, _, name = rest.partition("/")
+    return ContainerOwner(pod_uid=pod_uid, container=name)
+
+
 def kubelet_to_host_state(
     checkpoint: KubeletCheckpoint,
     *,
@@ -450,9 +461,9 @@ def kubelet_to_host_state(
                 kind="exclusive",
                 cpus=cpus,
                 mems=mems_of(cpus) if mems_of is not None else CPUSet(),
+                owner=_owner_of(ident),
                 created=created,
                 policy=POLICY_ID,
-                meta={"source": src, "kubelet_format": checkpoint.format},
             )
         except CorepinError as exc:
             raise StateFormatError(f"{src}: {exc.message}", reason="bad_kubelet_state") from None

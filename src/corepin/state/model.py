@@ -1,24 +1,27 @@
-"""The in-memory host state: who holds which CPUs, as immutable values.
+"""The in-memory node state: who holds which CPUs, as immutable values.
 
 `Assignment` is what the state records for one workload (a `corepin run` process tree or a
-container). `HostState` holds every assignment plus the machine facts the pools are derived
-from (online CPUs, reserved CPUs, options). Both are frozen; every "change" is a pure method
-that returns a new value, so a transaction can compute the next state, validate it and only
-then persist it.
+container, see `corepin.state.owners`). `HostState` holds every assignment plus the machine
+facts the pools are derived from (online, isolated, reserved and infra CPUs, options). Both are
+frozen; every "change" is a pure method that returns a new value, so a transaction can compute
+the next state, validate it and only then persist it. The same state serves standalone host
+mode and the Kubernetes node agent.
 
-Pools (derived, never stored):
-- exclusive CPUs in use: the union of the `reserved` sets of exclusive and mixed assignments
-  (the chosen CPUs plus the rest of the units their exclusiveness level withholds);
-- shared pool: online - exclusive in use - reserved CPUs when the reservation is strict
-  (option `strict-cpu-reservation`), else online - exclusive in use (the kubelet's default
-  set keeps the reserved CPUs for best-effort work);
-- free: what a new exclusive request may take: online - exclusive in use - reserved CPUs.
+Pools are derived, never stored, by the node's one pool model
+(`corepin.allocation.pools.NodePools`): `state.pools` is built from the facts and the holds of
+the assignments, and `shared_pool`, `free`, `held` and `exclusive_cpus` come from it.
 
-Kinds: `exclusive` (own CPUs only), `shared` (the shared pool only, `cpus` empty) and `mixed`
-(own CPUs plus the shared pool in one affinity mask: `corepin run --exclusive N --with-shared`).
+Kinds (`corepin.allocation.pools.KINDS`):
+- `exclusive`: own CPUs only; `withheld` = the CPUs plus the rest of the units the exclusiveness
+  `level` withholds; out of the shared pool and the free set;
+- `mixed`: like exclusive, plus the shared pool in one affinity mask
+  (`corepin run --exclusive N --with-shared`);
+- `share`: CPUs of its own that stay in the shared pool for others (out of the free set only);
+- `shared`: the shared pool; `cpus` is empty, or the CPUs of the pool a best-effort workload
+  was placed on (it runs on those of them that are in the pool).
 
-A process is identified by `pid` plus `start_time` (field 22 of /proc/PID/stat, clock ticks
-since boot) so that a recycled PID never keeps a dead allocation alive.
+Two names never mean the same thing: *reserved* CPUs are the node's system CPUs (never handed
+out); *withheld* CPUs are those an assignment's exclusiveness level keeps from others.
 """
 
 from __future__ import annotations
@@ -28,13 +31,15 @@ from dataclasses import dataclass, field, replace
 from types import MappingProxyType
 from typing import TYPE_CHECKING, Any, Final
 
+from corepin.allocation.pools import HOLDING_KINDS, KINDS, NodePools
+from corepin.allocation.types import LEVELS, WORKLOADS
 from corepin.core.cpuset import CPUSet
 from corepin.core.errors import AllocationError, RequestError
+from corepin.state.owners import ContainerOwner, Owner, ProcessOwner
 
 if TYPE_CHECKING:
     from corepin.topology.model import Topology
 
-KINDS: Final = ("exclusive", "shared", "mixed")
 #: Option that keeps the reserved CPUs out of the shared pool too (kubelet option name).
 STRICT_RESERVATION: Final = "strict-cpu-reservation"
 
@@ -51,118 +56,149 @@ def _is_true(value: str | None) -> bool:
 class Assignment:
     """What the state records for one workload. Plain fields; validated on construction.
 
-    - `cpus`: the CPUs it holds exclusively (empty for kind `shared`);
-    - `reserved`: `cpus` plus the rest of the units withheld by the exclusiveness `level`
-      (defaults to `cpus`);
+    - `cpus`: the CPUs it holds (empty for kind `shared` unless placed as best effort);
+    - `withheld`: `cpus` plus the rest of the units withheld by the exclusiveness `level`
+      (defaults to `cpus`; empty for kind `shared`);
     - `mems`: NUMA node ids for cpuset.mems (empty = not recorded; `validate` fills it in);
-    - `pid` + `start_time`: process identity for host mode; `cgroup`: container cgroup path;
+    - `owner`: a `ProcessOwner` or a `ContainerOwner` (None only in tests of pure pools);
     - `created`: wall-clock seconds when recorded; `policy`: the policy that decided;
-    - `meta`: free-form string annotations (source of an import, command line, ...).
+      `workload`: the workload family when one was given.
     """
 
     id: str
     kind: str = "exclusive"
     cpus: CPUSet = _EMPTY
-    reserved: CPUSet = _EMPTY
+    withheld: CPUSet = _EMPTY
     mems: CPUSet = _EMPTY
     level: str = "cpu"
-    pid: int | None = None
-    start_time: int | None = None
-    cgroup: str | None = None
+    owner: Owner | None = None
     created: float = 0.0
     policy: str = ""
-    meta: Mapping[str, str] = field(default_factory=lambda: _NO_OPTIONS)
+    workload: str | None = None
 
     def __post_init__(self) -> None:
         if not isinstance(self.id, str) or not self.id or len(self.id) > 512:
             raise RequestError(f"assignment id must be a non-empty string, got {self.id!r}")
-        if any(ord(ch) < 32 for ch in self.id):
+        if any(ord(ch) < 32 or ord(ch) == 127 for ch in self.id):
             raise RequestError(f"assignment id {self.id!r} contains control characters")
         if self.kind not in KINDS:
             raise RequestError(
                 f"assignment {self.id!r}: kind must be one of {', '.join(KINDS)}, got {self.kind!r}"
             )
-        for name in ("cpus", "reserved", "mems"):
+        for name in ("cpus", "withheld", "mems"):
             if not isinstance(getattr(self, name), CPUSet):
                 raise RequestError(f"assignment {self.id!r}: {name} must be a CPUSet")
+        if self.level not in LEVELS:
+            raise RequestError(
+                f"assignment {self.id!r}: level must be one of {', '.join(LEVELS)}, "
+                f"got {self.level!r}"
+            )
+        if self.workload is not None and self.workload not in WORKLOADS:
+            raise RequestError(
+                f"assignment {self.id!r}: workload must be one of {', '.join(WORKLOADS)}, "
+                f"got {self.workload!r}"
+            )
+        if self.owner is not None and not isinstance(self.owner, (ProcessOwner, ContainerOwner)):
+            raise RequestError(f"assignment {self.id!r}: owner must be a process or a container")
         if self.kind == "shared":
-            if self.cpus or self.reserved:
+            if self.withheld:
                 raise RequestError(
-                    f"assignment {self.id!r} is shared but holds exclusive CPUs {self.cpus}"
+                    f"assignment {self.id!r} is shared but withholds CPUs {self.withheld}"
                 )
         else:
             if not self.cpus:
                 raise RequestError(f"assignment {self.id!r} is {self.kind} but holds no CPUs")
-            if not self.reserved:
-                object.__setattr__(self, "reserved", self.cpus)
-            elif not self.cpus.issubset(self.reserved):
+            if not self.withheld:
+                object.__setattr__(self, "withheld", self.cpus)
+            elif not self.cpus.issubset(self.withheld):
                 raise RequestError(
-                    f"assignment {self.id!r}: reserved {self.reserved} must contain cpus "
+                    f"assignment {self.id!r}: withheld {self.withheld} must contain cpus "
                     f"{self.cpus}"
                 )
-        for name in ("pid", "start_time"):
-            value = getattr(self, name)
-            if value is not None and (
-                isinstance(value, bool) or not isinstance(value, int) or value < 0
-            ):
-                raise RequestError(
-                    f"assignment {self.id!r}: {name} must be a non-negative integer, got {value!r}"
-                )
-        if self.pid is not None and self.pid == 0:
-            raise RequestError(f"assignment {self.id!r}: pid 0 is not a process")
-        if self.cgroup is not None and not isinstance(self.cgroup, str):
-            raise RequestError(f"assignment {self.id!r}: cgroup must be a string or None")
-        if not isinstance(self.meta, MappingProxyType):
-            object.__setattr__(self, "meta", MappingProxyType(dict(self.meta)))
+
+    # ------------------------------------------------------------------ owner views
+    @property
+    def process(self) -> ProcessOwner | None:
+        return self.owner if isinstance(self.owner, ProcessOwner) else None
+
+    @property
+    def container(self) -> ContainerOwner | None:
+        return self.owner if isinstance(self.owner, ContainerOwner) else None
+
+    @property
+    def pid(self) -> int | None:
+        return self.owner.pid if isinstance(self.owner, ProcessOwner) else None
+
+    @property
+    def cgroup(self) -> str | None:
+        return self.owner.cgroup if self.owner is not None else None
+
+    @property
+    def label(self) -> str:
+        return self.owner.label if self.owner is not None else self.id
+
+    # ------------------------------------------------------------------ pools
+    @property
+    def holds(self) -> bool:
+        """True when it holds CPUs of its own (kinds exclusive, mixed and share)."""
+        return self.kind in HOLDING_KINDS
 
     @property
     def exclusive(self) -> bool:
-        """True when it holds CPUs of its own (kinds exclusive and mixed)."""
-        return self.kind != "shared"
+        """True when its CPUs are its alone (kinds exclusive and mixed)."""
+        return self.kind in ("exclusive", "mixed")
 
     @property
     def with_shared(self) -> bool:
-        """True when its affinity includes the shared pool (kinds shared and mixed)."""
-        return self.kind != "exclusive"
+        """True when its affinity follows the shared pool (kinds shared and mixed)."""
+        return self.kind in ("shared", "mixed")
 
     def affinity(self, shared_pool: CPUSet) -> CPUSet:
         """The whole CPU mask its processes run on, given the current shared pool."""
-        if self.kind == "exclusive":
+        if self.kind in ("exclusive", "share"):
             return self.cpus
         if self.kind == "shared":
-            return shared_pool
+            placed = self.cpus & shared_pool
+            return placed or shared_pool
         return self.cpus | shared_pool
 
     def evolve(self, **changes: Any) -> Assignment:
         """A copy with some fields changed (validated again). When `cpus` changes and the
-        reserved set was just the CPUs themselves (level cpu), the reserved set follows."""
-        if "cpus" in changes and "reserved" not in changes and self.reserved == self.cpus:
-            changes["reserved"] = _EMPTY
+        withheld set was just the CPUs themselves (level cpu), the withheld set follows."""
+        if "cpus" in changes and "withheld" not in changes and self.withheld == self.cpus:
+            changes["withheld"] = _EMPTY
         return replace(self, **changes)
 
 
 @dataclass(frozen=True, slots=True)
 class HostState:
-    """Everything corepin persists about one host. Immutable; methods return new states.
+    """Everything corepin persists about one node. Immutable; methods return new states.
 
     - `revision`: bumped by every committed transaction (a write counter, not a format version);
     - `topology`: fingerprint of the topology the state was built against (`fingerprint()`);
-    - `online`: the online CPUs at that time (pools are derived from it);
-    - `reserved`: CPUs never handed out exclusively (system/kube reserved);
+    - `online`, `isolated`: the online and isolated CPUs at that time;
+    - `reserved`: the system's CPUs, never handed out; `infra`: infrastructure CPUs;
     - `options`: policy options (for example `strict-cpu-reservation`);
-    - `assignments`: id -> Assignment, a read-only mapping.
+    - `assignments`: id -> Assignment, a read-only mapping sorted by id;
+    - `pools`: the derived `NodePools` (not stored).
     """
 
     revision: int = 0
     topology: str = ""
     online: CPUSet = _EMPTY
+    isolated: CPUSet = _EMPTY
     reserved: CPUSet = _EMPTY
+    infra: CPUSet = _EMPTY
     options: Mapping[str, str] = field(default_factory=lambda: _NO_OPTIONS)
     assignments: Mapping[str, Assignment] = field(default_factory=lambda: _NO_ASSIGNMENTS)
+    pools: NodePools = field(init=False, repr=False, compare=False)
 
     def __post_init__(self) -> None:
         if isinstance(self.revision, bool) or not isinstance(self.revision, int):
             raise RequestError(f"state revision must be an integer, got {self.revision!r}")
+        for name in ("online", "isolated", "reserved", "infra"):
+            if not isinstance(getattr(self, name), CPUSet):
+                raise RequestError(f"state {name} must be a CPUSet")
         if not isinstance(self.options, MappingProxyType):
             object.__setattr__(self, "options", MappingProxyType(dict(self.options)))
         if not isinstance(self.assignments, MappingProxyType):
@@ -171,6 +207,15 @@ class HostState:
                 if not isinstance(value, Assignment) or value.id != key:
                     raise RequestError(f"state assignment key {key!r} does not match its id")
             object.__setattr__(self, "assignments", MappingProxyType(dict(sorted(items.items()))))
+        pools = NodePools.build(
+            self.online,
+            isolated=self.isolated,
+            reserved=self.reserved,
+            infra=self.infra,
+            strict=_is_true(self.options.get(STRICT_RESERVATION)),
+            holds=((a.kind, a.withheld) for a in self.assignments.values()),
+        )
+        object.__setattr__(self, "pools", pools)
 
     # ------------------------------------------------------------------ construction
     @classmethod
@@ -179,23 +224,29 @@ class HostState:
         topology: Topology,
         *,
         reserved: CPUSet = _EMPTY,
+        infra: CPUSet = _EMPTY,
         options: Mapping[str, str] | None = None,
     ) -> HostState:
         """An empty state for this machine."""
         return cls(
             topology=fingerprint(topology),
             online=topology.online_cpus,
+            isolated=topology.isolated_cpus,
             reserved=reserved,
+            infra=infra,
             options=options or {},
         )
 
     # ------------------------------------------------------------------ derived views
     @property
     def strict_reservation(self) -> bool:
-        return _is_true(self.options.get(STRICT_RESERVATION))
+        return self.pools.strict
 
     def __iter__(self) -> Iterator[Assignment]:
         return iter(self.assignments.values())
+
+    def __len__(self) -> int:
+        return len(self.assignments)
 
     def __contains__(self, assignment_id: object) -> bool:
         return assignment_id in self.assignments
@@ -205,43 +256,59 @@ class HostState:
 
     @property
     def exclusive_cpus(self) -> CPUSet:
-        """CPUs held exclusively (including those withheld by exclusiveness levels)."""
-        mask = 0
-        for a in self.assignments.values():
-            mask |= a.reserved.bits
-        return CPUSet.from_bits(mask)
+        """CPUs of exclusive and mixed assignments with the units their levels withhold."""
+        return self.pools.exclusive_cpus
+
+    @property
+    def held(self) -> CPUSet:
+        """CPUs of exclusive, mixed and share assignments with their withheld units."""
+        return self.pools.held
 
     @property
     def shared_pool(self) -> CPUSet:
-        """Online CPUs not held exclusively (minus reserved ones when strict)."""
-        pool = self.online - self.exclusive_cpus
-        if self.strict_reservation:
-            pool = pool - self.reserved
-        return pool
+        """The CPUs shared workloads run on (see `NodePools.shared_pool`)."""
+        return self.pools.shared_pool
 
     @property
     def free(self) -> CPUSet:
-        """CPUs a new exclusive request may take."""
-        return self.online - self.exclusive_cpus - self.reserved
+        """CPUs a new exclusive or share request may take."""
+        return self.pools.free
 
     def shared_assignments(self) -> list[Assignment]:
         """Assignments whose affinity follows the shared pool (kinds shared and mixed)."""
         return [a for a in self.assignments.values() if a.with_shared]
 
-    def owner_of(self, cpu: int) -> str | None:
-        """The id of the assignment holding `cpu` exclusively, if any."""
+    def usage_counts(self) -> dict[int, int]:
+        """CPU -> how many shared assignments are placed on it (best-effort placement)."""
+        counts: dict[int, int] = {}
         for a in self.assignments.values():
-            if cpu in a.reserved:
+            if a.kind == "shared":
+                for cpu in a.cpus:
+                    counts[cpu] = counts.get(cpu, 0) + 1
+        return counts
+
+    def owner_of(self, cpu: int) -> str | None:
+        """The id of the assignment withholding `cpu`, if any."""
+        for a in self.assignments.values():
+            if cpu in a.withheld:
                 return a.id
         return None
 
+    def find_container(self, pod_uid: str, container: str) -> Assignment | None:
+        """The assignment of a pod's container (identity pod uid + container name)."""
+        for a in self.assignments.values():
+            owner = a.container
+            if owner is not None and owner.pod_uid == pod_uid and owner.container == container:
+                return a
+        return None
+
     def overlaps(self) -> list[tuple[str, str, CPUSet]]:
-        """Pairs of assignments whose exclusive sets overlap (should always be empty)."""
+        """Pairs of assignments whose withheld sets overlap (should always be empty)."""
         out: list[tuple[str, str, CPUSet]] = []
-        items = [a for a in self.assignments.values() if a.exclusive]
+        items = [a for a in self.assignments.values() if a.holds]
         for i, a in enumerate(items):
             for b in items[i + 1 :]:
-                common = a.reserved & b.reserved
+                common = a.withheld & b.withheld
                 if common:
                     out.append((a.id, b.id, common))
         return out
@@ -250,38 +317,28 @@ class HostState:
     def add(self, assignment: Assignment) -> HostState:
         """A state with `assignment` added.
 
-        RequestError when the id is taken; AllocationError (reason `cpus_taken`) when its CPUs
-        overlap another exclusive assignment, are reserved, or are not online.
+        RequestError when the id is taken; AllocationError (reason `cpus_taken`,
+        `cpus_reserved`, `cpus_infra` or `cpus_offline`) when its withheld CPUs are held by
+        another assignment, reserved, infra or not online.
         """
         if assignment.id in self.assignments:
             raise RequestError(
                 f"an assignment with id {assignment.id!r} already exists", reason="duplicate_id"
             )
-        self._check_fits(assignment, self.exclusive_cpus)
+        try:
+            self.pools.check_hold(assignment.kind, assignment.withheld)
+        except AllocationError as exc:
+            if exc.reason == "cpus_taken":
+                clash = assignment.withheld & self.held
+                owners = sorted({o for c in clash if (o := self.owner_of(c)) is not None})
+                raise AllocationError(
+                    f"CPUs {clash} of {assignment.id!r} are already held by {', '.join(owners)}",
+                    reason="cpus_taken",
+                ) from None
+            raise AllocationError(f"{assignment.id!r}: {exc.message}", reason=exc.reason) from None
         items = dict(self.assignments)
         items[assignment.id] = assignment
         return replace(self, assignments=items)
-
-    def _check_fits(self, assignment: Assignment, taken: CPUSet) -> None:
-        if not assignment.exclusive:
-            return
-        clash = assignment.reserved & taken
-        if clash:
-            owners = sorted({o for c in clash if (o := self.owner_of(c)) is not None})
-            raise AllocationError(
-                f"CPUs {clash} of {assignment.id!r} are already held by {', '.join(owners)}",
-                reason="cpus_taken",
-            )
-        held = assignment.cpus & self.reserved
-        if held:
-            raise AllocationError(
-                f"CPUs {held} of {assignment.id!r} are reserved", reason="cpus_reserved"
-            )
-        if self.online and not assignment.reserved.issubset(self.online):
-            raise AllocationError(
-                f"CPUs {assignment.reserved - self.online} of {assignment.id!r} are not online",
-                reason="cpus_offline",
-            )
 
     def replace_assignment(self, assignment: Assignment) -> HostState:
         """A state where the assignment with the same id is replaced (KeyError-free: adds it)."""
@@ -313,11 +370,15 @@ class HostState:
         return replace(self, options=options)
 
     def with_topology(self, topology: Topology) -> HostState:
-        """Same assignments, machine facts (fingerprint, online CPUs) from `topology`.
-
-        No safety checks: `corepin.state.validate` is the checked way to adopt a new topology.
-        """
-        return replace(self, topology=fingerprint(topology), online=topology.online_cpus)
+        """Same assignments, machine facts (fingerprint, online and isolated CPUs) from
+        `topology`. No safety checks: `corepin.state.validate` is the checked way to adopt a
+        new topology."""
+        return replace(
+            self,
+            topology=fingerprint(topology),
+            online=topology.online_cpus,
+            isolated=topology.isolated_cpus,
+        )
 
     def bump(self) -> HostState:
         """The same state with the next revision (done by `Transaction.commit`)."""

@@ -7,15 +7,16 @@ Safe, repaired and logged (one `key=value` line per change, logger `corepin.stat
   (derived) loses offline CPUs and gains new online ones;
 - reserved CPUs that went offline are dropped from the reserved set;
 - CPUs withheld by an exclusiveness level (outside the assignment's own `cpus`) that went
-  offline are dropped from that assignment's `reserved` set;
+  offline are dropped from that assignment's `withheld` set;
+- the isolated CPUs of the live topology are adopted (the shared pool never holds them);
 - NUMA mems of exclusive assignments missing or out of date are recomputed from the topology;
 - a new reserved set (from configuration) that touches no exclusive assignment is adopted.
 
 Not safe, refused with StateError (exit 4) telling the operator what to do:
-- an exclusive assignment lost CPUs (offline or absent): its workload would run on CPUs it was
-  never given, or on fewer than it asked for;
-- two exclusive assignments overlap;
-- an exclusive assignment holds reserved CPUs (old or newly configured).
+- an exclusive (or share) assignment lost CPUs (offline or absent): its workload would run on
+  CPUs it was never given, or on fewer than it asked for;
+- two assignments withhold the same CPUs;
+- an assignment holds reserved CPUs (old or newly configured).
 """
 
 from __future__ import annotations
@@ -55,26 +56,26 @@ def validate(
 
     # --- exclusive assignments must keep every CPU they were given
     for a in state.assignments.values():
-        if not a.exclusive:
+        if not a.holds:
             continue
         lost = a.cpus - online
         if lost:
             absent = lost - topology.present_cpus
             what = "are not present on this machine" if absent == lost else "are offline"
             problems.append(
-                f"allocation {a.id!r} (pid {a.pid}) holds CPUs {a.cpus} but CPUs {lost} {what}; "
+                f"allocation {a.id!r} ({a.label}) holds CPUs {a.cpus} but CPUs {lost} {what}; "
                 f"bring them back online ({_cpu_hint(lost)}) or end that workload and free its "
                 "allocation (`corepin reconcile --once` frees allocations of exited processes)"
             )
     for first, second, common in state.overlaps():
         problems.append(
-            f"allocations {first!r} and {second!r} both hold CPUs {common} exclusively; stop one "
+            f"allocations {first!r} and {second!r} both withhold CPUs {common}; stop one "
             "of the two workloads and run `corepin reconcile --once`"
         )
     new_reserved = state.reserved if reserved is None else reserved
     for a in state.assignments.values():
         clash = a.cpus & new_reserved
-        if a.exclusive and clash:
+        if a.holds and clash:
             source = "reserved" if reserved is None else "configured as reserved"
             problems.append(
                 f"allocation {a.id!r} holds CPUs {clash} which are {source}; end that workload "
@@ -100,7 +101,10 @@ def validate(
             f"event=online_changed old={state.online} new={online} "
             f"offline={gone or '-'} added={came or '-'}"
         )
-    out = out.evolve(topology=fp, online=online)
+    isolated = topology.isolated_cpus
+    if state.isolated != isolated:
+        changes.append(f"event=isolated_changed old={state.isolated or '-'} new={isolated or '-'}")
+    out = out.evolve(topology=fp, online=online, isolated=isolated)
 
     if reserved is not None and reserved != state.reserved:
         changes.append(f"event=reserved_changed old={state.reserved} new={reserved}")
@@ -115,16 +119,16 @@ def validate(
 
     items = dict(out.assignments)
     for key, a in out.assignments.items():
-        if not a.exclusive:
+        if not a.holds:
             continue
         new = a
-        extra_gone = a.reserved - online
+        extra_gone = a.withheld - online
         if extra_gone:
             changes.append(
                 f"event=withheld_dropped id={a.id} cpus={extra_gone} cause=offline "
-                f"old={a.reserved} new={a.reserved - extra_gone}"
+                f"old={a.withheld} new={a.withheld - extra_gone}"
             )
-            new = new.evolve(reserved=a.reserved - extra_gone)
+            new = new.evolve(withheld=a.withheld - extra_gone)
         mems = topology.mems_of(a.cpus)
         if mems != a.mems:
             changes.append(f"event=mems_recomputed id={a.id} old={a.mems or '-'} new={mems}")

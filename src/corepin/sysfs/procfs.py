@@ -66,6 +66,13 @@ class ProcStat:
     state: str
     ppid: int
     start_time: int  # field 22, clock ticks after boot
+    pgrp: int = 0  # field 5
+    session: int = 0  # field 6
+
+    @property
+    def alive(self) -> bool:
+        """Not a zombie (nor dead): it can still run and hold CPUs."""
+        return self.state not in ("Z", "X")
 
 
 @dataclass(frozen=True, slots=True)
@@ -154,10 +161,22 @@ def parse_stat(text: str, path: str = "stat") -> ProcStat:
         raise SysfsError(path, f"has {len(rest) + 2} fields, expected at least 22")
     try:
         ppid = int(rest[1])
+        pgrp = int(rest[2])
+        session = int(rest[3])
         start_time = int(rest[19])
     except ValueError:
-        raise SysfsError(path, "fields 4 (ppid) or 22 (starttime) are not integers") from None
-    return ProcStat(pid=pid, comm=comm, state=rest[0], ppid=ppid, start_time=start_time)
+        raise SysfsError(
+            path, "fields 4 (ppid), 5 (pgrp), 6 (session) or 22 (starttime) are not integers"
+        ) from None
+    return ProcStat(
+        pid=pid,
+        comm=comm,
+        state=rest[0],
+        ppid=ppid,
+        start_time=start_time,
+        pgrp=pgrp,
+        session=session,
+    )
 
 
 def read_stat(pid: int, proc_root: str | os.PathLike[str] = "/proc") -> ProcStat:
@@ -205,15 +224,72 @@ def list_threads(pid: int, proc_root: str | os.PathLike[str] = "/proc") -> list[
     return sorted(int(n) for n in names if n.isdigit())
 
 
-def parent_map(proc_root: str | os.PathLike[str] = "/proc") -> dict[int, int]:
-    """pid -> ppid for every process that is still there when its stat file is read."""
-    out: dict[int, int] = {}
+def process_table(proc_root: str | os.PathLike[str] = "/proc") -> dict[int, ProcStat]:
+    """pid -> ProcStat for every process that is still there when its stat file is read."""
+    out: dict[int, ProcStat] = {}
     for pid in list_pids(proc_root):
         try:
-            out[pid] = read_stat(pid, proc_root).ppid
+            out[pid] = read_stat(pid, proc_root)
         except (ProcessGone, SysfsError):
             continue
     return out
+
+
+def parent_map(proc_root: str | os.PathLike[str] = "/proc") -> dict[int, int]:
+    """pid -> ppid for every process that is still there when its stat file is read."""
+    return {pid: st.ppid for pid, st in process_table(proc_root).items()}
+
+
+@dataclass(frozen=True, slots=True)
+class ProcessGroup:
+    """The processes of one workload, robust against pid reuse.
+
+    - `pid` + `start_time`: the root process (when `start_time` is given, a process with that
+      pid but another start time is not the root: the pid was recycled);
+    - `session`: every process of this session id that started no earlier than the root
+      belongs to the group (the kernel never reuses a pid still in use as a session id);
+    - `members`: more (pid, start time) pairs that belong to the group (processes that
+      outlived the root and were recorded);
+    - descendants of every process above belong to the group too.
+    """
+
+    pid: int
+    start_time: int | None = None
+    session: int | None = None
+    members: tuple[tuple[int, int], ...] = ()
+
+    def pids(self, table: dict[int, ProcStat]) -> list[int]:
+        """The live (non-zombie) processes of the group in `table` (from `process_table`),
+        ascending."""
+        roots: list[int] = []
+        root = table.get(self.pid)
+        if root is not None and (self.start_time is None or root.start_time == self.start_time):
+            roots.append(self.pid)
+        for pid, start in self.members:
+            st = table.get(pid)
+            if st is not None and st.start_time == start:
+                roots.append(pid)
+        if self.session is not None:
+            floor = self.start_time or 0
+            roots.extend(
+                pid
+                for pid, st in table.items()
+                if st.session == self.session and st.start_time >= floor
+            )
+        if not roots:
+            return []
+        kids: dict[int, list[int]] = {}
+        for pid, st in table.items():
+            kids.setdefault(st.ppid, []).append(pid)
+        seen: set[int] = set()
+        stack = list(roots)
+        while stack:
+            current = stack.pop()
+            if current in seen:
+                continue
+            seen.add(current)
+            stack.extend(kids.get(current, ()))
+        return sorted(pid for pid in seen if table[pid].alive)
 
 
 def children(pid: int, proc_root: str | os.PathLike[str] = "/proc") -> list[int]:
