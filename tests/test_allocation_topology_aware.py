@@ -9,7 +9,7 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 import alloc_topologies as T
-from corepin.allocation.levels import free_units, index_of, withheld_for, units_of
+from corepin.allocation.levels import free_units, index_of, units_of, withheld_for
 from corepin.allocation.topology_aware import TopologyAwarePolicy
 from corepin.allocation.types import Request
 from corepin.core.cpuset import CPUSet

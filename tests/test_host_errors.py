@@ -12,13 +12,15 @@ from pathlib import Path
 
 import pytest
 
-from corepin.agent.host import HostAgent
+from corepin.agent.host import HostAgent, RunSpec
 from corepin.agent.settings import HostSettings
 from corepin.core.cpuset import CPUSet
 from corepin.core.errors import InputError
 from corepin.core.ids import IdError
+from corepin.enforcement.faketree import make_fake_v1
 from corepin.state.checkpoint import encode_checkpoint, encode_legacy
 from corepin.state.model import Assignment, HostState
+from corepin.state.owners import ProcessOwner
 from corepin.sysfs.procfs import process_start_time
 from helpers import run_corepin
 
@@ -103,7 +105,7 @@ def test_an_allocation_on_cpus_this_machine_does_not_have_is_refused_with_exit_4
         HostState(
             online=far,
             assignments={
-                "ghost": Assignment(id="ghost", cpus=far, pid=pid, start_time=start),
+                "ghost": Assignment(id="ghost", cpus=far, owner=ProcessOwner(pid, start)),
             },
         ),
     )
@@ -121,7 +123,7 @@ def test_an_allocation_on_missing_cpus_whose_process_is_gone_is_simply_freed(
         state_dir,
         HostState(
             online=far,
-            assignments={"old": Assignment(id="old", cpus=far, pid=4_000_000, start_time=1)},
+            assignments={"old": Assignment(id="old", cpus=far, owner=ProcessOwner(4_000_000, 1))},
         ),
     )
     out = run_corepin("reconcile", "--once", "--state-dir", str(state_dir), "--cgroups", "off")
@@ -238,38 +240,59 @@ def test_bad_container_ids_are_rejected_before_anything_is_touched(
 def test_a_state_file_with_a_cgroup_path_escaping_the_hierarchy_is_never_written_to(
     state_dir: Path, tmp_path: Path
 ) -> None:
-    pid, start = me()
     fake_root = tmp_path / "cgroup"
-    (fake_root / "cpuset" / "corepin").mkdir(parents=True)
-    (fake_root / "cpuset" / "cpuset.cpus").write_text("0-1\n")
+    online = CPUSet(os.sched_getaffinity(0))
+    make_fake_v1(fake_root, cpus=online, mems=CPUSet.of(0), separate_cpu_mount=False)
     victim = tmp_path / "victim"
     victim.mkdir()
     (victim / "cpuset.cpus").write_text("untouched\n")
-    online = CPUSet(os.sched_getaffinity(0))
     cpu = CPUSet.of(online.first())
-    write_state(
-        state_dir,
-        HostState(
-            online=online,
-            assignments={
-                "evil": Assignment(
-                    id="evil", cpus=cpu, pid=pid, start_time=start, cgroup="corepin/../../../victim"
-                )
-            },
-        ),
-    )
-    out = run_corepin(
-        "reconcile",
-        "--once",
-        "--state-dir",
-        str(state_dir),
-        "--cgroups",
-        "on",
-        "--cgroup-root",
-        str(fake_root),
-    )
-    assert_clean_failure(out, 2, "'..'")
-    assert (victim / "cpuset.cpus").read_text() == "untouched\n"
+    sleeper = subprocess.Popen(["sleep", "60"])
+    try:
+        write_state(
+            state_dir,
+            HostState(
+                online=online,
+                assignments={
+                    "evil": Assignment(
+                        id="evil",
+                        cpus=cpu,
+                        owner=ProcessOwner(
+                            sleeper.pid,
+                            process_start_time(sleeper.pid),
+                            cgroup="corepin/../../../victim",
+                        ),
+                    ),
+                    "other": Assignment(
+                        id="other",
+                        kind="shared",
+                        owner=ProcessOwner(
+                            sleeper.pid,
+                            process_start_time(sleeper.pid),
+                            cgroup="kubepods",  # the kubelet's parent itself: not a pod's group
+                        ),
+                    ),
+                },
+            ),
+        )
+        out = run_corepin(
+            "reconcile",
+            "--once",
+            "--state-dir",
+            str(state_dir),
+            "--cgroups",
+            "on",
+            "--cgroup-root",
+            str(fake_root),
+        )
+        assert out.returncode == 0, out.stderr
+        assert "refused evil: cgroup 'corepin/../../../victim'" in out.stdout
+        assert "refused other: cgroup 'kubepods'" in out.stdout
+        assert (victim / "cpuset.cpus").read_text() == "untouched\n"
+        assert not (fake_root / "cpuset" / "kubepods").exists()
+    finally:
+        sleeper.kill()
+        sleeper.wait()
 
 
 def test_missing_command_names_the_usage(tmp_path: Path) -> None:
@@ -280,7 +303,7 @@ def test_missing_command_names_the_usage(tmp_path: Path) -> None:
 def test_input_error_type_of_missing_command_in_the_agent(tmp_path: Path) -> None:
     agent = HostAgent(HostSettings(state_dir=str(tmp_path), cgroups="off"))
     with pytest.raises(InputError):
-        agent.run([], exclusive=1, with_shared=False, level="cpu", options={}, name=None)
+        agent.run([], RunSpec(exclusive=1))
 
 
 def test_cgroups_on_with_a_cgroup_root_without_cpuset_exits_4_naming_it(tmp_path: Path) -> None:

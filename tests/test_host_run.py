@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import json
 import os
+import re
 import signal
 import subprocess
 import time
@@ -211,7 +212,7 @@ def test_concurrent_exclusive_runs_never_share_a_cpu_and_losers_exit_3(
     assert len(losers) == n - len(ONLINE)
     for err in losers:
         assert len(err.strip().splitlines()) == 1, err
-        assert "cannot allocate 1 exclusive CPU" in err
+        assert "cannot allocate 1 exclusive CPU" in err, err
     assert allocations(state) == []
 
 
@@ -271,6 +272,8 @@ def test_kill_9_of_corepin_and_its_command_is_freed_by_reconcile(state: Path) ->
         held = allocations(state)[0]
         os.killpg(p.pid, signal.SIGKILL)
         p.wait(timeout=10)
+        # CMD leads a session of its own (its processes are found by it): kill it too
+        os.killpg(held["pid"], signal.SIGKILL)
         wait_for(lambda: not Path(f"/proc/{held['pid']}").exists(), what="the child to go")
     finally:
         if p.poll() is None:
@@ -393,9 +396,11 @@ def test_run_in_a_real_cpuset_cgroup_gets_the_cpus_and_the_numa_nodes(state: Pat
     cpus = lines[0].split(":", 1)[1].strip()
     mems = lines[1].split(":", 1)[1].strip()
     group = lines[2].split(":", 2)[2]
-    assert group.startswith("/corepin/run-")
+    assert re.fullmatch(r"/corepin/sd-[0-9a-f]{12}/run-[0-9]+-[0-9a-f]{4}", group), group
     assert lines[3] == f"{cpus} {mems}"
     assert not (CPUSET_ROOT / group.lstrip("/")).exists(), "the run's cgroup is removed after"
+    parent = CPUSET_ROOT / group.lstrip("/").rsplit("/", 1)[0]
+    assert not parent.exists(), "the state directory's own parent group goes with its last run"
 
 
 @needs_cpuset

@@ -427,8 +427,19 @@ def test_a_dry_run_prints_the_import_and_writes_nothing(
     assert code == 0, err
     result = json.loads(out)
     assert result["dry_run"] is True and result["written"] is False and result["revision"] is None
+    owner = {
+        "type": "container",
+        "pod_uid": POD,
+        "container": "a",
+        "namespace": "",
+        "pod": "",
+        "container_id": "",
+        "qos": "",
+        "runtime": "",
+        "cgroup": None,
+    }
     assert result["assignments"] == [
-        {"id": f"pod/{POD}/a", "cpus": "0-3", "mems": "0", "cgroup": None}
+        {"id": f"pod/{POD}/a", "cpus": "0-3", "mems": "0", "cgroup": None, "owner": owner}
     ]
     assert result["shared_pool"] == "4-15"
     assert not state_dir.exists()  # not even the directory or its lock file

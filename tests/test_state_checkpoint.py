@@ -12,7 +12,7 @@ from hypothesis import strategies as st
 
 from corepin.core.cpuset import CPUSet
 from corepin.core.errors import StateFormatError
-from corepin.state import Assignment, HostState, StateStore
+from corepin.state import Assignment, ContainerOwner, HostState, ProcessOwner, StateStore
 from corepin.state.checkpoint import (
     CURRENT_VERSION,
     MIGRATIONS,
@@ -30,25 +30,59 @@ from corepin.state.checkpoint import (
 C = CPUSet.parse
 
 
+DATA = Path(__file__).parent / "data"
+
+
 def sample() -> HostState:
-    s = HostState(revision=7, topology="sha256:ab", online=C("0-7"), reserved=C("0"))
+    s = HostState(
+        revision=7,
+        topology="sha256:ab",
+        online=C("0-8"),
+        isolated=C("8"),
+        reserved=C("0"),
+        infra=C("1"),
+    )
     s = s.add(
         Assignment(
             "run/4242",
             cpus=C("2-3"),
-            reserved=C("2-3,6-7"),
+            withheld=C("2-3,6-7"),
             mems=C("0"),
             level="core",
-            pid=4242,
-            start_time=987654,
+            owner=ProcessOwner(
+                4242,
+                987654,
+                runner_pid=4240,
+                runner_start_time=987650,
+                session=4242,
+                members=((4300, 987700),),
+                name="ünï",
+                command="iperf3 -s\nforged",
+            ),
             created=1700000000.25,
             policy="topology-aware",
-            meta={"cmd": "iperf3 -s", "ünï": "cødé"},
+            workload="cpu-bound",
         )
     )
-    s = s.add(Assignment("run/77", kind="shared", pid=77, start_time=5, created=3.0))
+    s = s.add(Assignment("run/77", kind="shared", owner=ProcessOwner(77, 5), created=3.0))
+    s = s.add(Assignment("sh/1", kind="share", cpus=C("5"), created=3.5))
     return s.add(
-        Assignment("pod/u/c", kind="mixed", cpus=C("4"), cgroup="/kubepods/pod-u/c", policy="x")
+        Assignment(
+            "pod/u/c",
+            kind="mixed",
+            cpus=C("4"),
+            owner=ContainerOwner(
+                pod_uid="u",
+                container="c",
+                namespace="ns",
+                pod="p",
+                container_id="abc",
+                qos="burstable",
+                runtime="containerd",
+                cgroup="kubepods/burstable/podu/abc",
+            ),
+            policy="x",
+        )
     )
 
 
@@ -74,7 +108,26 @@ def test_a_reformatted_but_unchanged_checkpoint_still_verifies() -> None:
     assert decode_checkpoint(pretty, "pretty.json") == sample()
 
 
-metas = st.dictionaries(st.text(max_size=5), st.text(max_size=8), max_size=3)
+owners = st.one_of(
+    st.none(),
+    st.builds(
+        ProcessOwner,
+        pid=st.integers(1, 2**22),
+        start_time=st.one_of(st.none(), st.integers(0, 2**62)),
+        session=st.one_of(st.none(), st.integers(1, 2**22)),
+        members=st.lists(st.tuples(st.integers(1, 2**22), st.integers(0, 2**40)), max_size=3).map(
+            tuple
+        ),
+        name=st.text(max_size=8),
+        command=st.text(max_size=12),
+    ),
+    st.builds(
+        ContainerOwner,
+        pod_uid=st.text("abcdef0123456789-", min_size=1, max_size=12),
+        container=st.text("abc-", max_size=6),
+        container_id=st.text("0123456789abcdef", max_size=12),
+    ),
+)
 
 
 @settings(max_examples=80, deadline=None)
@@ -82,11 +135,10 @@ metas = st.dictionaries(st.text(max_size=5), st.text(max_size=8), max_size=3)
     st.lists(
         st.tuples(
             st.sets(st.integers(0, 63), min_size=1, max_size=5),
-            st.sampled_from(["exclusive", "mixed", "shared"]),
-            st.one_of(st.none(), st.integers(1, 2**22)),
-            st.one_of(st.none(), st.integers(0, 2**62)),
+            st.sampled_from(["exclusive", "mixed", "share", "shared"]),
+            owners,
             st.floats(allow_nan=False, allow_infinity=False),
-            metas,
+            st.sampled_from([None, "memory-bound", "best-effort"]),
         ),
         max_size=6,
     ),
@@ -94,15 +146,14 @@ metas = st.dictionaries(st.text(max_size=5), st.text(max_size=8), max_size=3)
 )
 def test_any_state_round_trips_through_the_checkpoint_format(rows: list[Any], rev: int) -> None:
     s = HostState(revision=rev, online=CPUSet.range(0, 63))
-    for i, (cpus, kind, pid, start, created, meta) in enumerate(rows):
+    for i, (cpus, kind, owner, created, workload) in enumerate(rows):
         a = Assignment(
             f"id-{i}",
             kind=kind,
             cpus=CPUSet() if kind == "shared" else CPUSet(cpus),
-            pid=pid,
-            start_time=start,
+            owner=owner,
             created=created,
-            meta=meta,
+            workload=workload,
         )
         try:
             s = s.add(a)
@@ -142,8 +193,8 @@ BAD_FILES = [
     ("text that is not JSON", b"hello world", "not valid JSON", "bad_json"),
     ("a JSON list instead of an object", b"[1, 2]", "expected a JSON object", "bad_field"),
     ("no version", b'{"payload": {}, "checksum": "sha256:00"}', "'version'", "missing_field"),
-    ("no checksum", b'{"version": 2, "payload": {}}', "'checksum'", "missing_field"),
-    ("no payload", b'{"version": 2, "checksum": "x"}', "'payload'", "missing_field"),
+    ("no checksum", b'{"version": 3, "payload": {}}', "'checksum'", "missing_field"),
+    ("no payload", b'{"version": 3, "checksum": "x"}', "'payload'", "missing_field"),
     (
         "a version written by a newer corepin",
         b'{"version": 99, "payload": {}, "checksum": "sha256:00"}',
@@ -164,13 +215,13 @@ BAD_FILES = [
     ),
     (
         "a checksum without algorithm",
-        b'{"version": 2, "payload": {}, "checksum": "abc"}',
+        b'{"version": 3, "payload": {}, "checksum": "abc"}',
         "checksum",
         "bad_field",
     ),
     (
         "a payload that is a list",
-        b'{"version": 2, "payload": [], "checksum": "sha256:0"}',
+        b'{"version": 3, "payload": [], "checksum": "sha256:0"}',
         "payload",
         "bad_field",
     ),
@@ -212,9 +263,27 @@ WRONG_TYPES = [
     ),
     (
         "a pid that is a float",
-        ["payload", "assignments", 0, "pid"],
+        ["payload", "assignments", 1, "owner", "pid"],
         1.5,
-        ".pid: expected an integer",
+        "pid must be a non-negative integer",
+    ),
+    (
+        "an owner of unknown type",
+        ["payload", "assignments", 0, "owner", "type"],
+        "vm",
+        "owner type must be 'process' or 'container'",
+    ),
+    (
+        "an owner with an unknown field",
+        ["payload", "assignments", 0, "owner", "uid"],
+        0,
+        "unknown field 'uid'",
+    ),
+    (
+        "an owner that is a string",
+        ["payload", "assignments", 0, "owner"],
+        "root",
+        ".owner: expected a JSON object",
     ),
     (
         "a created time that is text",
@@ -223,10 +292,10 @@ WRONG_TYPES = [
         ".created: expected a number",
     ),
     (
-        "meta values that are numbers",
-        ["payload", "assignments", 0, "meta"],
-        {"a": 1},
-        "meta.a: expected a string",
+        "a workload that is a number",
+        ["payload", "assignments", 0, "workload"],
+        3,
+        ".workload: expected a string",
     ),
     (
         "an assignment without an id",
@@ -271,6 +340,7 @@ def test_duplicate_assignment_ids_are_refused() -> None:
 def test_a_flipped_bit_in_the_payload_is_a_checksum_mismatch() -> None:
     data = bytearray(encode_checkpoint(sample()))
     i = data.index(b'"cpus":"2-3"') + len(b'"cpus":"')
+    assert data[i : i + 3] == b"2-3"
     data[i : i + 3] = b"2-5"  # one CPU more for run/4242, same length
     with pytest.raises(StateFormatError) as info:
         decode_checkpoint(bytes(data), "/s/state.json")
@@ -349,12 +419,58 @@ def v1_payload() -> dict[str, Any]:
 def test_a_version_1_checkpoint_is_migrated_to_the_current_model() -> None:
     state = decode_checkpoint(encode_legacy(v1_payload(), 1), "/s/state.json")
     excl = state.assignments["run/10"]
-    assert (excl.kind, excl.cpus, excl.reserved, excl.pid) == ("exclusive", C("1-2"), C("1-2"), 10)
-    assert excl.start_time is None and excl.mems == C(""), "v1 knew no start time nor mems"
+    assert (excl.kind, excl.cpus, excl.withheld, excl.pid) == ("exclusive", C("1-2"), C("1-2"), 10)
+    assert excl.process is not None and excl.process.start_time is None, "v1 knew no start time"
+    assert excl.mems == C(""), "v1 knew no mems"
     shared = state.assignments["run/11"]
     assert shared.kind == "shared" and shared.cpus == C("")
     assert state.revision == 3 and state.reserved == C("0")
-    assert MIGRATIONS[1] is not None and CURRENT_VERSION == 2
+    assert MIGRATIONS[1] is not None and MIGRATIONS[2] is not None and CURRENT_VERSION == 3
+
+
+def test_a_version_2_checkpoint_written_by_corepin_0_1_keeps_every_assignment() -> None:
+    """tests/data/state-v2-corepin-0.1.0.json was written by corepin 0.1.0 (commit 0249315):
+    runs, a shared and a mixed run, a pinned container and three kubelet imports."""
+    raw = (DATA / "state-v2-corepin-0.1.0.json").read_bytes()
+    old = json.loads(raw)["payload"]
+    state = decode_checkpoint(raw, "/s/state.json")
+    assert sorted(state.assignments) == sorted(row["id"] for row in old["assignments"])
+    for row in old["assignments"]:
+        a = state.assignments[row["id"]]
+        assert (a.kind, str(a.cpus), str(a.withheld), str(a.mems), a.level) == (
+            row["kind"],
+            row["cpus"],
+            row["reserved"],
+            row["mems"],
+            row["level"],
+        )
+        assert (a.created, a.policy, a.cgroup, a.pid) == (
+            row["created"],
+            row["policy"],
+            row["cgroup"],
+            row["pid"],
+        )
+    run = state.assignments["run-4242-beef"].process
+    assert run is not None
+    assert (run.pid, run.start_time, run.runner_pid, run.runner_start_time) == (
+        4242,
+        987654,
+        4240,
+        987650,
+    )
+    assert (run.name, run.command, run.cgroup) == ("iperf", "iperf3 -s", "corepin/run-4242-beef")
+    pinned = state.assignments["ctr-0123456789ab"].container
+    assert pinned is not None and pinned.container_id == "0123456789abcdef"
+    imported = state.assignments["pod/0f1e2d3c-aaaa-bbbb-cccc-000000000001/app"].container
+    assert imported is not None
+    assert (imported.pod_uid, imported.container) == ("0f1e2d3c-aaaa-bbbb-cccc-000000000001", "app")
+    v1_entry = state.assignments["container/deadbeef"].container
+    assert v1_entry is not None and v1_entry.container_id == "deadbeef"
+    pod_level = state.assignments["pod/0f1e2d3c-aaaa-bbbb-cccc-000000000002"].container
+    assert pod_level is not None and pod_level.container == ""
+    assert (state.revision, str(state.online), str(state.reserved)) == (41, "0-15", "0")
+    assert state.strict_reservation and state.isolated == C("") and state.infra == C("")
+    assert decode_checkpoint(encode_checkpoint(state), "again") == state
 
 
 def test_a_migrated_checkpoint_is_written_back_in_the_current_version(tmp_path: Path) -> None:
@@ -364,7 +480,7 @@ def test_a_migrated_checkpoint_is_written_back_in_the_current_version(tmp_path: 
         tx.commit(tx.state)
     doc = json.loads(Path(store.path).read_bytes())
     assert doc["version"] == CURRENT_VERSION
-    assert doc["payload"]["assignments"][0]["start_time"] is None
+    assert doc["payload"]["assignments"][0]["owner"]["start_time"] is None
     assert doc["payload"]["revision"] == 4
 
 

@@ -231,7 +231,8 @@ def test_a_static_policy_checkpoint_becomes_exclusive_assignments_and_a_shared_p
         "kubelet-static",
         5.0,
     )
-    assert app.meta["source"] == "/k/cms" and app.meta["kubelet_format"] == "v2"
+    assert app.container is not None
+    assert (app.container.pod_uid, app.container.container) == ("uid-1", "app")
     assert state.shared_pool == C("0-1,5-11,13-15"), "the default CPU set is the shared pool"
     assert state.reserved == C("") and state.topology == "sha256:t"
     assert "event=imported id=pod/uid-1/app cpus=2-3" in notes

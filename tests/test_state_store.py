@@ -23,6 +23,7 @@ from corepin.core.cpuset import CPUSet
 from corepin.core.errors import StateError
 from corepin.state import Assignment, HostState, StateStore, state_dir_from
 from corepin.state.checkpoint import WRITE_POINTS, leftover_temp_files, write_checkpoint
+from corepin.state.owners import ProcessOwner
 
 C = CPUSet.parse
 SRC = str(Path(__file__).resolve().parents[1] / "src")
@@ -47,7 +48,7 @@ def seeded(tmp_path: Path, n: int = 3) -> StateStore:
     with store.transaction() as tx:
         s = tx.state.evolve(online=C("0-15"))
         for i in range(n):
-            s = s.add(Assignment(f"run/{i}", cpus=CPUSet.of(i + 1), pid=100 + i, start_time=i))
+            s = s.add(Assignment(f"run/{i}", cpus=CPUSet.of(i + 1), owner=ProcessOwner(100 + i, i)))
         tx.commit(s)
     return store
 
@@ -167,14 +168,14 @@ def test_a_state_dir_without_permission_is_exit_4_with_advice(tmp_path: Path) ->
 CRASHER = """
     import os, sys
     from corepin.core.cpuset import CPUSet
-    from corepin.state import Assignment, StateStore
+    from corepin.state import Assignment, ProcessOwner, StateStore
     point = sys.argv[2]
     def hook(name):
         if name == point:
             os._exit(17)
     store = StateStore(sys.argv[1], write_hook=hook)
     with store.transaction() as tx:
-        tx.commit(tx.state.add(Assignment("run/new", cpus=CPUSet.of(9), pid=999, start_time=1)))
+        tx.commit(tx.state.add(Assignment("run/new", cpus=CPUSet.of(9), owner=ProcessOwner(999, 1))))
     os._exit(0)
 """
 
@@ -224,7 +225,7 @@ def test_an_exception_inside_the_write_removes_the_temp_file(tmp_path: Path) -> 
 
 LOOPER = """
     import sys
-    from corepin.state import Assignment, StateStore
+    from corepin.state import Assignment, ProcessOwner, StateStore
     store = StateStore(sys.argv[1])
     prefix = sys.argv[2]
     n = 0
@@ -234,7 +235,7 @@ LOOPER = """
                 tx.commit(tx.state.remove(f"{prefix}{n - 1}"))
                 print(f"-{prefix}{n - 1}", flush=True)
             else:
-                tx.commit(tx.state.add(Assignment(f"{prefix}{n}", kind="shared", pid=n + 1)))
+                tx.commit(tx.state.add(Assignment(f"{prefix}{n}", kind="shared", owner=ProcessOwner(n + 1))))
                 print(f"+{prefix}{n}", flush=True)
         n += 1
 """
@@ -288,7 +289,7 @@ def test_sigkill_of_a_writer_at_random_moments_never_loses_a_committed_allocatio
 
 INCREMENTER = """
     import sys
-    from corepin.state import Assignment, StateStore
+    from corepin.state import Assignment, ProcessOwner, StateStore
     store = StateStore(sys.argv[1])
     me = sys.argv[2]
     for i in range(int(sys.argv[3])):
@@ -326,7 +327,7 @@ CLAIMER = """
     import sys
     from corepin.core.cpuset import CPUSet
     from corepin.core.errors import CorepinError
-    from corepin.state import Assignment, StateStore
+    from corepin.state import Assignment, ProcessOwner, StateStore
     store = StateStore(sys.argv[1])
     try:
         with store.transaction(timeout=60) as tx:

@@ -12,6 +12,7 @@ from hypothesis import strategies as st
 from corepin.core.cpuset import CPUSet
 from corepin.core.errors import AllocationError, StateError
 from corepin.state import STRICT_RESERVATION, Assignment, HostState, fingerprint, validate
+from corepin.state.owners import ProcessOwner
 from test_state_helpers import machine
 
 C = CPUSet.parse
@@ -21,11 +22,18 @@ def restored(**kw: object) -> HostState:
     """A state recorded on the 8-CPU, 2-node machine (node 0: CPUs 0-1,4-5; node 1: 2-3,6-7)."""
     topo = machine(8)
     s = HostState.new(topo, reserved=C("0"))
-    s = s.add(Assignment("run/a", cpus=C("1"), mems=C("0"), pid=10, start_time=1))
+    s = s.add(Assignment("run/a", cpus=C("1"), mems=C("0"), owner=ProcessOwner(10, 1)))
     s = s.add(
-        Assignment("run/b", cpus=C("2"), reserved=C("2,6"), mems=C("1"), level="core", pid=11)
+        Assignment(
+            "run/b",
+            cpus=C("2"),
+            withheld=C("2,6"),
+            mems=C("1"),
+            level="core",
+            owner=ProcessOwner(11),
+        )
     )
-    s = s.add(Assignment("run/s", kind="shared", pid=12))
+    s = s.add(Assignment("run/s", kind="shared", owner=ProcessOwner(12)))
     return s.evolve(**kw) if kw else s
 
 
@@ -60,7 +68,7 @@ def test_a_cpu_coming_online_grows_the_shared_pool() -> None:
 
 def test_a_withheld_sibling_going_offline_is_dropped_from_the_level_reservation() -> None:
     out, changes = validate(restored(), machine(8, offline=[6]))
-    assert out.assignments["run/b"].reserved == C("2")
+    assert out.assignments["run/b"].withheld == C("2")
     assert out.assignments["run/b"].cpus == C("2")
     assert "event=withheld_dropped id=run/b cpus=6 cause=offline old=2,6 new=2" in changes
 
@@ -119,7 +127,7 @@ def test_overlapping_exclusive_allocations_are_refused() -> None:
     bad = s.evolve(assignments=items)
     with pytest.raises(StateError) as info:
         validate(bad, machine(8))
-    assert "'run/a' and 'run/c' both hold CPUs 1" in str(info.value)
+    assert "'run/a' and 'run/c' both withhold CPUs 1" in str(info.value)
 
 
 def test_a_reserved_set_covering_an_allocation_is_refused() -> None:

@@ -364,7 +364,8 @@ class HostAgent:
                     return
                 state, _ = self.reap(state.remove(assignment_id), table)
                 state = txn.commit(state)
-                self.pinner.remove(a)
+                if self.pinner.cgroups_enabled:
+                    self.pinner.remove_orphans({x.id for x in state})
                 if a.exclusive:
                     self.repin_shared(state)
         finally:

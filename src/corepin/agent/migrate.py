@@ -29,7 +29,6 @@ from __future__ import annotations
 import os
 import time
 from dataclasses import dataclass, field, replace
-from pathlib import Path
 from typing import TYPE_CHECKING, Any, Final
 
 from corepin.core.cpuset import CPUSet
@@ -165,14 +164,10 @@ def open_cgroup_driver(settings: HostSettings) -> CgroupDriver | None:
     Unlike the pinner it never creates corepin's own cgroup: looking up is all migrate does."""
     if settings.cgroups == "off":
         return None
-    from corepin.agent.settings import DEFAULT_CGROUP_ROOT
-    from corepin.enforcement.cgroups import CgroupV1, open_cgroups
+    from corepin.enforcement.cgroups import open_cpuset_hierarchy
 
     try:
-        if settings.cgroup_root.rstrip("/") == DEFAULT_CGROUP_ROOT:
-            driver = open_cgroups()
-        else:
-            driver = CgroupV1(Path(settings.cgroup_root) / "cpuset")
+        driver = open_cpuset_hierarchy(settings.cgroup_root)
         if driver.version != 1 or not os.path.isdir(driver.root):
             raise CgroupError(
                 os.fspath(driver.root),

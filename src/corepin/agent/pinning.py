@@ -25,7 +25,6 @@ layout (`kubepods` / `kubepods.slice`); a process only when its start time is th
 from __future__ import annotations
 
 import os
-from pathlib import Path
 from typing import TYPE_CHECKING, Literal
 
 from corepin.core.cpuset import CPUSet
@@ -69,13 +68,10 @@ class Pinner:
         mode = self.settings.cgroups
         if mode == "off":
             return False
-        from corepin.enforcement.cgroups import CgroupV1, open_cgroups
+        from corepin.enforcement.cgroups import open_cpuset_hierarchy
 
         try:
-            if self.settings.cgroup_root.rstrip("/") == "/sys/fs/cgroup":
-                driver = open_cgroups()
-            else:
-                driver = CgroupV1(Path(self.settings.cgroup_root) / "cpuset")
+            driver = open_cpuset_hierarchy(self.settings.cgroup_root)
             if driver.version != 1:
                 # cgroup v2 needs cpuset delegated through cgroup.subtree_control; host mode
                 # keeps to affinity there unless asked (the kube agent drives v2 directly).
@@ -141,17 +137,15 @@ class Pinner:
     def inspector(self) -> CgroupDriver | None:
         """A driver to look at the cpuset hierarchy with: the writing one when cgroups are
         enabled, else a read-only view when the hierarchy is there (so `--cgroups off` still
-        sees whether a run's cgroup holds processes), else None."""
-        if self.driver is not None:
-            return self.driver
+        sees whether a run's cgroup holds processes), else None. Looking never creates or
+        writes anything (a report stays read-only)."""
+        if self._driver is not None:
+            return self._driver
         if self._inspector is None:
-            from corepin.enforcement.cgroups import CgroupV1, open_cgroups
+            from corepin.enforcement.cgroups import open_cpuset_hierarchy
 
             try:
-                if self.settings.cgroup_root.rstrip("/") == "/sys/fs/cgroup":
-                    view = open_cgroups()
-                else:
-                    view = CgroupV1(Path(self.settings.cgroup_root) / "cpuset")
+                view: CgroupDriver | None = open_cpuset_hierarchy(self.settings.cgroup_root)
             except CorepinError:
                 view = None
             if view is not None and view.version == 1 and os.path.isdir(view.root):
@@ -244,25 +238,37 @@ class Pinner:
         widening and shrinking across the hierarchy, verifies every process's start time and
         writes only what differs). What changed."""
         from corepin.agent.host import Change
+        from corepin.core.text import printable
         from corepin.enforcement.reconcile import Reconciler
 
         cgroups: list[CgroupTarget] = []
         processes: list[ProcessTarget] = []
+        refused: list[Change] = []
         for a in assignments:
+            if a.cgroup is not None and self.trusted_cgroup(a) is None:
+                refused.append(
+                    Change(
+                        "refused",
+                        a.id,
+                        f"cgroup {printable(a.cgroup)!r} is neither this state directory's own "
+                        f"({self.settings.cgroup_parent}/<id>) nor a kubelet pod cgroup: never "
+                        "written",
+                    )
+                )
             cgroup, process = self.targets(a, pool)
             if cgroup is not None:
                 cgroups.append(cgroup)
             if process is not None:
                 processes.append(process)
         if not cgroups and not processes:
-            return []
+            return refused
         driver = self.driver
         owners = {driver.rel(t.path): t.owner for t in cgroups} if driver is not None else {}
         report = Reconciler(
             driver, proc_root=self.settings.proc_root, topology=self.topology
         ).reconcile([*cgroups, *processes])
         self.writes += report.writes
-        changes: list[Change] = []
+        changes: list[Change] = refused
         threads: dict[str, int] = {}
         for c in report.changes:
             if c.what == "affinity":

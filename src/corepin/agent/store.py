@@ -55,7 +55,7 @@ def adopt(
     report."""
     from corepin.state.validate import validate
 
-    gone = dead_ids(state) if dead_ids is not None and len(state) else set()
+    gone = dead_ids(state) if dead_ids is not None and state.assignments else set()
     dead = {a.id: a for a in state if a.id in gone}
     try:
         checked, _ = validate(state.remove_many(dead), topology)

@@ -400,7 +400,7 @@ def decide(
         free = pools.free
         if len(free) < request.count:
             raise AllocationError(
-                f"cannot allocate {request.count} CPU(s): only {len(free)} free "
+                f"cannot allocate {request.count} {kind} CPU(s): only {len(free)} free "
                 f"({free or 'none'}) of online {CPUSet.from_bits(pools.online)}",
                 reason="not_enough_cpus",
             )
@@ -411,8 +411,8 @@ def decide(
             and not pools.keeps_shared_pool(decision.withheld)
         ):
             raise AllocationError(
-                f"cannot allocate {request.count} CPU(s): CPUs {decision.withheld} would leave "
-                "no CPU in the shared pool",
+                f"cannot allocate {request.count} {kind} CPU(s): CPUs {decision.withheld} would "
+                "leave no CPU in the shared pool for the running shared workloads",
                 reason="shared_pool_exhausted",
             )
         return decision

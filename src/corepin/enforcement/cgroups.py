@@ -33,7 +33,7 @@ from pathlib import Path
 from typing import Final
 
 from corepin.core.cpuset import CPUSet
-from corepin.core.errors import CgroupError, CPUSetParseError
+from corepin.core.errors import CgroupError, CorepinError, CPUSetParseError
 from corepin.core.ids import split_cgroup_path, validate_pid
 from corepin.sysfs.procfs import read_mountinfo
 
@@ -712,3 +712,33 @@ def open_cgroups(
         + ": mount cgroup v1 cpuset or enable cpuset in cgroup v2",
         reason="no_cpuset_hierarchy",
     )
+
+
+#: Where cgroup hierarchies are mounted unless told otherwise.
+DEFAULT_CGROUP_ROOT = "/sys/fs/cgroup"
+
+
+def is_cgroup_mount(path: str | os.PathLike[str], mountinfo: str = "/proc/self/mountinfo") -> bool:
+    """Whether `path` is itself the mount point of a cgroup (v1 or v2) file system."""
+    from corepin.sysfs.procfs import read_mountinfo
+
+    target = os.path.realpath(path)
+    try:
+        mounts = read_mountinfo(mountinfo)
+    except CorepinError:
+        return False
+    return any(m.mount_point == target and m.fstype in ("cgroup", "cgroup2") for m in mounts)
+
+
+def open_cpuset_hierarchy(
+    cgroup_root: str | os.PathLike[str] = DEFAULT_CGROUP_ROOT,
+) -> CgroupDriver:
+    """The driver of the cpuset hierarchy below `cgroup_root` (CONTRACTS 7.1 `--cgroup-root`):
+    at the default root the mounted hierarchy found in /proc/self/mountinfo (v1 or v2); else
+    `<cgroup_root>/cpuset` as cgroup v1 - a real mount, or a plain directory tree standing in
+    for one (tests, dry runs), driven with `fake_tree` so the kernel's rules still apply."""
+    root = os.fspath(cgroup_root).rstrip("/") or "/"
+    if root == DEFAULT_CGROUP_ROOT:
+        return open_cgroups()
+    cpuset = os.path.join(root, "cpuset")
+    return CgroupV1(Path(cpuset), fake_tree=os.path.isdir(cpuset) and not is_cgroup_mount(cpuset))

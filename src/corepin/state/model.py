@@ -245,9 +245,6 @@ class HostState:
     def __iter__(self) -> Iterator[Assignment]:
         return iter(self.assignments.values())
 
-    def __len__(self) -> int:
-        return len(self.assignments)
-
     def __contains__(self, assignment_id: object) -> bool:
         return assignment_id in self.assignments
 

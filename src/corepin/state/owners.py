@@ -23,6 +23,7 @@ characters; the labels `name` and `command` may, and every output escapes them.
 
 from __future__ import annotations
 
+import dataclasses
 from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any, ClassVar, Final
@@ -169,18 +170,25 @@ Owner = ProcessOwner | ContainerOwner
 def owner_from_json(data: Mapping[str, Any]) -> Owner:
     """The owner of a checkpoint row (`to_json` form); RequestError naming what is wrong."""
     kind = data.get("type")
+    cls: type[ProcessOwner] | type[ContainerOwner]
+    if kind == "process":
+        cls = ProcessOwner
+    elif kind == "container":
+        cls = ContainerOwner
+    else:
+        raise RequestError(f"owner type must be 'process' or 'container', got {kind!r}")
     fields = {k: v for k, v in data.items() if k != "type"}
-    try:
-        if kind == "process":
-            members = fields.get("members") or ()
-            if not isinstance(members, (list, tuple)):
-                raise RequestError(f"owner members must be a list, got {members!r}")
-            fields["members"] = tuple(
-                tuple(m) if isinstance(m, (list, tuple)) else (m,) for m in members
-            )
-            return ProcessOwner(**fields)
-        if kind == "container":
-            return ContainerOwner(**fields)
-    except TypeError as exc:
-        raise RequestError(f"owner of type {kind!r}: {exc}") from None
-    raise RequestError(f"owner type must be 'process' or 'container', got {kind!r}")
+    known = {f.name for f in dataclasses.fields(cls)}
+    for name in sorted(fields):
+        if name not in known:
+            raise RequestError(f"{kind} owner: unknown field {name!r}")
+    if cls is ProcessOwner:
+        if "pid" not in fields:
+            raise RequestError("process owner: missing field 'pid'")
+        members = fields.get("members") or ()
+        if not isinstance(members, (list, tuple)):
+            raise RequestError(f"process owner: members must be a list, got {members!r}")
+        fields["members"] = tuple(
+            tuple(m) if isinstance(m, (list, tuple)) else (m,) for m in members
+        )
+    return cls(**fields)
