@@ -175,7 +175,8 @@ CRASHER = """
             os._exit(17)
     store = StateStore(sys.argv[1], write_hook=hook)
     with store.transaction() as tx:
-        tx.commit(tx.state.add(Assignment("run/new", cpus=CPUSet.of(9), owner=ProcessOwner(999, 1))))
+        new = Assignment("run/new", cpus=CPUSet.of(9), owner=ProcessOwner(999, 1))
+        tx.commit(tx.state.add(new))
     os._exit(0)
 """
 
@@ -235,7 +236,8 @@ LOOPER = """
                 tx.commit(tx.state.remove(f"{prefix}{n - 1}"))
                 print(f"-{prefix}{n - 1}", flush=True)
             else:
-                tx.commit(tx.state.add(Assignment(f"{prefix}{n}", kind="shared", owner=ProcessOwner(n + 1))))
+                owner = ProcessOwner(n + 1)
+                tx.commit(tx.state.add(Assignment(f"{prefix}{n}", kind="shared", owner=owner)))
                 print(f"+{prefix}{n}", flush=True)
         n += 1
 """
