@@ -45,6 +45,7 @@ from collections.abc import Callable, Iterable, Iterator, Mapping
 from dataclasses import dataclass
 from typing import Final
 
+from corepin.allocation.pools import NodePools
 from corepin.allocation.types import Decision, Request, Step
 from corepin.core.cpuset import EMPTY, CPUSet
 from corepin.core.errors import AllocationError, RequestError, SMTAlignmentError
@@ -1096,7 +1097,10 @@ class KubeletStaticPolicy:
         reserved = select_reserved(topology, count, explicit, options=opts) if count else EMPTY
         t = _tables(topology)
         if not request.exclusive:
-            pool = available - reserved if opts.strict_cpu_reservation else available
+            # the kubelet knows no isolated CPUs: its default cpuset is the node's shared pool
+            pool = NodePools.build(
+                available, reserved=reserved, strict=opts.strict_cpu_reservation
+            ).shared_pool
             steps = [Step("cpu", str(pool), "shared request: the default (shared) cpuset")]
             return Decision(pool, topology.mems_of(pool), EMPTY, self.name, tuple(steps))
         free = available - reserved

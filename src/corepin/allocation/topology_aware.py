@@ -34,6 +34,7 @@ from collections.abc import Callable
 from typing import Final
 
 from corepin.allocation.levels import L3Part, NumaUnit, TopologyIndex, index_of
+from corepin.allocation.pools import NodePools
 from corepin.allocation.types import Decision, Request, Step, check_options, option_flag
 from corepin.core.cpuset import CPUSet
 from corepin.core.errors import AllocationError, SMTAlignmentError
@@ -720,9 +721,8 @@ def _candidates(idx: TopologyIndex, avail: int, request: Request) -> list[tuple[
 
 def shared_decision(idx: TopologyIndex, avail: int, request: Request, policy: str) -> Decision:
     """A shared request gets the whole shared pool it is given, isolated CPUs only if asked."""
-    pool = avail
-    if not option_flag(request.options, "allow-isolated"):
-        pool = avail & ~idx.isolated
+    pools = NodePools.build(CPUSet.from_bits(avail), isolated=CPUSet.from_bits(idx.isolated))
+    pool = pools.shared_pool_for(allow_isolated=option_flag(request.options, "allow-isolated")).bits
     if not pool:
         raise AllocationError(
             "the shared pool is empty (isolated CPUs are only used when allow-isolated is given)",
