@@ -1,5 +1,17 @@
-"""`python -m corepin`."""
+"""`python -m corepin`, and the `corepin` console script (`entry`)."""
 
-from corepin.cli.main import main
+from __future__ import annotations
 
-raise SystemExit(main())
+
+def entry() -> int:
+    """Run the command line; a Ctrl-C while corepin's modules are still loading is the same
+    quiet exit 130 as one later on (CONTRACTS.md section 6)."""
+    try:
+        from corepin.cli.main import main
+    except KeyboardInterrupt:
+        return 130
+    return main()
+
+
+if __name__ == "__main__":
+    raise SystemExit(entry())

@@ -233,6 +233,13 @@ class HostAgent:
         """Re-pin every shared and mixed assignment to the current shared pool."""
         return self.enforce(state, {a.id for a in state.shared_assignments()})
 
+    def _remove_cgroups(self, state: HostState) -> list[Change]:
+        """Remove the empty cgroups of this state directory that no assignment owns (and its
+        parent group once nothing is left). Under the state lock only."""
+        if not self.pinner.cgroups_enabled:
+            return []
+        return self.pinner.remove_orphans({a.id for a in state})
+
     # ------------------------------------------------------------------ run
     def run(self, argv: list[str], spec: RunSpec, *, name: str | None = None) -> int:
         """Run `argv` pinned as `spec` asks; CMD's exit code (see the module docstring)."""
@@ -352,8 +359,7 @@ class HostAgent:
                 state = txn.state
                 a = state.get(assignment_id)
                 if a is None:  # released on purpose, or never committed
-                    if self.pinner.cgroups_enabled:
-                        self.pinner.remove_orphans({x.id for x in state})
+                    self._remove_cgroups(state)
                     return
                 table = self._table()
                 a = self._adopt_orphans(a, table)
@@ -364,8 +370,7 @@ class HostAgent:
                     return
                 state, _ = self.reap(state.remove(assignment_id), table)
                 state = txn.commit(state)
-                if self.pinner.cgroups_enabled:
-                    self.pinner.remove_orphans({x.id for x in state})
+                self._remove_cgroups(state)
                 if a.exclusive:
                     self.repin_shared(state)
         finally:
@@ -430,7 +435,7 @@ class HostAgent:
                 changes.extend(self.enforce(state))
                 return changes
             state = txn.commit(state.remove(assignment_id))
-            self.pinner.remove(a)
+            self._remove_cgroups(state)
             changes.append(Change("released", a.id, f"CPUs {a.withheld or '-'}"))
             if a.exclusive:
                 changes.extend(self.repin_shared(state))
@@ -536,11 +541,8 @@ class HostAgent:
             state, changes = self.reap(before)
             if changes:
                 state = txn.commit(state)
-                for a in before:
-                    if a.id not in state:
-                        self.pinner.remove(a)
             changes.extend(self.enforce(state))
-            changes.extend(self.pinner.remove_orphans({a.id for a in state}))
+            changes.extend(self._remove_cgroups(state))
         return changes
 
     # ------------------------------------------------------------------ report

@@ -297,18 +297,6 @@ class Pinner:
             changes.append(Change("failed", "-", err.message))
         return changes
 
-    def remove(self, a: Assignment) -> None:
-        """Remove the run's own cgroup if it is empty (left for `remove_orphans` otherwise)."""
-        driver = self.driver
-        path = self.trusted_cgroup(a)
-        if driver is None or path is None or a.process is None or not driver.exists(path):
-            return
-        try:
-            driver.remove(path)
-            self.writes += 1
-        except CgroupError:
-            pass
-
     def remove_orphans(self, live_ids: set[str]) -> list[Change]:
         """Remove the empty groups below this state directory's parent whose assignment is
         gone, and the parent itself once nothing is left in it."""

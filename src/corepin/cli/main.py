@@ -67,8 +67,11 @@ def build_parser(only: str | None = None) -> argparse.ArgumentParser:
 def main(argv: Sequence[str] | None = None) -> int:
     argv = list(sys.argv[1:] if argv is None else argv)
     first = next((a for a in argv if not a.startswith("-")), None)
-    parser = build_parser(first if first in COMMANDS else None)
-    args = parser.parse_args(argv)
+    try:
+        parser = build_parser(first if first in COMMANDS else None)
+        args = parser.parse_args(argv)
+    except KeyboardInterrupt:
+        return 130
     if args.command is None:
         parser.print_help(sys.stderr)
         return EXIT_INPUT
