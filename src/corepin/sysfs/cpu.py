@@ -15,7 +15,8 @@ documented fallbacks (each logged once per discovery, see `corepin.sysfs.files`)
 | `topology/core_cpus_list` (5.3)      | `thread_siblings_list`, then grouping by core_id         |
 | `topology/cluster_id` (5.16)         | no cluster information (also for -1 and 0xffff)          |
 | `cache/indexK/id` (4.11)             | the cache instance is identified by its shared CPU list  |
-| `cache/indexK/shared_cpu_list`       | `shared_cpu_map` (hex), then the CPU alone               |
+| `cache/indexK/shared_cpu_list`       | `shared_cpu_map` (hex), then the CPU alone (when both    |
+|                                      | exist and differ, the map: what hwloc and lscpu read)    |
 | `sys/devices/cpu_core/cpus` et al.   | `cpuN/cpu_capacity` when present, else no core types     |
 | `cpuN/cpu_capacity`                  | capacity unknown (read only when the first online CPU    |
 |                                      | has the file; no warning, most x86 kernels lack it)      |
@@ -212,15 +213,36 @@ def read_caches(
         kind = files.text(_join(index_dir, "type"), required=False) or "Unified"
         if kind == "Instruction":
             continue
-        shared = files.cpus_list_or_mask(
-            _join(index_dir, "shared_cpu_list"),
-            _join(index_dir, "shared_cpu_map"),
-            kinds=("shared_cpu_list_missing", "shared_cpu_map_missing"),
-            default=CPUSet.of(cpu),
-            action="the cache is private to the CPU",
-        )
+        shared = _shared_cpus(files, index_dir, cpu)
         ident = files.integer_or_note(
             _join(index_dir, "id"), "cache_id_missing", "identifying caches by their shared CPUs"
         )
         out.append(CacheRecord(int(name[5:]), level, kind, shared, ident))
     return tuple(out)
+
+
+def _shared_cpus(files: SysfsFiles, index_dir: str, cpu: int) -> CPUSet:
+    """The CPUs sharing one cache: `shared_cpu_map` and `shared_cpu_list` print the same mask
+    on a sound kernel; where both exist and differ (seen on AMD family 15h kernels, whose L2
+    lists named the CPU alone while the maps named its compute unit) the map is taken, as hwloc
+    and lscpu read only the map. Either one alone is used as it is; with neither, the cache
+    is private to the CPU."""
+    list_path = _join(index_dir, "shared_cpu_list")
+    map_path = _join(index_dir, "shared_cpu_map")
+    listed = files.cpulist(list_path, required=False)
+    masked = files.cpumask(map_path, required=False)
+    if listed is not None:
+        if masked is not None and masked != listed:
+            files.interpret(
+                "shared_cpu_list_map_differ",
+                list_path,
+                f"shared_cpu_list says {listed}, shared_cpu_map says {masked}: using the map "
+                "(what hwloc and lscpu read)",
+            )
+            return masked
+        return listed
+    files.note("shared_cpu_list_missing", list_path, "using shared_cpu_map")
+    if masked is not None:
+        return masked
+    files.note("shared_cpu_map_missing", map_path, "the cache is private to the CPU")
+    return CPUSet.of(cpu)

@@ -1,0 +1,132 @@
+"""Machines whose sysfs attributes disagree with each other, and corepin still starts on them.
+
+The kernel's sysfs is the truth and discovery never refuses a machine it describes. Where its
+attributes disagree, corepin takes the interpretation hwloc and lscpu take and notes it once
+(logger `corepin.sysfs`, INFO: quiet by default):
+
+- AMD family 15h compute units: `thread_siblings_list` pairs two cores that keep their own
+  `core_id`; they are two single-thread cores (hwloc, cadvisor and the kubelet agree).
+- DynamIQ arm64 SoCs on kernels that number packages per cluster: one L3 (and one NUMA node)
+  spans several packages; the model keeps both facts.
+- `shared_cpu_list` and `shared_cpu_map` that disagree: the map wins (what hwloc and lscpu read).
+
+The trees are written by `corepin.testing.write_sysfs_tree` with per-CPU overrides that say
+what such kernels print (see the real dumps cited in `corepin.topology.synthetic`).
+"""
+
+from __future__ import annotations
+
+import logging
+from pathlib import Path
+
+import pytest
+
+from corepin import CPUSet, Topology
+from corepin.testing import compute_unit_files, expected_after, package_core_ids, write_sysfs_tree
+from corepin.topology.discover import discover
+from corepin.topology.model import CPUInfo, NUMANode
+
+#: what a 2.6/3.x-era kernel lacks (no die_id, core_cpus_list, cluster_id or cache ids)
+OLD = frozenset({"die_id", "core_cpus_list", "cluster_id", "cache_id"})
+
+
+def opteron_like() -> Topology:
+    """An Opteron 6200/6300 scaled down: 2 packages x 2 dies (one NUMA node and one L3 each) x
+    2 compute units of 2 single-thread cores sharing an L2 (16 CPUs, linear numbering)."""
+    rows = [
+        CPUInfo(cpu, socket=cpu // 8, die=0, numa=cpu // 4, l3=cpu // 4, l2=cpu // 2, core=cpu)
+        for cpu in range(16)
+    ]
+    nodes = [
+        NUMANode(
+            node,
+            CPUSet.range(4 * node, 4 * node + 3),
+            {m: 10 if m == node else 16 if m // 2 == node // 2 else 22 for m in range(4)},
+        )
+        for node in range(4)
+    ]
+    return Topology(rows, nodes, name="opteron_like")
+
+
+def per_cluster_packages() -> Topology:
+    """An 8-CPU phone SoC as a kernel that numbers packages per cluster sees it, before the
+    L3 is taken into account: packages 0 (CPUs 0-3), 1 (4-5), 2 (6-7), private L2s."""
+    rows = [
+        CPUInfo(
+            cpu,
+            socket=0 if cpu < 4 else 1 if cpu < 6 else 2,
+            die=None,
+            numa=0,
+            l3=0 if cpu < 4 else 4 if cpu < 6 else 6,
+            l2=cpu,
+            core=cpu,
+            capacity=1024 if cpu >= 4 else 414,
+        )
+        for cpu in range(8)
+    ]
+    return Topology(rows, [NUMANode(0, CPUSet.range(0, 7), {0: 10})])
+
+
+def one_l3_over_all_clusters(topo: Topology) -> dict[int, dict[str, int | str | CPUSet | None]]:
+    """The DSU's L3: one instance, id 0, listed by every CPU with all CPUs."""
+    files: dict[int, dict[str, int | str | CPUSet | None]] = {}
+    for cpu in topo.online_cpus:
+        files[cpu] = {
+            "cache/index3/shared_cpu_list": topo.online_cpus,
+            "cache/index3/shared_cpu_map": topo.online_cpus,
+            "cache/index3/id": 0,
+        }
+    for cpu, more in package_core_ids(topo).items():
+        files[cpu].update(more)
+    return files
+
+
+# ---------------------------------------------------------------------- AMD compute units
+
+
+def test_a_compute_unit_is_two_single_thread_cores_sharing_an_l2(tmp_path: Path) -> None:
+    topo = opteron_like()
+    write_sysfs_tree(topo, tmp_path, overrides=compute_unit_files(topo))
+    got = discover(tmp_path)
+    assert got == topo
+    assert got.threads_per_core == 1
+    assert got.siblings_of(0) == CPUSet.of(0)
+    assert got.siblings_of(1) == CPUSet.of(1)
+    assert got.cpus_in_l2s(got.l2_of(0) or 0) == CPUSet.of(0, 1)
+
+
+def test_a_compute_unit_kernel_with_stale_cache_lists_reads_the_cache_maps(
+    tmp_path: Path, caplog: pytest.LogCaptureFixture
+) -> None:
+    """As the Opteron 6276 dump in hwloc's tests: L1i/L2 `shared_cpu_list` name the CPU alone,
+    `shared_cpu_map` the compute unit; no die_id, core_cpus_list or cache ids."""
+    topo = opteron_like()
+    write_sysfs_tree(topo, tmp_path, omit=OLD, overrides=compute_unit_files(topo, stale_lists=True))
+    with caplog.at_level(logging.INFO, logger="corepin.sysfs"):
+        got = discover(tmp_path)
+    assert got == expected_after(topo, OLD)
+    assert got.cpus_in_l2s(got.l2_of(9) or 0) == CPUSet.of(8, 9)
+    notes = [r.getMessage() for r in caplog.records if r.name == "corepin.sysfs"]
+    assert any("kind=smt_siblings_core_id_differ" in n for n in notes)
+    assert any("kind=shared_cpu_list_map_differ" in n for n in notes)
+    assert all(r.levelno < logging.WARNING for r in caplog.records if "differ" in r.getMessage())
+
+
+# ---------------------------------------------------------------------- DynamIQ
+
+
+def test_one_l3_over_several_packages_is_kept_as_one_cache_spanning_them(tmp_path: Path) -> None:
+    topo = per_cluster_packages()
+    write_sysfs_tree(topo, tmp_path, overrides=one_l3_over_all_clusters(topo))
+    got = discover(tmp_path)
+    assert got.socket_ids() == [0, 1, 2]
+    assert got.l3_ids() == [0]
+    assert got.cpus_in_l3s(0) == CPUSet.range(0, 7)
+    assert got.sockets_in(got.cpus_in_l3s(0)) == [0, 1, 2]
+    assert got.numa_node(0).cpus == CPUSet.range(0, 7)
+    assert [got.cpu(c).core_type for c in (0, 3, 4, 7)] == [
+        "efficiency",
+        "efficiency",
+        "performance",
+        "performance",
+    ]
