@@ -25,6 +25,7 @@ from corepin import CPUSet, Topology
 from corepin.testing import compute_unit_files, expected_after, package_core_ids, write_sysfs_tree
 from corepin.topology.discover import discover
 from corepin.topology.model import CPUInfo, NUMANode
+from corepin.topology.synthetic import named
 
 #: what a 2.6/3.x-era kernel lacks (no die_id, core_cpus_list, cluster_id or cache ids)
 OLD = frozenset({"die_id", "core_cpus_list", "cluster_id", "cache_id"})
@@ -130,3 +131,186 @@ def test_one_l3_over_several_packages_is_kept_as_one_cache_spanning_them(tmp_pat
         "performance",
         "performance",
     ]
+
+
+# ---------------------------------------------------------------------- named machines
+
+
+def dynamiq_kernel_files(topo: Topology) -> dict[int, dict[str, int | str | CPUSet | None]]:
+    """As a Snapdragon 845 / Kirin 980 kernel prints it: core ids restart in every package."""
+    return package_core_ids(topo)
+
+
+KERNEL_FILES = {
+    "amd_compute_units": compute_unit_files,
+    "arm_dynamiq": dynamiq_kernel_files,
+}
+
+
+@pytest.mark.parametrize("name", sorted(KERNEL_FILES))
+@pytest.mark.parametrize("old_kernel", [False, True], ids=["current kernel", "old kernel"])
+def test_named_odd_machine_survives_a_sysfs_round_trip_as_its_kernel_writes_it(
+    name: str, old_kernel: bool, tmp_path: Path
+) -> None:
+    topo = named(name)
+    omit = OLD if old_kernel else frozenset()
+    files = KERNEL_FILES[name](topo)
+    write_sysfs_tree(topo, tmp_path, omit=omit, overrides=files)
+    assert discover(tmp_path) == expected_after(topo, omit)
+
+
+def test_amd_compute_units_is_shaped_like_an_opteron_6300() -> None:
+    topo = named("amd_compute_units")
+    assert topo.threads_per_core == 1
+    assert len(topo.core_ids()) == 32
+    assert topo.cpus_in_l2s(topo.l2_of(6) or 0) == CPUSet.of(6, 7)
+    assert topo.cpus_in_l3s(topo.l3_of(8) or 0) == CPUSet.range(8, 15)
+    assert topo.numa_nodes_in_socket(1) == [2, 3]
+
+
+def test_arm_dynamiq_has_one_l3_and_one_numa_node_over_three_packages() -> None:
+    topo = named("arm_dynamiq")
+    assert [topo.cpus_in_sockets(s) for s in topo.socket_ids()] == [
+        CPUSet.range(0, 3),
+        CPUSet.range(4, 5),
+        CPUSet.range(6, 7),
+    ]
+    assert topo.l3_ids() == [0] and topo.cpus_in_l3s(0) == CPUSet.range(0, 7)
+    assert topo.numa_nodes_in_socket(2) == [0]
+    assert {topo.cpu(c).die for c in topo.online_cpus} == {None}
+    assert topo.cpu(5).core_type == "performance" and topo.cpu(2).core_type == "efficiency"
+
+
+# ---------------------------------------------------------------------- the other odd readings
+
+
+def discover_noting(root: Path, caplog: pytest.LogCaptureFixture) -> tuple[Topology, set[str]]:
+    with caplog.at_level(logging.INFO, logger="corepin.sysfs"):
+        got = discover(root)
+    kinds = set()
+    for record in caplog.records:
+        text = record.getMessage()
+        if record.name == "corepin.sysfs" and text.startswith("sysfs interpretation"):
+            kinds.add(text.split()[2].removeprefix("kind="))
+    return got, kinds
+
+
+def singles(*rows: tuple[int, int, int, int | None]) -> Topology:
+    """Single-thread cores: (cpu, socket, numa, l2) each, one L3 per socket."""
+    infos = [CPUInfo(cpu, socket=s, die=0, numa=n, l3=s, l2=l2, core=cpu) for cpu, s, n, l2 in rows]
+    nodes: dict[int, int] = {}
+    for cpu, _, n, _ in rows:
+        nodes[n] = nodes.get(n, 0) | (1 << cpu)
+    return Topology(
+        infos,
+        [
+            NUMANode(n, CPUSet.from_bits(m), {o: 10 if o == n else 20 for o in nodes})
+            for n, m in sorted(nodes.items())
+        ],
+    )
+
+
+def test_siblings_in_two_numa_nodes_become_one_core_per_thread(
+    tmp_path: Path, caplog: pytest.LogCaptureFixture
+) -> None:
+    topo = singles((0, 0, 0, 0), (1, 0, 1, 1), (2, 0, 0, 2), (3, 0, 1, 3))
+    pair = CPUSet.of(0, 1)
+    files: dict[int, dict[str, int | str | CPUSet | None]] = {
+        cpu: {
+            "topology/core_cpus_list": pair,
+            "topology/thread_siblings_list": pair,
+            "topology/core_id": 0,
+        }
+        for cpu in (0, 1)
+    }
+    write_sysfs_tree(topo, tmp_path, overrides=files)
+    got, kinds = discover_noting(tmp_path, caplog)
+    assert got == topo
+    assert kinds == {"smt_siblings_span_numa_nodes"}
+
+
+def test_siblings_in_two_packages_are_split_by_package(
+    tmp_path: Path, caplog: pytest.LogCaptureFixture
+) -> None:
+    topo = singles((0, 0, 0, 0), (1, 1, 0, 1))
+    pair = CPUSet.of(0, 1)
+    files: dict[int, dict[str, int | str | CPUSet | None]] = {
+        cpu: {"topology/core_cpus_list": pair, "topology/core_id": 0} for cpu in (0, 1)
+    }
+    write_sysfs_tree(topo, tmp_path, overrides=files)
+    got, kinds = discover_noting(tmp_path, caplog)
+    assert got == topo
+    assert "smt_siblings_span_packages" in kinds
+
+
+def test_an_l2_shared_across_a_package_boundary_is_one_l2_over_both(
+    tmp_path: Path, caplog: pytest.LogCaptureFixture
+) -> None:
+    topo = singles((0, 0, 0, 0), (1, 1, 0, 0), (2, 1, 0, 2))
+    write_sysfs_tree(topo, tmp_path)
+    got, kinds = discover_noting(tmp_path, caplog)
+    assert got == topo
+    assert got.sockets_in(got.cpus_in_l2s(0)) == [0, 1]
+    assert kinds == {"cache_spans_packages", "numa_spans_packages"}
+
+
+def two_thread_core() -> Topology:
+    """One socket, one node, cores {0,1} and {2,3}, each with its own L2."""
+    rows = [CPUInfo(c, socket=0, die=0, numa=0, l3=0, l2=c & ~1, core=c & ~1) for c in range(4)]
+    return Topology(rows, [NUMANode(0, CPUSet.range(0, 3), {0: 10})])
+
+
+def test_cache_lists_that_leave_out_a_sibling_are_completed_with_the_core(
+    tmp_path: Path, caplog: pytest.LogCaptureFixture
+) -> None:
+    topo = two_thread_core()
+    files: dict[int, dict[str, int | str | CPUSet | None]] = {
+        cpu: {
+            "cache/index2/shared_cpu_list": CPUSet.of(cpu),
+            "cache/index2/shared_cpu_map": CPUSet.of(cpu),
+        }
+        for cpu in (0, 1)
+    }
+    write_sysfs_tree(topo, tmp_path, overrides=files)
+    got, kinds = discover_noting(tmp_path, caplog)
+    assert got == topo
+    assert kinds == {"cache_splits_core"}
+
+
+def test_cache_lists_that_overlap_without_agreeing_make_one_instance(
+    tmp_path: Path, caplog: pytest.LogCaptureFixture
+) -> None:
+    topo = singles((0, 0, 0, 0), (1, 0, 0, 0), (2, 0, 0, 0), (3, 0, 0, 3))
+    files: dict[int, dict[str, int | str | CPUSet | None]] = {
+        0: {"cache/index2/shared_cpu_list": CPUSet.of(0, 1)},
+        1: {"cache/index2/shared_cpu_list": CPUSet.of(1, 2)},
+        2: {"cache/index2/shared_cpu_list": CPUSet.of(2)},
+    }
+    for more in files.values():
+        more["cache/index2/shared_cpu_map"] = more["cache/index2/shared_cpu_list"]
+    write_sysfs_tree(topo, tmp_path, overrides=files)
+    got, kinds = discover_noting(tmp_path, caplog)
+    assert got == topo
+    assert kinds == {"l2_lists_disagree"}
+
+
+def test_a_cpu_listed_by_two_numa_nodes_stays_in_the_lowest(
+    tmp_path: Path, caplog: pytest.LogCaptureFixture
+) -> None:
+    topo = singles((0, 0, 0, 0), (1, 0, 0, 1), (2, 0, 1, 2), (3, 0, 1, 3))
+    write_sysfs_tree(topo, tmp_path)
+    node1 = tmp_path / "sys/devices/system/node/node1/cpulist"
+    node1.write_text("1-3\n")
+    got, kinds = discover_noting(tmp_path, caplog)
+    assert got == topo
+    assert kinds == {"cpu_in_several_numa_nodes"}
+
+
+def test_a_sound_machine_needs_no_interpretation(
+    tmp_path: Path, caplog: pytest.LogCaptureFixture
+) -> None:
+    topo = named("multi_numa_per_socket")
+    write_sysfs_tree(topo, tmp_path, overrides=package_core_ids(topo))
+    got, kinds = discover_noting(tmp_path, caplog)
+    assert got == topo
+    assert kinds == set()
