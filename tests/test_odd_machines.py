@@ -16,16 +16,43 @@ what such kernels print (see the real dumps cited in `corepin.topology.synthetic
 
 from __future__ import annotations
 
+import json
 import logging
+import os
+import re
+import shutil
+import tempfile
+import xml.etree.ElementTree as ET
+from collections.abc import Iterator
+from contextlib import contextmanager
 from pathlib import Path
 
 import pytest
+import yaml
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
 
 from corepin import CPUSet, Topology
-from corepin.testing import compute_unit_files, expected_after, package_core_ids, write_sysfs_tree
+from corepin.allocation.policies import POLICY_NAMES, get_policy
+from corepin.allocation.simulate import parse_trace, replay
+from corepin.allocation.tracegen import ChurnOptions, generate_trace
+from corepin.allocation.types import Request
+from corepin.cli.main import main
+from corepin.cli.render import svg as svg_module
+from corepin.cli.render.tree import render_tree
+from corepin.cli.topology_cmd import FORMATS
+from corepin.testing import (
+    OMISSIONS,
+    compute_unit_files,
+    expected_after,
+    package_core_ids,
+    write_sysfs_tree,
+)
 from corepin.topology.discover import discover
 from corepin.topology.model import CPUInfo, NUMANode
-from corepin.topology.synthetic import named
+from corepin.topology.synthetic import ClusterSpec, SyntheticSpec, clustered, named, synthetic
+from helpers import run_corepin
+from odd_shapes import cluster_specs, compute_unit_specs
 
 #: what a 2.6/3.x-era kernel lacks (no die_id, core_cpus_list, cluster_id or cache ids)
 OLD = frozenset({"die_id", "core_cpus_list", "cluster_id", "cache_id"})
@@ -314,3 +341,199 @@ def test_a_sound_machine_needs_no_interpretation(
     got, kinds = discover_noting(tmp_path, caplog)
     assert got == topo
     assert kinds == set()
+
+
+# ---------------------------------------------------------------------- properties
+
+
+@contextmanager
+def scratch() -> Iterator[Path]:
+    base = "/dev/shm" if os.access("/dev/shm", os.W_OK) else None
+    root = Path(tempfile.mkdtemp(prefix="corepin-odd-", dir=base))
+    try:
+        yield root
+    finally:
+        shutil.rmtree(root, ignore_errors=True)
+
+
+PROPERTY = settings(max_examples=60, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+
+
+@PROPERTY
+@given(spec=compute_unit_specs(), stale=st.booleans(), data=st.data())
+def test_compute_unit_machines_discover_as_single_thread_cores_whatever_the_kernel_omits(
+    spec: SyntheticSpec, stale: bool, data: st.DataObject
+) -> None:
+    topo = synthetic(spec)
+    # a stale L2 list is only read right through its map, so the map must stay
+    allowed = sorted(OMISSIONS - {"shared_cpu_map"}) if stale else sorted(OMISSIONS)
+    omit = data.draw(st.sets(st.sampled_from(allowed)))
+    with scratch() as root:
+        write_sysfs_tree(
+            topo, root, omit=omit, overrides=compute_unit_files(topo, stale_lists=stale)
+        )
+        got = discover(root)
+    assert got == expected_after(topo, omit)
+    assert got.threads_per_core == 1
+
+
+@PROPERTY
+@given(spec=cluster_specs(), data=st.data())
+def test_cluster_machines_round_trip_with_caches_and_nodes_over_several_packages(
+    spec: ClusterSpec, data: st.DataObject
+) -> None:
+    topo = clustered(spec)
+    omit = data.draw(st.sets(st.sampled_from(sorted(OMISSIONS))))
+    with scratch() as root:
+        write_sysfs_tree(topo, root, omit=omit, overrides=package_core_ids(topo))
+        got = discover(root)
+    assert got == expected_after(topo, omit)
+    for info in got.cpus:
+        if info.online and info.l3 is not None:
+            assert got.cpus_in_l3s(info.l3) == topo.cpus_in_l3s(topo.l3_of(info.cpu) or 0)
+
+
+@PROPERTY
+@given(spec=st.one_of(cluster_specs(), compute_unit_specs()))
+def test_the_pool_tree_holds_every_online_cpu_once_and_its_levels_nest(
+    spec: ClusterSpec | SyntheticSpec,
+) -> None:
+    topo = clustered(spec) if isinstance(spec, ClusterSpec) else synthetic(spec)
+    tree = topo.pool_tree()
+    leaves = [n.id for n in tree.walk() if n.kind == "thread"]
+    assert sorted(leaves) == topo.online_cpus.sorted()
+    for node in tree.walk():
+        union = 0
+        for child in node.children:
+            assert child.cpus <= node.cpus
+            assert not child.cpus.bits & union
+            union |= child.cpus.bits
+        if node.children:
+            assert union == node.cpus.bits
+
+
+# ---------------------------------------------------------------------- corepin topology
+
+
+def odd_tree(name: str, root: Path) -> Topology:
+    topo = named(name)
+    write_sysfs_tree(topo, root, overrides=KERNEL_FILES[name](topo))
+    return topo
+
+
+@pytest.mark.parametrize("name", sorted(KERNEL_FILES))
+def test_corepin_topology_shows_the_machine_in_every_form(
+    name: str, tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    topo = odd_tree(name, tmp_path)
+    root = str(tmp_path)
+    outputs = {}
+    for fmt in FORMATS:
+        assert main(["topology", "--sysfs-root", root, "-o", fmt]) == 0, fmt
+        outputs[fmt] = capsys.readouterr().out
+    assert Topology.from_json(json.loads(outputs["json"])) == topo
+    assert yaml.safe_load(outputs["yaml"]) == topo.to_json()
+    table = outputs["table"].splitlines()
+    header = next(i for i, line in enumerate(table) if line.startswith("SOCKET"))
+    rows = [line for line in table[header + 1 :] if re.match(r"\d+\s", line)]
+    assert len(rows) == len(topo.core_ids())
+    threads = [line for line in outputs["tree"].splitlines() if line.lstrip().startswith("core ")]
+    assert len(threads) == len(topo.core_ids())
+    svg = ET.fromstring(outputs["svg"].encode())
+    titles = [t.text or "" for t in svg.iter("{http://www.w3.org/2000/svg}title")]
+    assert sum(1 for t in titles if re.match(r"CPU \d+$", t)) == len(topo.present_cpus)
+
+
+def test_the_tree_and_the_picture_put_the_dynamiq_l3_around_its_packages() -> None:
+    topo = named("arm_dynamiq")
+    assert topo.level_order() == ("numa", "l3", "socket", "die", "core")
+    assert render_tree(topo).splitlines()[1:5] == [
+        "machine: CPUs 0-7 (8)",
+        "  NUMA node 0: CPUs 0-7 (8)",
+        "    L3 0: CPUs 0-7 (8)",
+        "      socket 0: CPUs 0-3 (4)",
+    ]
+    box = svg_module._layout(topo, None)
+    (numa,) = box.children
+    (l3,) = numa.children
+    assert (numa.label, l3.label) == ("NUMA node 0", "L3 #0")
+    assert [s.label for s in l3.children] == ["Socket 0", "Socket 1", "Socket 2"]
+
+
+def test_sub_numa_clusters_sit_inside_their_l3_and_a_partial_overlap_keeps_the_order() -> None:
+    snc = clustered(ClusterSpec(clusters=(2, 2), numa_nodes=2, package_per_cluster=False))
+    assert snc.level_order() == ("socket", "die", "l3", "numa", "core")
+    assert named("sixteen_numa").level_order() == ("socket", "die", "numa", "l3", "core")
+    # an L3 that straddles two NUMA nodes without holding either whole: parts per node
+    rows = [
+        CPUInfo(c, socket=0, die=0, numa=c // 3, l3=0 if c < 2 else 2, l2=c, core=c)
+        for c in range(6)
+    ]
+    straddle = Topology(rows, [NUMANode(0, CPUSet.range(0, 2)), NUMANode(1, CPUSet.range(3, 5))])
+    assert straddle.level_order() == ("socket", "die", "numa", "l3", "core")
+    tree = straddle.pool_tree()
+    l3_parts = [(n.id, n.cpus) for n in tree.walk() if n.kind == "l3"]
+    assert l3_parts == [(0, CPUSet.of(0, 1)), (2, CPUSet.of(2)), (2, CPUSet.range(3, 5))]
+
+
+def test_cpus_without_a_numa_node_still_appear_in_the_pool_tree() -> None:
+    rows = [
+        CPUInfo(0, socket=0, die=0, numa=None, l3=0, l2=0, core=0),
+        CPUInfo(1, socket=0, die=0, numa=0, l3=0, l2=1, core=1),
+    ]
+    topo = Topology(rows, [NUMANode(0, CPUSet.of(1))])
+    leaves = [n.id for n in topo.pool_tree().walk() if n.kind == "thread"]
+    assert sorted(leaves) == [0, 1]
+
+
+def test_the_readings_are_quiet_by_default_and_shown_with_corepin_log_info(
+    tmp_path: Path,
+) -> None:
+    odd_tree("amd_compute_units", tmp_path)
+    env = {k: v for k, v in os.environ.items() if k != "COREPIN_LOG"}
+    quiet = run_corepin("topology", "--sysfs-root", str(tmp_path), "-o", "json", env=env)
+    assert quiet.returncode == 0 and quiet.stderr == ""
+    loud = run_corepin(
+        "topology", "--sysfs-root", str(tmp_path), "-o", "json", env={**env, "COREPIN_LOG": "info"}
+    )
+    assert loud.returncode == 0
+    notes = [line for line in loud.stderr.splitlines() if "sysfs interpretation" in line]
+    assert len(notes) == 1 and "kind=smt_siblings_core_id_differ" in notes[0]
+    assert json.loads(loud.stdout) == json.loads(quiet.stdout)
+
+
+# ---------------------------------------------------------------------- allocation on them
+
+
+def test_topology_aware_keeps_small_requests_inside_one_dynamiq_cluster() -> None:
+    topo = named("arm_dynamiq")
+    policy = get_policy("topology-aware")
+    for n in (1, 2, 3, 4):
+        got = policy.decide(topo, Request(n), topo.online_cpus).cpus
+        assert len(topo.sockets_in(got)) == 1, (n, got)
+    # the efficiency cluster is busy: two CPUs go to one performance cluster, not across two
+    got = policy.decide(topo, Request(2), CPUSet.range(4, 7) | CPUSet.of(0)).cpus
+    assert got in (CPUSet.of(4, 5), CPUSet.of(6, 7))
+
+
+def test_socket_level_on_dynamiq_reserves_whole_clusters() -> None:
+    topo = named("arm_dynamiq")
+    decision = get_policy("topology-aware").decide(
+        topo, Request(3, level="socket"), topo.online_cpus
+    )
+    assert decision.reserved in (CPUSet.range(0, 3), CPUSet.range(4, 7))
+    assert decision.cpus <= decision.reserved
+
+
+@pytest.mark.parametrize("policy", POLICY_NAMES)
+@pytest.mark.parametrize("name", sorted(KERNEL_FILES))
+def test_the_simulator_replays_a_churn_trace_on_odd_machines(name: str, policy: str) -> None:
+    topo = named(name)
+    levels = policy != "kubelet-static"
+    trace = parse_trace(
+        generate_trace(topo, seed=7, options=ChurnOptions(events=300, levels=levels))
+    )
+    result = replay(topo, trace, get_policy(policy))
+    assert result.admitted > 0
+    for ratio in (result.numa_aligned_ratio, result.llc_aligned_ratio, result.full_core_ratio):
+        assert ratio is None or 0.0 <= ratio <= 1.0
