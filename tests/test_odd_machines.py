@@ -304,21 +304,44 @@ def test_cache_lists_that_leave_out_a_sibling_are_completed_with_the_core(
     assert kinds == {"cache_splits_core"}
 
 
-def test_cache_lists_that_overlap_without_agreeing_make_one_instance(
+def test_a_cache_list_that_conflicts_with_the_others_is_outvoted(
     tmp_path: Path, caplog: pytest.LogCaptureFixture
 ) -> None:
-    topo = singles((0, 0, 0, 0), (1, 0, 0, 0), (2, 0, 0, 0), (3, 0, 0, 3))
+    """As in hwloc's 40intel64-4n10c+pci-conflicts tree: one CPU's L3 map names CPUs of other
+    L3s. The sets most CPUs list win; merging transitively would make one L3 of all four."""
+    rows = [
+        CPUInfo(c, socket=c // 4, die=0, numa=c // 4, l3=c // 4, l2=c, core=c) for c in range(8)
+    ]
+    nodes = [
+        NUMANode(n, CPUSet.range(4 * n, 4 * n + 3), {0: 10 + 11 * n, 1: 21 - 11 * n})
+        for n in (0, 1)
+    ]
+    topo = Topology(rows, nodes)
+    bogus = CPUSet.of(0, 5)
     files: dict[int, dict[str, int | str | CPUSet | None]] = {
-        0: {"cache/index2/shared_cpu_list": CPUSet.of(0, 1)},
-        1: {"cache/index2/shared_cpu_list": CPUSet.of(1, 2)},
-        2: {"cache/index2/shared_cpu_list": CPUSet.of(2)},
+        5: {"cache/index3/shared_cpu_list": bogus, "cache/index3/shared_cpu_map": bogus}
     }
-    for more in files.values():
-        more["cache/index2/shared_cpu_map"] = more["cache/index2/shared_cpu_list"]
     write_sysfs_tree(topo, tmp_path, overrides=files)
     got, kinds = discover_noting(tmp_path, caplog)
     assert got == topo
-    assert kinds == {"l2_lists_disagree"}
+    assert kinds == {"l3_lists_disagree"}
+
+
+def test_sibling_lists_that_overlap_without_agreeing_are_not_merged_into_one_core(
+    tmp_path: Path, caplog: pytest.LogCaptureFixture
+) -> None:
+    """CPUs 0 and 1 list each other, CPU 2 lists {1, 2}: hwloc keeps core {0, 1} and drops the
+    intersecting {1, 2}; a transitive merge would make one three-thread core."""
+    rows = [CPUInfo(c, socket=0, die=0, numa=0, l3=0, l2=c & ~1, core=c & ~1) for c in range(4)]
+    topo = Topology(rows, [NUMANode(0, CPUSet.range(0, 3), {0: 10})])
+    files: dict[int, dict[str, int | str | CPUSet | None]] = {
+        2: {"topology/core_cpus_list": CPUSet.of(1, 2), "topology/core_id": 2}
+    }
+    write_sysfs_tree(topo, tmp_path, overrides=files)
+    got, kinds = discover_noting(tmp_path, caplog)
+    assert got == topo
+    assert got.siblings_of(1) == CPUSet.of(0, 1)
+    assert kinds == {"smt_siblings_lists_disagree"}
 
 
 def test_a_cpu_listed_by_two_numa_nodes_stays_in_the_lowest(

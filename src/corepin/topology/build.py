@@ -16,8 +16,13 @@ disagree, the interpretation hwloc and lscpu take is chosen and noted once throu
   node is offline); without any node directory (no CONFIG_NUMA) every CPU is in node 0.
   Node CPU sets keep online CPUs only; distances keep only nodes that are in the model. A CPU
   that two nodes list stays in the lowest of them (noted `cpu_in_several_numa_nodes`).
+- **instances** of a core, cache or cluster: every CPU lists the CPUs it shares the unit with;
+  the sets most CPUs list are taken first, and a list that disagrees with better-supported ones
+  only keeps its CPUs that are left (see `instances`; noted as `<level>_lists_disagree` for
+  caches): one wrong list cannot merge two instances, as hwloc ignores a unit that intersects
+  another.
 - **core**: the SMT siblings (`core_cpus_list`, else `thread_siblings_list`, else CPUs with the
-  same (package, die, core_id)), merged transitively, named by their lowest online CPU. Then:
+  same (package, die, core_id)), named by their lowest online CPU. Then:
   siblings whose (package, die, core_id) differ are separate cores - AMD family 15h lists the
   two cores of a compute unit as thread siblings with their own core_id; hwloc makes one core
   per thread there, and cadvisor and the kubelet key cores by (package, core_id)
@@ -25,17 +30,16 @@ disagree, the interpretation hwloc and lscpu take is chosen and noted once throu
   node lists put in different NUMA nodes becomes one core per thread (hwloc drops a core that
   crosses a NUMA node; `smt_siblings_span_numa_nodes`).
 - **L2 / L3 / cluster**: CPUs are grouped into instances by their shared CPU lists
-  (`shared_cpu_map` / `shared_cpu_list`, `cluster_cpus_list`) restricted to online CPUs, merged
-  transitively (lists that disagree: `l2_lists_disagree`, ...), and every core lies inside one
-  instance of each cache level: SMT threads share their core's caches, so a list that leaves out
-  a sibling is taken as incomplete (`cache_splits_core`; hwloc likewise uses the core's CPUs for
-  an empty cache map). A cache may span several packages (one DynamIQ L3 over clusters numbered
-  as packages; `cache_spans_packages`), as may a NUMA node (`numa_spans_packages`). An instance
-  is then named by the kernel's `id` when every instance has exactly one id and no two
-  instances share one; otherwise (ids missing, or ids that restart per package as on some
-  machines) every instance of that level is named by its lowest online CPU. Either way two CPUs
-  share a value exactly when they share that cache. Data caches count when a level has no
-  unified cache; instruction caches never do.
+  (`shared_cpu_map` / `shared_cpu_list`, `cluster_cpus_list`) restricted to online CPUs, and
+  every core lies inside one instance of each cache level: SMT threads share their core's
+  caches, so a list that leaves out a sibling is taken as incomplete (`cache_splits_core`;
+  hwloc likewise uses the core's CPUs for an empty cache map). A cache may span several
+  packages (one DynamIQ L3 over clusters numbered as packages; `cache_spans_packages`), as may
+  a NUMA node (`numa_spans_packages`). An instance is then named by the kernel's `id` when
+  every instance has exactly one id and no two instances share one; otherwise (ids missing, or
+  ids that restart per package as on some machines) every instance of that level is named by
+  its lowest online CPU. Either way two CPUs share a value exactly when they share that cache.
+  Data caches count when a level has no unified cache; instruction caches never do.
 - **core_type**: "performance" for CPUs in `sys/devices/cpu_core/cpus`, "efficiency" for
   `sys/devices/cpu_atom/cpus`; without those, from `cpu_capacity`: the CPUs with the highest
   capacity are "performance", the others "efficiency" (None when all are equal).
@@ -63,41 +67,36 @@ def _no_note(kind: str, path: str, action: str) -> None:
 def instances(shares: Mapping[int, int]) -> dict[int, int]:
     """Partition CPUs into instances: `cpu -> bits of the CPUs it says it shares with`.
 
-    CPUs are merged transitively (union-find over distinct masks) and each CPU is mapped to the
-    lowest CPU of its instance. Only CPUs that are keys of `shares` take part.
-    """
-    parent: dict[int, int] = {c: c for c in shares}
-
-    def find(x: int) -> int:
-        root = x
-        while parent[root] != root:
-            root = parent[root]
-        while parent[x] != root:
-            parent[x], x = root, parent[x]
-        return root
-
+    Every CPU's set (restricted to the CPUs that are keys of `shares`, itself included) is a
+    candidate. The candidates most CPUs list exactly come first (then the one with the lowest
+    CPU); each becomes an instance when none of its CPUs is placed yet. CPUs still left then go
+    with the first candidate that names them, as far as it has CPUs left. On a sound kernel
+    every CPU of an instance lists the same set and this is just that partition; a list that
+    conflicts with better-supported ones cannot merge them, the way hwloc ignores a cache or
+    core whose CPU set intersects another one without containing it. Each CPU is mapped to the
+    lowest CPU of its instance."""
     population = 0
     for cpu in shares:
         population |= 1 << cpu
-    by_mask: dict[int, list[int]] = {}
+    support: dict[int, int] = {}
     for cpu, mask in shares.items():
-        by_mask.setdefault((mask & population) | (1 << cpu), []).append(cpu)
-    for mask in by_mask:
-        members = CPUSet.from_bits(mask).sorted()
-        first = find(members[0])
-        for other in members[1:]:
-            root = find(other)
-            if root != first:
-                if root < first:
-                    parent[first] = root
-                    first = root
-                else:
-                    parent[root] = first
-    lowest: dict[int, int] = {}
-    for cpu in shares:
-        root = find(cpu)
-        lowest[root] = min(lowest.get(root, cpu), cpu)
-    return {cpu: lowest[find(cpu)] for cpu in shares}
+        own = (mask & population) | (1 << cpu)
+        support[own] = support.get(own, 0) + 1
+    order = sorted(support, key=lambda m: (-support[m], (m & -m).bit_length(), -m.bit_count()))
+    out: dict[int, int] = {}
+    unplaced = population
+    for whole in (True, False):
+        for mask in order:
+            part = mask & unplaced
+            if not part or (whole and part != mask):
+                continue
+            lowest = (part & -part).bit_length() - 1
+            for cpu in CPUSet.from_bits(part):
+                out[cpu] = lowest
+            unplaced &= ~part
+            if not unplaced:
+                return out
+    return out
 
 
 def name_instances(
@@ -151,6 +150,24 @@ def _split(groups: Mapping[int, int], key: Callable[[int], object]) -> dict[int,
     return {cpu: lowest[(rep, key(cpu))] for cpu, rep in groups.items()}
 
 
+def _disagreement(shares: Mapping[int, int], groups: Mapping[int, int]) -> str | None:
+    """What the first CPU whose list differs from its instance says (None when all agree)."""
+    population = 0
+    for cpu in shares:
+        population |= 1 << cpu
+    by_rep = _masks(groups)
+    for cpu, mask in shares.items():
+        own = (mask & population) | (1 << cpu)
+        got = by_rep[groups[cpu]]
+        if own != got:
+            return (
+                f"CPU {cpu} lists {CPUSet.from_bits(own)}, its instance is "
+                f"{CPUSet.from_bits(got)}: the sets most CPUs list win, a conflicting list keeps "
+                "only its CPUs that are left"
+            )
+    return None
+
+
 def _cores(
     records: Mapping[int, CPURecord],
     online: int,
@@ -171,6 +188,9 @@ def _cores(
         for cpu, rec in records.items()
     }
     cores = instances(core_shares)
+    odd = _disagreement(core_shares, cores)
+    if odd is not None:
+        interpret("smt_siblings_lists_disagree", f"{_CPU_DIR}/cpu*/topology/core_cpus_list", odd)
 
     def place(cpu: int) -> tuple[int, int | None]:
         return sockets[cpu], dies[cpu]
@@ -265,19 +285,9 @@ def _cache_ids(
             given[cpu] = cache.id
     groups = instances(shares)
     where = f"{_CPU_DIR}/cpu*/cache/index*/shared_cpu_map (level {level})"
-    population = 0
-    for cpu in shares:
-        population |= 1 << cpu
-    by_rep = _masks(groups)
-    for cpu, mask in shares.items():
-        if (mask & population) | (1 << cpu) != by_rep[groups[cpu]]:
-            interpret(
-                f"l{level}_lists_disagree",
-                where,
-                f"CPU {cpu} lists {CPUSet.from_bits(mask)} but the CPUs that list each other "
-                f"are {CPUSet.from_bits(by_rep[groups[cpu]])}: one instance for all of them",
-            )
-            break
+    odd = _disagreement(shares, groups)
+    if odd is not None:
+        interpret(f"l{level}_lists_disagree", where, odd)
     core_masks = _masks({cpu: cores[cpu] for cpu in shares})
     if any(len({groups[c] for c in CPUSet.from_bits(m)}) > 1 for m in core_masks.values()):
         interpret(
