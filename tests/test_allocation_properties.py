@@ -9,6 +9,7 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 import alloc_topologies as T
+import odd_shapes
 from corepin.allocation.levels import index_of
 from corepin.allocation.policies import POLICY_NAMES, get_policy
 from corepin.allocation.pools import decide, select_reserved
@@ -188,6 +189,12 @@ def sequences(draw: st.DrawFn) -> tuple[Topology, int, list[tuple[str, object]]]
 def test_exclusive_decisions_never_overlap_and_reserved_cpus_are_never_handed_out(
     seq: tuple[Topology, int, list[tuple[str, object]]],
 ) -> None:
+    _check_no_overlap(seq)
+
+
+def _check_no_overlap(seq: tuple[Topology, int, list[tuple[str, object]]]) -> None:
+    """Replay the adds and removes through one PoolState: exclusive decisions never overlap,
+    reserved CPUs are never handed out, the shared pool holds neither."""
     topo, reserved_count, ops = seq
     if reserved_count >= len(topo.online_cpus):
         reserved_count = 0
@@ -257,3 +264,76 @@ def test_on_hybrid_offline_and_sixteen_numa_machines_results_stay_within_availab
     if d is not None:
         assert d.cpus <= avail
         assert len(d.cpus) == n
+
+
+# ----------------------------------------------------------------------------- odd machines
+# AMD compute units (single-thread cores sharing an L2) and arm64 SoCs whose L3 and NUMA node
+# span several packages (tests/odd_shapes.py): the same invariants hold.
+
+
+@cache
+def _odd(spec: object) -> Topology:
+    from corepin.topology import synthetic
+
+    if isinstance(spec, str):
+        return synthetic.named(spec)
+    if isinstance(spec, synthetic.ClusterSpec):
+        return synthetic.clustered(spec)
+    assert isinstance(spec, synthetic.SyntheticSpec)
+    return synthetic.synthetic(spec)
+
+
+odd_machines = st.one_of(
+    st.sampled_from(["amd_compute_units", "arm_dynamiq"]),
+    odd_shapes.cluster_specs(),
+    odd_shapes.compute_unit_specs(),
+).map(_odd)
+
+
+@SETTINGS
+@given(data=st.data(), topo=odd_machines, policy=st.sampled_from(POLICY_NAMES))
+def test_on_compute_unit_and_dynamiq_machines_every_policy_gives_n_available_cpus_or_an_error(
+    data: st.DataObject, topo: Topology, policy: str
+) -> None:
+    online = topo.online_cpus.sorted()
+    keep = data.draw(st.lists(st.booleans(), min_size=len(online), max_size=len(online)))
+    avail = CPUSet(c for c, k in zip(online, keep, strict=True) if k)
+    n = data.draw(st.integers(1, len(online) + 1))
+    request = _requests(data.draw, policy, n)
+    try:
+        first = _decide(topo, request, avail, policy)
+    except RequestError as exc:
+        assert exc.exit_code == 2
+        return
+    assert _decide(topo, request, avail, policy) == first, "same input, same decision"
+    if first is None:
+        return
+    assert first.cpus <= avail
+    assert len(first.cpus) == n
+    if request.workload != "best-effort":
+        assert first.reserved >= first.cpus
+        if request.level != "cpu":
+            assert first.reserved <= avail
+    assert first.mems == topo.mems_of(first.cpus)
+
+
+@st.composite
+def odd_sequences(draw: st.DrawFn) -> tuple[Topology, int, list[tuple[str, object]]]:
+    topo = draw(odd_machines)
+    reserved = draw(st.integers(0, 2))
+    ops: list[tuple[str, object]] = []
+    for _ in range(draw(st.integers(1, 25))):
+        if draw(st.integers(0, 3)) == 0:
+            ops.append(("remove", draw(st.integers(0, 30))))
+        else:
+            policy = draw(st.sampled_from(POLICY_NAMES))
+            ops.append(("add", (policy, _requests(draw, policy, draw(st.integers(1, 6))))))
+    return topo, reserved, ops
+
+
+@settings(max_examples=80, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@given(seq=odd_sequences())
+def test_on_compute_unit_and_dynamiq_machines_exclusive_decisions_never_overlap(
+    seq: tuple[Topology, int, list[tuple[str, object]]],
+) -> None:
+    _check_no_overlap(seq)

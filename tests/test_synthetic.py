@@ -4,6 +4,7 @@ round trip `discover(write_sysfs_tree(topology)) == topology` (also with old-ker
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import os
 import shutil
@@ -19,7 +20,14 @@ from hypothesis import strategies as st
 from corepin import CPUSet, Topology, TopologyError
 from corepin.testing import OLD_KERNEL, OMISSIONS, expected_after, write_sysfs_tree
 from corepin.topology.discover import discover
-from corepin.topology.synthetic import NAMED, SyntheticSpec, named, synthetic
+from corepin.topology.synthetic import (
+    NAMED,
+    ClusterSpec,
+    SyntheticSpec,
+    clustered,
+    named,
+    synthetic,
+)
 
 
 @contextmanager
@@ -41,6 +49,8 @@ SHAPES = [
     ("sixteen_numa", 64, 2, 16, 16, 32, 2),
     ("hybrid", 16, 1, 1, 1, 12, 2),
     ("offline_cpus", 16, 2, 2, 2, 7, 2),
+    ("amd_compute_units", 32, 2, 4, 4, 32, 1),
+    ("arm_dynamiq", 8, 3, 1, 1, 8, 1),
     ("large_64", 64, 2, 4, 8, 32, 2),
     ("large_256", 256, 2, 8, 32, 128, 2),
     ("large_1024", 1024, 4, 16, 64, 512, 2),
@@ -126,6 +136,60 @@ def test_memory_only_nodes_come_after_cpu_nodes_and_have_no_cpus() -> None:
     assert topo.numa_node(2).distances[0] == 14 and topo.numa_node(2).distances[1] == 24
 
 
+def test_cores_share_an_l2_in_groups_of_cores_per_l2_inside_each_l3() -> None:
+    topo = synthetic(SyntheticSpec(cores_per_l3=5, threads_per_core=1, cores_per_l2=2))
+    l2s = [topo.cpus_in_l2s(i) for i in topo.l2_ids()]
+    assert l2s == [CPUSet.of(0, 1), CPUSet.of(2, 3), CPUSet.of(4)]
+
+
+def test_cluster_machines_number_packages_per_cluster_or_clusters_inside_one_package() -> None:
+    spec = ClusterSpec(clusters=(2, 3), capacities=(512, 1024), l3="shared")
+    per_cluster = clustered(spec)
+    assert per_cluster.socket_ids() == [0, 1]
+    assert per_cluster.cpus_in_l3s(0) == CPUSet.range(0, 4)
+    assert {c.cluster for c in per_cluster.cpus} == {None}
+    one_package = clustered(dataclasses.replace(spec, package_per_cluster=False))
+    assert one_package.socket_ids() == [0]
+    assert [one_package.cpu(c).cluster for c in (1, 2)] == [0, 1]
+    assert [one_package.cpu(c).core_type for c in (1, 2)] == ["efficiency", "performance"]
+
+
+def test_cluster_core_types_follow_the_capacities_of_online_cpus() -> None:
+    topo = clustered(ClusterSpec(clusters=(1, 2), capacities=(1024, 512), offline=(0,)))
+    assert {topo.cpu(c).core_type for c in (1, 2)} == {None}  # one capacity left online
+    assert topo.cpu(1).capacity == 512
+
+
+@pytest.mark.parametrize(
+    ("spec", "message"),
+    [
+        (ClusterSpec(clusters=()), "at least one core"),
+        (ClusterSpec(clusters=(2, 0)), "at least one core"),
+        (ClusterSpec(capacities=(1,)), "one positive value per cluster"),
+        (ClusterSpec(numa_nodes=3), "3 NUMA nodes for 2 clusters"),
+        (ClusterSpec(threads_per_core=0), "threads_per_core"),
+        (ClusterSpec(offline=(8,)), r"offline CPUs \[8\] are outside 0-7"),
+        (ClusterSpec(clusters=(1,), offline=(0,)), "at least one CPU must stay online"),
+        (ClusterSpec(l3="everywhere"), "l3 must be"),  # type: ignore[arg-type]
+    ],
+    ids=[
+        "no clusters",
+        "empty cluster",
+        "capacities of the wrong length",
+        "more NUMA nodes than clusters",
+        "no threads",
+        "offline out of range",
+        "all offline",
+        "unknown L3 layout",
+    ],
+)
+def test_invalid_cluster_specs_are_rejected_with_a_topology_error_naming_the_problem(
+    spec: ClusterSpec, message: str
+) -> None:
+    with pytest.raises(TopologyError, match=message):
+        clustered(spec)
+
+
 def test_socket_ids_can_be_sparse_firmware_ids() -> None:
     topo = synthetic(SyntheticSpec(sockets=2, socket_ids=(36, 8442)))
     assert topo.socket_ids() == [36, 8442]
@@ -141,6 +205,7 @@ def test_socket_ids_can_be_sparse_firmware_ids() -> None:
         (SyntheticSpec(offline=tuple(range(8))), "at least one CPU must stay online"),
         (SyntheticSpec(sockets=2, socket_ids=(1, 1)), "distinct"),
         (SyntheticSpec(numbering="zigzag"), "numbering must be"),  # type: ignore[arg-type]
+        (SyntheticSpec(cores_per_l2=0), "cores_per_l2 must be at least 1"),
     ],
     ids=[
         "no sockets",
@@ -150,6 +215,7 @@ def test_socket_ids_can_be_sparse_firmware_ids() -> None:
         "all offline",
         "duplicate socket ids",
         "unknown numbering",
+        "no cores per L2",
     ],
 )
 def test_invalid_specs_are_rejected_with_a_topology_error_naming_the_problem(
@@ -189,6 +255,7 @@ def specs(draw: st.DrawFn) -> SyntheticSpec:
         numbering=draw(st.sampled_from(["interleaved", "linear"])),
         e_cores_per_l3=e_cores,
         e_cores_per_l2=draw(st.integers(1, 4)),
+        cores_per_l2=draw(st.integers(1, 3)),
         memory_only_nodes=draw(st.integers(0, 2)),
         memory_kb_per_node=draw(st.none() | st.integers(0, 1 << 30)),
         socket_ids=draw(

@@ -22,8 +22,8 @@ from corepin.topology.model import Topology
 
 
 @dataclass(frozen=True, slots=True)
-class L3Part:
-    """The part of one L3 instance that lies inside one NUMA node, with its cores (masks)."""
+class Package:
+    """The CPUs of one package inside an L3 part, with its cores (masks)."""
 
     label: str
     mask: int
@@ -31,8 +31,21 @@ class L3Part:
 
 
 @dataclass(frozen=True, slots=True)
+class L3Part:
+    """The part of one L3 instance that lies inside one NUMA node, with its cores (masks).
+    `packages` is empty unless the part holds CPUs of several packages (a DynamIQ L3 over
+    clusters that the kernel numbers as packages): then one entry per package."""
+
+    label: str
+    mask: int
+    cores: tuple[int, ...]
+    packages: tuple[Package, ...] = ()
+
+
+@dataclass(frozen=True, slots=True)
 class NumaUnit:
-    """One NUMA node with online CPUs: id, mask, socket, its L3 parts and cores."""
+    """One NUMA node with online CPUs: id, mask, socket, its L3 parts and cores. A node over
+    several packages (DynamIQ) counts as part of the package of its first CPU."""
 
     id: int
     mask: int
@@ -133,7 +146,19 @@ class TopologyIndex:
             for k in sorted(part_masks, key=lambda key: part_masks[key] & -part_masks[key]):
                 pmask = part_masks[k]
                 label = f"L3 {k[1]}" if k[0] == "l3" else f"node {node} (no L3 information)"
-                parts.append(L3Part(label, pmask, tuple(c for c in core_list if c & pmask)))
+                packages = tuple(
+                    Package(f"package {s}", pmask & smask, tuple(c for c in core_list if c & smask))
+                    for s, smask in sorted(sockets.items())
+                    if pmask & smask
+                )
+                parts.append(
+                    L3Part(
+                        label,
+                        pmask,
+                        tuple(c for c in core_list if c & pmask),
+                        packages if len(packages) > 1 else (),
+                    )
+                )
             units.append(
                 NumaUnit(
                     node,

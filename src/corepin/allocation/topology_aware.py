@@ -8,7 +8,9 @@ core it holds only some threads of. Order of preference for n CPUs taken from th
    filled first so that empty ones stay whole), then the lowest id; one CPU (SMT-2) goes to a
    stray thread whenever there is one, so that it splits no whole core, in the node with the
    most stray threads (they hold its whole-core capacity below its free count);
-2. inside a node, one L3 whenever one can hold n, chosen the same way;
+2. inside a node, one L3 whenever one can hold n, chosen the same way; inside an L3 over
+   several packages (DynamIQ clusters numbered as packages), one package whenever one can hold
+   n (the best fit), else the fewest packages, largest first;
 3. inside an L3, whole physical cores (n / SMT-width cores when n is a multiple of the SMT
    width; at most one partial core otherwise, a stray thread before a whole core).
 
@@ -548,10 +550,33 @@ class Selector:
             if not quiet:
                 self.steps.append(Step("core", "all", f"{part.label} has exactly {n} free CPUs"))
             return free
-        got, note = self.pick_cores(part.cores, n)
+        cores, where = part.cores, part.label
+        if part.packages:
+            cores, where = self.in_packages(part, n)
+        got, note = self.pick_cores(cores, n)
         if not quiet:
-            self.steps.append(Step("core", note, f"inside {part.label}"))
+            self.steps.append(Step("core", note, f"inside {where}"))
         return got
+
+    def in_packages(self, part: L3Part, n: int) -> tuple[tuple[int, ...], str]:
+        """The cores to take n CPUs from in an L3 part over several packages (DynamIQ
+        clusters): the best-fitting package that holds n, else the packages largest first."""
+        m = self.mask
+        packages = part.packages
+        frees = [(p.mask & m).bit_count() for p in packages]
+        fits = [i for i, f in enumerate(frees) if f >= n]
+        if fits:
+            best = min(
+                fits,
+                key=lambda i: (self.core_fit(packages[i].mask, packages[i].cores, n), frees[i], i),
+            )
+            return packages[best].cores, (
+                f"{part.label}, {packages[best].label} (best fit of {len(fits)} packages that "
+                f"hold {n} CPUs)"
+            )
+        order = sorted(range(len(packages)), key=lambda i: (-frees[i], i))
+        cores = tuple(c for i in order for c in packages[i].cores)
+        return cores, f"{part.label}, the fewest packages, largest first"
 
     def pick_cores(self, cores: tuple[int, ...], n: int) -> tuple[int, str]:
         m = self.mask

@@ -5,6 +5,7 @@ from __future__ import annotations
 import argparse
 import json
 import sys
+from collections.abc import Mapping
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
@@ -41,6 +42,24 @@ def add_state_arguments(parser: argparse.ArgumentParser, *, cgroups_help: str) -
     )
     parser.add_argument("--cgroups", choices=("auto", "on", "off"), help=cgroups_help)
     parser.add_argument("--cgroup-root", metavar="DIR", help=argparse.SUPPRESS)
+
+
+def setup_logging(environ: Mapping[str, str], *, silent: bool) -> None:
+    """When COREPIN_LOG names a level (debug, info, warning, error), corepin's log records at
+    that level and above go to stderr - e.g. COREPIN_LOG=info shows how discovery read sysfs
+    files that disagree. Otherwise `silent` commands drop them all, the others leave Python's
+    default (warnings, such as sysfs fallbacks, on stderr)."""
+    import logging
+
+    level = environ.get("COREPIN_LOG", "").upper()
+    logger = logging.getLogger("corepin")
+    if level in ("DEBUG", "INFO", "WARNING", "ERROR"):
+        handler = logging.StreamHandler()
+        handler.setFormatter(logging.Formatter("corepin: %(name)s %(levelname)s %(message)s"))
+        logger.addHandler(handler)
+        logger.setLevel(level)
+    elif silent and not logger.handlers:
+        logger.addHandler(logging.NullHandler())
 
 
 def load_topology(args: argparse.Namespace) -> Topology:

@@ -158,17 +158,9 @@ def add_arguments(parser: argparse.ArgumentParser, name: str) -> None:
 def _setup_logging() -> None:
     """Host commands keep stderr for their one-line results: corepin's log records (sysfs
     fallbacks, state repairs) go to stderr only when COREPIN_LOG names a level (info, debug)."""
-    import logging
+    from corepin.cli.common import setup_logging
 
-    level = os.environ.get("COREPIN_LOG", "").upper()
-    logger = logging.getLogger("corepin")
-    if level in ("DEBUG", "INFO", "WARNING", "ERROR"):
-        handler = logging.StreamHandler()
-        handler.setFormatter(logging.Formatter("corepin: %(name)s %(levelname)s %(message)s"))
-        logger.addHandler(handler)
-        logger.setLevel(level)
-    elif not logger.handlers:
-        logger.addHandler(logging.NullHandler())
+    setup_logging(os.environ, silent=True)
 
 
 def run(args: Any) -> int:

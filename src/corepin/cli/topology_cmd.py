@@ -1,11 +1,22 @@
-"""`corepin topology`: what the machine looks like (CONTRACTS.md section 2)."""
+"""`corepin topology`: what the machine looks like (CONTRACTS.md section 2).
+
+Sysfs fallbacks (missing files) are warnings on stderr; how discovery read files that disagree
+with each other (AMD compute units, caches over several packages, ...) is logged at INFO and
+shown with COREPIN_LOG=info."""
 
 from __future__ import annotations
 
 import argparse
+import os
 from typing import TYPE_CHECKING
 
-from corepin.cli.common import add_topology_source, dump, load_topology, write_output
+from corepin.cli.common import (
+    add_topology_source,
+    dump,
+    load_topology,
+    setup_logging,
+    write_output,
+)
 
 if TYPE_CHECKING:
     from corepin.topology.model import Topology
@@ -54,6 +65,7 @@ def render(topology: Topology, fmt: str, *, title: str | None = None) -> str:
 
 
 def run(args: argparse.Namespace) -> int:
+    setup_logging(os.environ, silent=False)
     topology = load_topology(args)
     write_output(render(topology, args.output, title=args.title), args.out)
     return 0

@@ -15,7 +15,8 @@ documented fallbacks (each logged once per discovery, see `corepin.sysfs.files`)
 | `topology/core_cpus_list` (5.3)      | `thread_siblings_list`, then grouping by core_id         |
 | `topology/cluster_id` (5.16)         | no cluster information (also for -1 and 0xffff)          |
 | `cache/indexK/id` (4.11)             | the cache instance is identified by its shared CPU list  |
-| `cache/indexK/shared_cpu_list`       | `shared_cpu_map` (hex), then the CPU alone               |
+| `cache/indexK/shared_cpu_list`       | `shared_cpu_map` (hex), then the CPU alone (when both    |
+|                                      | exist and differ, the map: what hwloc and lscpu read)    |
 | `sys/devices/cpu_core/cpus` et al.   | `cpuN/cpu_capacity` when present, else no core types     |
 | `cpuN/cpu_capacity`                  | capacity unknown (read only when the first online CPU    |
 |                                      | has the file; no warning, most x86 kernels lack it)      |
@@ -116,7 +117,12 @@ def read_cpu_system(files: SysfsFiles, *, cache_levels: tuple[int, ...] = (2, 3)
             records[cpu] = CPURecord(cpu, has_topology=False)
             continue
         records[cpu] = read_cpu(
-            files, _join(base, name), cpu, cache_levels=cache_levels, capacity=want_capacity
+            files,
+            _join(base, name),
+            cpu,
+            cache_levels=cache_levels,
+            capacity=want_capacity,
+            online=online,
         )
     return CPUSystem(
         present=present,
@@ -135,10 +141,12 @@ def read_cpu(
     *,
     cache_levels: tuple[int, ...] = (2, 3),
     capacity: bool = False,
+    online: CPUSet | None = None,
 ) -> CPURecord:
-    """Read one online CPU's `topology/`, `cache/` and (optionally) `cpu_capacity`."""
+    """Read one online CPU's `topology/`, `cache/` and (optionally) `cpu_capacity`; `online`
+    (when known) is what cache lists and maps are compared on."""
     topo = _join(cpu_dir, "topology")
-    caches = read_caches(files, _join(cpu_dir, "cache"), cpu, levels=cache_levels)
+    caches = read_caches(files, _join(cpu_dir, "cache"), cpu, levels=cache_levels, online=online)
     cap = files.integer(_join(cpu_dir, "cpu_capacity"), required=False) if capacity else None
 
     pkg_path = _join(topo, "physical_package_id")
@@ -193,7 +201,12 @@ def read_cpu(
 
 
 def read_caches(
-    files: SysfsFiles, cache_dir: str, cpu: int, *, levels: tuple[int, ...] = (2, 3)
+    files: SysfsFiles,
+    cache_dir: str,
+    cpu: int,
+    *,
+    levels: tuple[int, ...] = (2, 3),
+    online: CPUSet | None = None,
 ) -> tuple[CacheRecord, ...]:
     """The data/unified caches of one CPU at the given levels (instruction caches skipped)."""
     names = files.listdir(cache_dir, required=False)
@@ -212,15 +225,40 @@ def read_caches(
         kind = files.text(_join(index_dir, "type"), required=False) or "Unified"
         if kind == "Instruction":
             continue
-        shared = files.cpus_list_or_mask(
-            _join(index_dir, "shared_cpu_list"),
-            _join(index_dir, "shared_cpu_map"),
-            kinds=("shared_cpu_list_missing", "shared_cpu_map_missing"),
-            default=CPUSet.of(cpu),
-            action="the cache is private to the CPU",
-        )
+        shared = _shared_cpus(files, index_dir, cpu, online)
         ident = files.integer_or_note(
             _join(index_dir, "id"), "cache_id_missing", "identifying caches by their shared CPUs"
         )
         out.append(CacheRecord(int(name[5:]), level, kind, shared, ident))
     return tuple(out)
+
+
+def _shared_cpus(files: SysfsFiles, index_dir: str, cpu: int, online: CPUSet | None) -> CPUSet:
+    """The CPUs sharing one cache: `shared_cpu_map` and `shared_cpu_list` print the same mask
+    on a sound kernel; where both exist and differ on online CPUs (seen on AMD family 15h
+    kernels, whose L2 lists named the CPU alone while the maps named its compute unit) the map
+    is taken, as hwloc and lscpu read only the map. Either one alone is used as it is; with
+    neither, the cache is private to the CPU. Offline CPUs do not count: some kernels keep them
+    in one file and not the other."""
+    list_path = _join(index_dir, "shared_cpu_list")
+    map_path = _join(index_dir, "shared_cpu_map")
+    listed = files.cpulist(list_path, required=False)
+    masked = files.cpumask(map_path, required=False)
+    if listed is not None:
+        if masked is None:
+            return listed
+        seen = (listed & online, masked & online) if online is not None else (listed, masked)
+        if seen[0] != seen[1]:
+            files.interpret(
+                "shared_cpu_list_map_differ",
+                list_path,
+                f"shared_cpu_list says {seen[0]}, shared_cpu_map says {seen[1]}: using the map "
+                "(what hwloc and lscpu read)",
+            )
+            return masked
+        return listed
+    files.note("shared_cpu_list_missing", list_path, "using shared_cpu_map")
+    if masked is not None:
+        return masked
+    files.note("shared_cpu_map_missing", map_path, "the cache is private to the CPU")
+    return CPUSet.of(cpu)

@@ -11,6 +11,12 @@ tests). Three rules hold for every read:
   through `Fallbacks.note()`, which logs ONE warning per kind of fallback on the logger
   `corepin.sysfs` (structured `key=value` text) and counts the rest.
 
+Files that are all there but disagree with each other (SMT siblings with different core ids,
+a cache list that differs from its mask, ...) are not errors either: the kernel's description
+is the truth, and discovery takes the interpretation hwloc and lscpu take. Those choices go
+through `Fallbacks.interpret()`: ONE record per kind at INFO level (quiet unless logging is
+turned up, e.g. COREPIN_LOG=info), counted like fallbacks.
+
 CPU list texts repeat a lot (every CPU of an L3 lists the same `shared_cpu_list`), so parsed
 lists are cached by their text: a 1024-CPU tree parses each distinct list once.
 """
@@ -42,6 +48,8 @@ class Fallbacks:
     """
 
     seen: dict[str, tuple[str, str, int]] = field(default_factory=dict)
+    #: interpretations of attributes that disagree, same shape as `seen` (see `interpret`)
+    interpreted: dict[str, tuple[str, str, int]] = field(default_factory=dict)
 
     def note(self, kind: str, path: str, action: str) -> None:
         first = self.seen.get(kind)
@@ -50,6 +58,16 @@ class Fallbacks:
             logger.warning("sysfs fallback kind=%s path=%s action=%r", kind, path, action)
         else:
             self.seen[kind] = (first[0], first[1], first[2] + 1)
+
+    def interpret(self, kind: str, path: str, action: str) -> None:
+        """Record that the files under `path` disagree with others and `action` was taken (the
+        hwloc / lscpu reading): logged once per kind at INFO, counted afterwards."""
+        first = self.interpreted.get(kind)
+        if first is None:
+            self.interpreted[kind] = (path, action, 1)
+            logger.info("sysfs interpretation kind=%s path=%s action=%r", kind, path, action)
+        else:
+            self.interpreted[kind] = (first[0], first[1], first[2] + 1)
 
     @property
     def kinds(self) -> list[str]:
@@ -193,3 +211,6 @@ class SysfsFiles:
 
     def note(self, kind: str, path: str, action: str) -> None:
         self.fallbacks.note(kind, path, action)
+
+    def interpret(self, kind: str, path: str, action: str) -> None:
+        self.fallbacks.interpret(kind, path, action)

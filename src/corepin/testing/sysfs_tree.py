@@ -22,13 +22,24 @@ Files written, per the kernel's ABI (Documentation/ABI/stable/sysfs-devices-syst
 `OLD_KERNEL` is the set a pre-5.2 kernel lacks). `expected_after(topology, omit)` gives the
 topology discovery must then return (for example cache instances named by their lowest CPU
 when cache `id` files are missing).
+
+`overrides` writes what a kernel prints where it disagrees with the model corepin makes of it:
+`{cpu: {"topology/core_id": 3, "cache/index2/shared_cpu_list": CPUSet.of(3), ...}}`, paths
+relative to `cpuN/`, values written as text (a CPUSet as a list, or as a hex mask in a `*_map`
+or `*_siblings` / `*_cpus` mask file; None removes the file). Overrides are written last, so
+they win over `omit`. Cache indexes are numbered as
+written: index0 L1d, index1 L1i, then L2, then L3. Two kernels' ways are ready-made:
+`compute_unit_files(topology)` (AMD family 15h: the compute unit's two cores are listed as
+thread siblings with different core ids) and `package_core_ids(topology)` (core ids that
+restart in every package, as the kernel numbers them).
 """
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
 import os
-from collections.abc import Iterable
+from collections.abc import Iterable, Mapping
 from pathlib import Path
 from typing import Any
 
@@ -36,7 +47,18 @@ from corepin.core.cpuset import CPUSet
 from corepin.core.errors import TopologyError
 from corepin.topology.model import CPUInfo, NUMANode, Topology
 
-__all__ = ["OLD_KERNEL", "OMISSIONS", "expected_after", "write_sysfs_tree"]
+__all__ = [
+    "OLD_KERNEL",
+    "OMISSIONS",
+    "Overrides",
+    "compute_unit_files",
+    "expected_after",
+    "package_core_ids",
+    "write_sysfs_tree",
+]
+
+#: Per-CPU file overrides: cpu -> path below `cpuN/` -> what the kernel prints (None: no file).
+Overrides = Mapping[int, Mapping[str, "int | str | CPUSet | None"]]
 
 OMISSIONS = frozenset(
     {
@@ -50,6 +72,7 @@ OMISSIONS = frozenset(
         "cluster_id",  # topology/cluster_id and cluster_cpus_list (before 5.16)
         "cache_id",  # cache/indexK/id (before 4.11, or firmware without ids as on arm64)
         "shared_cpu_list",  # cache/indexK/shared_cpu_list (shared_cpu_map remains)
+        "shared_cpu_map",  # cache/indexK/shared_cpu_map (kept when shared_cpu_list is omitted)
         "node_dir",  # the whole node/ directory (kernel without NUMA support)
         "node_online",  # node/online
         "node_cpulist",  # node/nodeN/cpulist (cpumap remains)
@@ -74,6 +97,39 @@ class _Writer:
         with open(path, "w", encoding="ascii") as handle:
             handle.write(text + "\n")
 
+    def remove(self, path: str) -> None:
+        with contextlib.suppress(FileNotFoundError):
+            os.remove(path)
+
+
+def _is_mask_file(rel: str) -> bool:
+    """Hex mask files: `shared_cpu_map`, `cpumap`, and the topology masks without `_list`."""
+    name = os.path.basename(rel)
+    return name.endswith("_map") or (
+        rel.startswith("topology/") and name.endswith(("_siblings", "_cpus"))
+    )
+
+
+def _override_text(cpu: int, rel: str, value: int | str | CPUSet) -> str:
+    if isinstance(value, CPUSet):
+        return value.to_mask() if _is_mask_file(rel) else str(value)
+    if isinstance(value, bool) or not isinstance(value, int | str):
+        raise TypeError(f"override cpu{cpu}/{rel}: expected int, str or CPUSet, got {value!r}")
+    return str(value)
+
+
+def _check_overrides(topology: Topology, overrides: Overrides) -> None:
+    for cpu, files in overrides.items():
+        if cpu not in topology.online_cpus:
+            raise ValueError(f"overrides for CPU {cpu}: only online CPUs have topology files")
+        for rel in files:
+            parts = rel.split("/")
+            if rel.startswith("/") or ".." in parts or parts[0] not in ("topology", "cache"):
+                raise ValueError(
+                    f"override path {rel!r} of CPU {cpu} must lie below cpu{cpu}/topology or "
+                    f"cpu{cpu}/cache"
+                )
+
 
 def _check_omit(omit: Iterable[str]) -> frozenset[str]:
     names = frozenset(omit)
@@ -86,10 +142,17 @@ def _check_omit(omit: Iterable[str]) -> frozenset[str]:
 
 
 def write_sysfs_tree(
-    topology: Topology, root: str | os.PathLike[str], *, omit: Iterable[str] = ()
+    topology: Topology,
+    root: str | os.PathLike[str],
+    *,
+    omit: Iterable[str] = (),
+    overrides: Overrides | None = None,
 ) -> Path:
-    """Write the sysfs files describing `topology` under `root`; returns `Path(root)`."""
+    """Write the sysfs files describing `topology` under `root` (with `overrides` written over
+    them, see the module docstring); returns `Path(root)`."""
     skip = _check_omit(omit)
+    if overrides:
+        _check_overrides(topology, overrides)
     out = _Writer()
     base = os.path.join(os.fspath(root), "sys", "devices", "system", "cpu")
     present = topology.present_cpus
@@ -131,6 +194,12 @@ def write_sysfs_tree(
             os.makedirs(cpu_dir, exist_ok=True)
         if info.online:
             _write_cpu(out, topology, info, cpu_dir, skip, clusters)
+            for rel, value in (overrides or {}).get(info.cpu, {}).items():
+                path = os.path.join(cpu_dir, *rel.split("/"))
+                if value is None:
+                    out.remove(path)
+                else:
+                    out.write(path, _override_text(info.cpu, rel, value))
 
     if "node_dir" not in skip:
         _write_nodes(out, topology, os.path.join(os.fspath(root), "sys/devices/system/node"), skip)
@@ -188,7 +257,8 @@ def _write_cpu(
         out.write(os.path.join(d, "type"), kind)
         if "shared_cpu_list" not in skip:
             out.write(os.path.join(d, "shared_cpu_list"), str(shared))
-        out.write(os.path.join(d, "shared_cpu_map"), shared.to_mask())
+        if "shared_cpu_map" not in skip or "shared_cpu_list" in skip:
+            out.write(os.path.join(d, "shared_cpu_map"), shared.to_mask())
         if "cache_id" not in skip:
             out.write(os.path.join(d, "id"), str(ident))
 
@@ -216,6 +286,55 @@ def _write_nodes(out: _Writer, topo: Topology, base: str, skip: frozenset[str]) 
                 f"Node {node.id} MemTotal:       {node.memory_kb} kB\n"
                 f"Node {node.id} MemFree:        {node.memory_kb // 2} kB",
             )
+
+
+def package_core_ids(topology: Topology) -> dict[int, dict[str, int | str | CPUSet | None]]:
+    """`topology/core_id` as kernels number it: 0, 1, ... in every package (SMT siblings share
+    theirs), instead of the machine-wide ids the writer uses by default."""
+    out: dict[int, dict[str, int | str | CPUSet | None]] = {}
+    for socket in topology.socket_ids():
+        for index, core in enumerate(topology.cores_in_socket(socket)):
+            for cpu in topology.cpus_in_cores(core):
+                out[cpu] = {"topology/core_id": index}
+    return out
+
+
+def compute_unit_files(
+    topology: Topology, *, stale_lists: bool = False
+) -> dict[int, dict[str, int | str | CPUSet | None]]:
+    """What an AMD family 15h (Bulldozer .. Excavator) kernel prints for `topology`, whose
+    single-thread cores come in compute units of the cores that share one L2: the unit is
+    listed as SMT siblings (`thread_siblings_list`, `core_cpus_list`), the two cores keep
+    their own `core_id` (numbered from 0 in every NUMA node of a package, as on an Opteron
+    6200/6300, where each die is a node), and the unit shares its L1i as well as its L2 (the
+    L1d stays private). `stale_lists=True` also reproduces a kernel seen in the wild whose
+    L1i and L2 `shared_cpu_list` name the CPU alone while `shared_cpu_map` names the unit.
+
+    ValueError when some CPU has no L2 or a core has several threads (not that machine)."""
+    out: dict[int, dict[str, int | str | CPUSet | None]] = {}
+    numbering: dict[tuple[int | None, int | None], int] = {}
+    for info in topology.cpus:
+        if not info.online:
+            continue
+        if info.l2 is None or len(topology.siblings_of(info.cpu)) != 1:
+            raise ValueError(f"CPU {info.cpu}: compute units are single-thread cores sharing an L2")
+        unit = topology.cpus_in_l2s(info.l2)
+        key = (info.socket, info.numa)
+        core_id = numbering.get(key, 0)
+        numbering[key] = core_id + 1
+        files: dict[str, int | str | CPUSet | None] = {
+            "topology/core_id": core_id,
+            "topology/thread_siblings_list": unit,
+            "topology/core_cpus_list": unit,
+            "cache/index1/shared_cpu_list": unit,
+            "cache/index1/shared_cpu_map": unit,
+        }
+        if stale_lists:
+            alone = CPUSet.of(info.cpu)
+            files["cache/index1/shared_cpu_list"] = alone
+            files["cache/index2/shared_cpu_list"] = alone
+        out[info.cpu] = files
+    return out
 
 
 def expected_after(topology: Topology, omit: Iterable[str]) -> Topology:

@@ -94,7 +94,8 @@ class NUMANode:
 
 @dataclass(frozen=True, slots=True)
 class PoolNode:
-    """One node of the pool tree: socket -> die -> numa -> l3 -> core -> thread."""
+    """One node of the pool tree: socket -> die -> numa -> l3 -> core -> thread (the order of
+    `Topology.level_order()`)."""
 
     kind: str
     id: int | None
@@ -192,7 +193,10 @@ class Topology:
         self._numa_nodes = tuple(nodes[k] for k in sorted(nodes))
 
     def _check_consistency(self, online: list[CPUInfo]) -> None:
-        """A core lives in one socket, die, NUMA node and cache; every online CPU has a core."""
+        """A core lives in one socket, die, NUMA node and cache; every online CPU has a core.
+
+        Caches and NUMA nodes may span sockets: a DynamIQ SoC whose kernel numbers every
+        cluster as a package has one L3 (and one NUMA node) over all of them."""
         owner: dict[int, CPUInfo] = {}
         for c in online:
             if c.core is None:
@@ -205,14 +209,6 @@ class Topology:
                         f"{attr} ({getattr(first, attr)} vs {getattr(c, attr)}): a CPU cannot be "
                         "in two cores",
                         reason="inconsistent_core",
-                    )
-        for attr in ("l3", "l2"):
-            for cache, cpus in _group(online, attr).items():
-                sockets = {self._index[c].socket for c in cpus}
-                if len(sockets) > 1:
-                    raise TopologyError(
-                        f"{attr} cache {cache} spans sockets {sorted(map(str, sockets))}",
-                        reason="inconsistent_cache",
                     )
 
     # ------------------------------------------------------------------ table
@@ -369,37 +365,77 @@ class Topology:
         return CPUSet(self.numa_nodes_in(cpus))
 
     # ------------------------------------------------------------------ pool tree
-    def pool_tree(self) -> PoolNode:
-        """The tree socket -> die -> numa -> l3 -> core -> thread over the online CPUs.
-
-        Where a cache or NUMA node straddles the level above it, each parent gets the part of
-        it that lies inside the parent, so every CPU appears exactly once among the leaves.
-        """
-
-        def level(
-            kinds: list[tuple[str, Mapping[Any, CPUSet]]], within: CPUSet
-        ) -> tuple[PoolNode, ...]:
-            if not kinds:
-                return tuple(PoolNode("thread", cpu, CPUSet.of(cpu)) for cpu in within)
-            (kind, groups), rest = kinds[0], kinds[1:]
-            out = []
-            for key, cpus in groups.items():
-                part = cpus & within
-                if part:
-                    ident = key[1] if kind == "die" else key
-                    out.append(PoolNode(kind, ident, part, level(rest, part)))
-            if not out:  # the machine exposes no such unit: skip the level
-                return level(rest, within)
-            return tuple(out)
-
-        kinds: list[tuple[str, Mapping[Any, CPUSet]]] = [
+    def _kind_groups(self) -> list[tuple[str, Mapping[Any, CPUSet]]]:
+        return [
             ("socket", self._by_socket),
             ("die", self._by_die),
             ("numa", self._by_numa),
             ("l3", self._by_l3),
             ("core", self._by_core),
         ]
-        return PoolNode("machine", None, self._online, level(kinds, self._online))
+
+    def level_order(self) -> tuple[str, ...]:
+        """The levels of the pool tree from the top: socket, die, numa, l3, core - except that
+        a kind whose every unit holds whole units of a kind above it, and some hold several,
+        moves above that kind (as hwloc puts a cache above the packages it spans): one L3 over
+        several NUMA nodes (sub-NUMA clustering) comes before them, one L3 and one NUMA node
+        over every cluster of a DynamIQ SoC numbered as packages come before the packages."""
+        kinds = self._kind_groups()
+        owner: dict[str, dict[int, Any]] = {}
+        for kind, groups in kinds:
+            table: dict[int, Any] = {}
+            for key, cpus in groups.items():
+                for cpu in cpus:
+                    table[cpu] = key
+            owner[kind] = table
+
+        def refines(groups: Mapping[Any, CPUSet], other: str) -> bool:
+            """Every unit of `groups` lies inside one unit of kind `other` (where it says)."""
+            table = owner[other]
+            return all(len({table[c] for c in cpus if c in table}) <= 1 for cpus in groups.values())
+
+        order: list[tuple[str, Mapping[Any, CPUSet]]] = []
+        for kind, groups in kinds:
+            at = len(order)
+            for i, (placed, placed_groups) in enumerate(order):
+                if refines(placed_groups, kind) and not refines(groups, placed):
+                    at = i
+                    break
+            order.insert(at, (kind, groups))
+        return tuple(kind for kind, _ in order)
+
+    def pool_tree(self) -> PoolNode:
+        """The tree socket -> die -> numa -> l3 -> core -> thread over the online CPUs, in the
+        order of `level_order()`.
+
+        Where a cache or NUMA node straddles the level above it without holding its units
+        whole, each parent gets the part of it that lies inside the parent; CPUs that a level
+        does not cover (no NUMA node online for them, no L3) go straight to the next level.
+        So every online CPU appears exactly once among the leaves."""
+        groups_of = dict(self._kind_groups())
+
+        def level(kinds: list[str], within: CPUSet) -> tuple[PoolNode, ...]:
+            if not kinds:
+                return tuple(PoolNode("thread", cpu, CPUSet.of(cpu)) for cpu in within)
+            kind, rest = kinds[0], kinds[1:]
+            out = []
+            covered = 0
+            for key, cpus in groups_of[kind].items():
+                part = cpus & within
+                if part:
+                    covered |= part.bits
+                    ident = key[1] if kind == "die" else key
+                    out.append(PoolNode(kind, ident, part, level(rest, part)))
+            if not out:  # the machine exposes no such unit here: skip the level
+                return level(rest, within)
+            loose = within.bits & ~covered
+            if loose:
+                out.extend(level(rest, CPUSet.from_bits(loose)))
+            return tuple(out)
+
+        return PoolNode(
+            "machine", None, self._online, level(list(self.level_order()), self._online)
+        )
 
     # ------------------------------------------------------------------ JSON
     def to_json(self) -> dict[str, Any]:

@@ -2,9 +2,13 @@
 
 A `SyntheticSpec` describes a regular machine: sockets x dies x NUMA nodes x L3 instances x
 cores x threads, optionally hybrid (efficiency cores after the performance cores of each L3),
-with offline and isolated CPUs and memory-only NUMA nodes. `synthetic(spec)` builds it with the
-same identifier conventions discovery produces, so `discover(write_sysfs_tree(synthetic(s)))`
-gives back an equal topology (see `corepin.testing.sysfs_tree`):
+with offline and isolated CPUs and memory-only NUMA nodes, and cores that share an L2 in groups
+(`cores_per_l2`: AMD family 15h compute units). A `ClusterSpec` describes an arm64 SoC of CPU
+clusters (big.LITTLE, DynamIQ) whose kernel may number every cluster as a package while one L3
+and one NUMA node span them all. `synthetic(spec)` / `clustered(spec)` build them with the same
+identifier conventions discovery produces, so `discover(write_sysfs_tree(synthetic(s)))` gives
+back an equal topology (see `corepin.testing.sysfs_tree`; compute units need the kernel's own
+files, `compute_unit_files`):
 
 - `core` = the lowest online CPU of the core; `l3`, `l2`: counters over the machine in core
   order (every instance unique); `numa`: 0.. in socket order, memory-only nodes after them;
@@ -16,7 +20,14 @@ gives back an equal topology (see `corepin.testing.sysfs_tree`):
 - Offline CPUs keep only `online=False` (and `isolated`); NUMA node CPU sets hold online CPUs.
 
 Named machines: `NAMED` maps a name to a zero-argument builder, e.g.
-`NAMED["dual_socket_ht"]()`; `named(name)` raises `TopologyError` for an unknown name.
+`NAMED["dual_socket_ht"]()`; `named(name)` raises `TopologyError` for an unknown name. Two of
+them are modelled on real sysfs dumps of machines whose attributes disagree:
+`amd_compute_units` on a 4-socket Opteron 6276 (hwloc's test tree 64amd64-4s2n4ca2co: two
+dies per package, each its own NUMA node and L3, 4 compute units of 2 cores per die, core_id
+0-7 per die, no die_id or cache ids, L2 lists that name the CPU alone while the maps name the
+unit), and `arm_dynamiq` on the phones in pytorch/cpuinfo's mock trees (Kirin 980: packages
+0-3, 4-5, 6-7 with core_id restarting per package; Snapdragon 845: one L3 "0-7" over packages
+0-3 and 4-7, private L2s, no cache ids), the same 4+2+2 shape as a Rockchip RK3588.
 """
 
 from __future__ import annotations
@@ -33,7 +44,11 @@ __all__ = [
     "EFFICIENCY",
     "NAMED",
     "PERFORMANCE",
+    "ClusterSpec",
     "SyntheticSpec",
+    "amd_compute_units",
+    "arm_dynamiq",
+    "clustered",
     "dual_socket_ht",
     "hybrid",
     "large_64",
@@ -70,6 +85,8 @@ class SyntheticSpec:
     e_cores_per_l3: int = 0
     #: how many efficiency cores share one L2 (performance cores have a private L2)
     e_cores_per_l2: int = 4
+    #: how many (performance) cores share one L2: 2 for AMD family 15h compute units
+    cores_per_l2: int = 1
     memory_only_nodes: int = 0
     memory_kb_per_node: int | None = None
     socket_ids: tuple[int, ...] | None = None
@@ -94,6 +111,7 @@ class SyntheticSpec:
             "l3_per_numa": self.l3_per_numa,
             "threads_per_core": self.threads_per_core,
             "e_cores_per_l2": self.e_cores_per_l2,
+            "cores_per_l2": self.cores_per_l2,
         }
         for key, value in counts.items():
             if value < 1:
@@ -156,12 +174,13 @@ def synthetic(spec: SyntheticSpec) -> Topology:
             for _ in range(nodes_per_die):
                 node_place[node] = (s, d)
                 for _ in range(spec.l3_per_numa):
-                    for _ in range(spec.cores_per_l3):
+                    for c in range(spec.cores_per_l3):
                         kind = PERFORMANCE if hybrid else None
                         cores.append(
                             _Core(socket_ids[s], d, node, l3, l2, kind, spec.threads_per_core)
                         )
-                        l2 += 1
+                        if (c + 1) % spec.cores_per_l2 == 0 or c + 1 == spec.cores_per_l3:
+                            l2 += 1
                     for e in range(spec.e_cores_per_l3):
                         if e and e % spec.e_cores_per_l2 == 0:
                             l2 += 1
@@ -240,6 +259,125 @@ def synthetic(spec: SyntheticSpec) -> Topology:
     return Topology(table, numa_nodes, name=spec.name)
 
 
+@dataclass(frozen=True)
+class ClusterSpec:
+    """An arm64 SoC of CPU clusters, CPUs numbered cluster by cluster (threads of a core
+    consecutive). On kernels before 6.2 with a devicetree `cpu-map`, every cluster is its own
+    package (`package_per_cluster`, cluster_id -1); later ones put the clusters in package 0
+    and number them with cluster_id. Arm64 has no dies (`die` None)."""
+
+    #: cores per cluster
+    clusters: tuple[int, ...] = (4, 4)
+    #: `cpu_capacity` per cluster (the highest are performance cores, the rest efficiency)
+    capacities: tuple[int, ...] | None = None
+    threads_per_core: int = 1
+    #: one L2 per cluster (older Cortex-A53 clusters) instead of one per core
+    shared_l2: bool = False
+    #: "shared": one L3 over every cluster (DynamIQ); "cluster": one per cluster; "none"
+    l3: Literal["shared", "cluster", "none"] = "shared"
+    package_per_cluster: bool = True
+    #: NUMA nodes, each over consecutive clusters (one node spans them all by default)
+    numa_nodes: int = 1
+    offline: tuple[int, ...] = ()
+    isolated: tuple[int, ...] = ()
+    name: str = ""
+
+    @property
+    def cpu_count(self) -> int:
+        return sum(self.clusters) * self.threads_per_core
+
+    def validate(self) -> None:
+        if not self.clusters or min(self.clusters) < 1:
+            raise TopologyError("cluster spec: every cluster needs at least one core")
+        if self.threads_per_core < 1:
+            raise TopologyError("cluster spec: threads_per_core must be at least 1")
+        if self.capacities is not None and (
+            len(self.capacities) != len(self.clusters) or min(self.capacities) < 1
+        ):
+            raise TopologyError(
+                f"cluster spec: capacities {self.capacities} must be one positive value per cluster"
+            )
+        if self.l3 not in ("shared", "cluster", "none"):
+            raise TopologyError(f"cluster spec: l3 must be shared, cluster or none: {self.l3!r}")
+        if not 1 <= self.numa_nodes <= len(self.clusters):
+            raise TopologyError(
+                f"cluster spec: {self.numa_nodes} NUMA nodes for {len(self.clusters)} clusters"
+            )
+        total = self.cpu_count
+        for what, ids in (("offline", self.offline), ("isolated", self.isolated)):
+            bad = [c for c in ids if not 0 <= c < total]
+            if bad:
+                raise TopologyError(f"cluster spec: {what} CPUs {bad} are outside 0-{total - 1}")
+        if len(set(self.offline)) >= total:
+            raise TopologyError("cluster spec: at least one CPU must stay online")
+
+
+def clustered(spec: ClusterSpec) -> Topology:
+    """Build the topology a `ClusterSpec` describes. Core types follow the capacities of the
+    online CPUs, as discovery derives them: the highest are performance cores, the others
+    efficiency cores, none when they are all equal."""
+    spec.validate()
+    offline = set(spec.offline)
+    isolated = set(spec.isolated)
+    caps = spec.capacities
+    spans: list[range] = []
+    for cores in spec.clusters:
+        start = spans[-1].stop if spans else 0
+        spans.append(range(start, start + cores * spec.threads_per_core))
+    online_caps = set()
+    if caps is not None:
+        online_caps = {caps[k] for k, r in enumerate(spans) if any(t not in offline for t in r)}
+    top = max(online_caps, default=0)
+    count = len(spec.clusters)
+    table: list[CPUInfo] = []
+    node_cpus: dict[int, int] = {}
+    cpu = l2 = 0
+    for k, cores in enumerate(spec.clusters):
+        node = k * spec.numa_nodes // count
+        l3 = {"shared": 0, "cluster": k, "none": None}[spec.l3]
+        capacity = caps[k] if caps is not None else None
+        kind = None
+        if capacity is not None and len(online_caps) > 1:
+            kind = PERFORMANCE if capacity == top else EFFICIENCY
+        for _ in range(cores):
+            threads = list(range(cpu, cpu + spec.threads_per_core))
+            cpu += spec.threads_per_core
+            alive = [t for t in threads if t not in offline]
+            for t in threads:
+                if t in offline:
+                    table.append(CPUInfo.offline(t, isolated=t in isolated))
+                    continue
+                node_cpus[node] = node_cpus.get(node, 0) | (1 << t)
+                table.append(
+                    CPUInfo(
+                        t,
+                        socket=k if spec.package_per_cluster else 0,
+                        die=None,
+                        numa=node,
+                        l3=l3,
+                        l2=l2,
+                        core=min(alive),
+                        cluster=None if spec.package_per_cluster else k,
+                        isolated=t in isolated,
+                        core_type=kind,
+                        capacity=capacity,
+                    )
+                )
+            if not spec.shared_l2:
+                l2 += 1
+        if spec.shared_l2:
+            l2 += 1
+    nodes = [
+        NUMANode(
+            n,
+            CPUSet.from_bits(node_cpus.get(n, 0)),
+            {m: 10 if m == n else 20 for m in range(spec.numa_nodes)},
+        )
+        for n in range(spec.numa_nodes)
+    ]
+    return Topology(table, nodes, name=spec.name)
+
+
 # ---------------------------------------------------------------------- named machines
 
 
@@ -300,6 +438,34 @@ def offline_cpus() -> Topology:
     )
 
 
+def amd_compute_units() -> Topology:
+    """Opteron 6200/6300-like (AMD family 15h): 2 sockets x 2 dies, each die its own NUMA node
+    and L3, 8 single-thread cores per die in 4 compute units of 2 cores sharing an L2, linear
+    numbering (32 CPUs). The kernel lists a unit's two cores as SMT siblings: write its tree
+    with `corepin.testing.compute_unit_files`."""
+    return synthetic(
+        SyntheticSpec(
+            sockets=2,
+            numa_per_socket=2,
+            cores_per_l3=8,
+            threads_per_core=1,
+            cores_per_l2=2,
+            numbering="linear",
+            name="amd_compute_units",
+        )
+    )
+
+
+def arm_dynamiq() -> Topology:
+    """A DynamIQ phone SoC as kernels before 6.2 number it: 4 efficiency cores (package 0,
+    CPUs 0-3), two clusters of 2 performance cores (packages 1 and 2, CPUs 4-5 and 6-7),
+    private L2s, one L3 and one NUMA node over all three packages (8 CPUs; capacities
+    illustrative: 414 and 1024)."""
+    return clustered(
+        ClusterSpec(clusters=(4, 2, 2), capacities=(414, 1024, 1024), name="arm_dynamiq")
+    )
+
+
 def large_64() -> Topology:
     """2 sockets x 2 NUMA x 2 L3 x 4 cores x 2 threads = 64 CPUs (benchmarks)."""
     return synthetic(
@@ -331,6 +497,8 @@ NAMED: dict[str, Callable[[], Topology]] = {
     "sixteen_numa": sixteen_numa,
     "hybrid": hybrid,
     "offline_cpus": offline_cpus,
+    "amd_compute_units": amd_compute_units,
+    "arm_dynamiq": arm_dynamiq,
     "large_64": large_64,
     "large_256": large_256,
     "large_1024": large_1024,

@@ -1,10 +1,13 @@
 """`corepin topology -o svg`: a picture of the machine in the spirit of hwloc's lstopo.
 
 Nested boxes: machine > socket > die (when a socket has several) > NUMA node > L3 > shared L2 or
-cluster (when several cores share one) > core > CPU (hardware thread). Offline CPUs are hatched,
-isolated CPUs (isolcpus) have a red dashed border, performance and efficiency cores of hybrid
-machines have different colours, memory-only NUMA nodes get their own boxes, and a legend explains
-it all. Boxes flow into balanced rows, so the same code draws 2 CPUs and 1024.
+cluster (when several cores share one) > core > CPU (hardware thread), in the order of
+`Topology.level_order()`: an L3 or NUMA node that holds several packages (a DynamIQ SoC whose
+kernel numbers clusters as packages) or several NUMA nodes is drawn around them, as lstopo
+does. Offline CPUs are hatched, isolated CPUs (isolcpus) have a red dashed border, performance
+and efficiency cores of hybrid machines have different colours, memory-only NUMA nodes get their
+own boxes, and a legend explains it all. Boxes flow into balanced rows, so the same code draws
+2 CPUs and 1024.
 
 `render_svg(topology, owners=...)` colours CPUs by owner instead (for `corepin report -o svg`):
 `owners` maps a CPU id to an owner label; the well-known labels `reserved`, `shared`, `infra` and
@@ -147,20 +150,14 @@ class _Builder:
     # the kernel still says which core, else in the "Offline CPUs" strip
     def machine(self) -> _Box:
         online = [c for c in self.t.cpus if c.online]
-        children: list[_Box] = []
-        for socket, infos in _group(online, "socket").items():
-            label = "Socket ?" if socket is None else f"Socket {socket}"
-            box = _Box("socket", label, tip=f"{label}: CPUs {_cpuset(infos)}")
-            dies = _group(infos, "die")
-            if len(dies) > 1:
-                for die, members in dies.items():
-                    dlabel = "Die ?" if die is None else f"Die {die}"
-                    dbox = _Box("die", dlabel, tip=f"{label} {dlabel}: CPUs {_cpuset(members)}")
-                    dbox.children = self.numa_and_l3(members)
-                    box.children.append(dbox)
-            else:
-                box.children = self.numa_and_l3(infos)
-            children.append(box)
+        makers: dict[str, Callable[[int, list[CPUInfo]], _Box]] = {
+            "socket": self.socket_box,
+            "die": self.die_box,
+            "numa": self.numa_box,
+            "l3": self.l3_box,
+        }
+        levels = [(kind, makers[kind]) for kind in self.t.level_order() if kind in makers]
+        children = self.level(online, levels)
         for node in self.t.numa_nodes:
             if node.memory_only:
                 lines = ["memory only"]
@@ -191,28 +188,20 @@ class _Builder:
             children.append(strip)
         return _Box("machine", "Machine", children=children, tip=summary(self.t))
 
-    def numa_and_l3(self, infos: list[CPUInfo]) -> list[_Box]:
-        numa = _group(infos, "numa")
-        l3 = _group(infos, "l3")
-        l3_outer = (
-            None not in l3
-            and len(l3) < len(numa)
-            and all(
-                any(_cpuset(n).issubset(_cpuset(c)) for c in l3.values()) for n in numa.values()
-            )
-        )
-        if l3_outer:
-            return self.level(infos, [("l3", self.l3_box), ("numa", self.numa_box)])
-        return self.level(infos, [("numa", self.numa_box), ("l3", self.l3_box)])
-
     def level(
         self, infos: list[CPUInfo], levels: list[tuple[str, Callable[[int, list[CPUInfo]], _Box]]]
     ) -> list[_Box]:
+        """Boxes of the first level (in `Topology.level_order()`: a cache or NUMA node that
+        spans several packages, as on DynamIQ SoCs, is drawn around them), the rest inside.
+        A die box is drawn only where there are several dies side by side."""
         if not levels:
             return self.groups_and_cores(infos)
         (attr, make), rest = levels[0], levels[1:]
+        groups = _group(infos, attr)
+        if attr == "die" and len(groups) == 1:
+            return self.level(infos, rest)
         out: list[_Box] = []
-        for key, members in _group(infos, attr).items():
+        for key, members in groups.items():
             if key is None:  # the kernel does not say: no box at this level for them
                 out.extend(self.level(members, rest))
                 continue
@@ -220,6 +209,16 @@ class _Builder:
             box.children = self.level(members, rest)
             out.append(box)
         return out
+
+    def socket_box(self, socket: int, members: list[CPUInfo]) -> _Box:
+        label = f"Socket {socket}"
+        return _Box("socket", label, tip=f"{label}: CPUs {self.t.cpus_in_sockets(socket)}")
+
+    def die_box(self, die: int, members: list[CPUInfo]) -> _Box:
+        socket = members[0].socket
+        label = f"Die {die}"
+        whole = self.t.cpus_in_dies((socket, die)) if socket is not None else _cpuset(members)
+        return _Box("die", label, tip=f"Socket {socket} {label}: CPUs {whole}")
 
     def numa_box(self, node: int, members: list[CPUInfo]) -> _Box:
         part = _cpuset(members)
