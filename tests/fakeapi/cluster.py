@@ -980,11 +980,8 @@ class Cluster:
                 new_meta["deletionGracePeriodSeconds"] = seconds
                 stored = self._commit(rt, ns, name, "MODIFIED", new, current)
                 return self.view(rt, stored), False
-            if (
-                meta.get("finalizers")
-                or (rt.plural == "namespaces"
-                and rt.builtin
-                and self._namespace_has_content(name))
+            if meta.get("finalizers") or (
+                rt.plural == "namespaces" and rt.builtin and self._namespace_has_content(name)
             ):
                 if meta.get("deletionTimestamp"):
                     return self.view(rt, current), False
