@@ -20,12 +20,14 @@ import urllib.parse
 from collections.abc import Iterator, Mapping
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Any
 
 from corepin.core.errors import ApiUnreachable, CorepinError, KubeConfigError
 from corepin.kube.config import ClusterConfig
 
 _IDEMPOTENT = frozenset({"GET", "HEAD", "PUT", "DELETE"})
 _POOL_SIZE = 8
+_MAX_LINE = 65537
 
 
 class Cancelled(CorepinError):
@@ -334,20 +336,49 @@ class Stream:
 
     def lines(self) -> Iterator[bytes]:
         """Lines of the answer; ends when the server ends the stream. A connection cut
-        mid-stream raises ApiUnreachable (Cancelled when it was our own cancel)."""
-        while True:
-            try:
-                line = self._answer.readline()
-            except (OSError, http.client.HTTPException, ValueError) as exc:
-                if self._cancel is not None and self._cancel.cancelled:
-                    raise Cancelled("watch cancelled") from exc
-                raise self._transport._unreachable(exc) from exc
-            if not line:
-                if self._cancel is not None and self._cancel.cancelled:
-                    raise Cancelled("watch cancelled")
+        mid-stream raises ApiUnreachable (Cancelled when it was our own cancel).
+
+        Chunked framing is decoded here rather than by `HTTPResponse.readline`, which reports
+        a connection cut between chunks as a normal end of the answer."""
+        try:
+            if self._answer.chunked and self._answer.fp is not None:
+                yield from self._chunked_lines(self._answer.fp)
                 return
-            if line.strip():
-                yield line
+            while True:
+                line = self._answer.readline()
+                if not line:
+                    break
+                if line.strip():
+                    yield line
+        except (OSError, http.client.HTTPException, ValueError) as exc:
+            if self._cancel is not None and self._cancel.cancelled:
+                raise Cancelled("watch cancelled") from exc
+            raise self._transport._unreachable(exc) from exc
+        if self._cancel is not None and self._cancel.cancelled:
+            raise Cancelled("watch cancelled")
+
+    @staticmethod
+    def _chunked_lines(fp: Any) -> Iterator[bytes]:
+        pending = b""
+        while True:
+            size_line = fp.readline(_MAX_LINE)
+            if not size_line:
+                raise http.client.IncompleteRead(pending)
+            size = int(size_line.split(b";", 1)[0].strip() or b"x", 16)
+            if size == 0:
+                while fp.readline(_MAX_LINE) not in (b"\r\n", b"\n", b""):
+                    pass
+                if pending.strip():
+                    yield pending
+                return
+            data = fp.read(size)
+            if len(data) < size or fp.read(2) != b"\r\n":
+                raise http.client.IncompleteRead(data)
+            pending += data
+            while b"\n" in pending:
+                line, pending = pending.split(b"\n", 1)
+                if line.strip():
+                    yield line + b"\n"
 
     def close(self) -> None:
         if self._cancel is not None:
