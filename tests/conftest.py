@@ -25,9 +25,8 @@ from containerd_harness import (
 )
 
 if TYPE_CHECKING:
-    from fakeapi import FakeApiServer, TLSMaterial
-
     from corepin.kube.client import KubeClient
+    from fakeapi import FakeApiServer, TLSMaterial
 
 
 @pytest.fixture(scope="session")

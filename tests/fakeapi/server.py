@@ -99,7 +99,7 @@ class Fault:
             return False
         if self.method is not None and self.method != method:
             return False
-        if any(query.get(k) != v for k, v in self.query.items()):
+        if any(k not in query if v == "*" else query.get(k) != v for k, v in self.query.items()):
             return False
         return bool(self.pattern.search(path))
 
@@ -220,7 +220,8 @@ class FakeApiServer:
         query: dict[str, str] | None = None,
     ) -> Fault:
         """Fail (status), delay or drop (close without answer) requests whose path matches the
-        regular expression `path`; `times=None` keeps the fault until `clear_faults()`."""
+        regular expression `path` (and whose query has the given values; "*" = present);
+        `times=None` keeps the fault until `clear_faults()`."""
         fault = Fault(re.compile(path), method, status, delay, drop, times, dict(query or {}))
         with self._lock:
             self.faults.append(fault)
@@ -848,8 +849,11 @@ class _Handler(BaseHTTPRequestHandler):
                 if rt.builtin:
                     accepted.insert(2, STRATEGIC_PATCH)
                 raise err.unsupported_media(accepted)
+            options = self._options(query)
+            if content_type == APPLY_PATCH and "fieldManager" not in query:
+                options.field_manager = ""  # apply needs it spelled out: no user-agent default
             result = cluster.patch(
-                rt, ns, target.name, content_type, payload, self._options(query), target.subresource
+                rt, ns, target.name, content_type, payload, options, target.subresource
             )
             self._send_json(201 if result.created else 200, result.obj, result.warnings)
             return
