@@ -134,8 +134,12 @@ class FakeApiServer:
         client_certs: bool = False,
         bookmark_interval: float = 5.0,
         watch_timeout: float = 1800.0,
+        history_limit: int = 1000,
+        graceful_pod_deletion: bool = False,
     ) -> None:
-        self.cluster = cluster or Cluster()
+        self.cluster = cluster or Cluster(
+            history_limit=history_limit, graceful_pod_deletion=graceful_pod_deletion
+        )
         self.tls = tls
         self.tokens = dict(tokens or {})
         self.client_certs = client_certs and tls is not None
@@ -445,6 +449,8 @@ class _Handler(BaseHTTPRequestHandler):
             self.headers.get("User-Agent") or "",
             self.headers.get("Content-Type") or "",
         )
+        if method == "GET" and query.get("watch") in ("1", "true"):
+            self._record.verb = "watch"  # known before routing, also for injected faults
         body = self._body()
         with self.fake._lock:
             self.fake.requests.append(self._record)
@@ -900,13 +906,7 @@ class _Handler(BaseHTTPRequestHandler):
         if query.get("timeoutSeconds"):
             timeout = float(query["timeoutSeconds"])
         as_table = self._wants_table()
-        self.send_response(200)
-        self.send_header("Content-Type", "application/json")
-        self.send_header("Transfer-Encoding", "chunked")
-        self.send_header("Cache-Control", "no-cache, private")
-        self.end_headers()
-        self._record.code = 200
-        self.close_connection = True
+        failure: err.ApiFailure | None = None
         try:
             watcher, initial, start = cluster.open_watch(
                 rt,
@@ -916,7 +916,18 @@ class _Handler(BaseHTTPRequestHandler):
                 query.get("resourceVersion") or "",
                 send_initial=send_initial,
             )
-        except err.ApiFailure as failure:
+        except err.ApiFailure as exc:
+            failure = exc
+        # the watcher is registered before the answer starts: a client that has the headers
+        # is watching
+        self.send_response(200)
+        self.send_header("Content-Type", "application/json")
+        self.send_header("Transfer-Encoding", "chunked")
+        self.send_header("Cache-Control", "no-cache, private")
+        self.end_headers()
+        self._record.code = 200
+        self.close_connection = True
+        if failure is not None:
             self._chunk({"type": "ERROR", "object": failure.status()})
             self._end_chunks()
             return
