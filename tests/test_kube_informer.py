@@ -14,7 +14,7 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from hypothesis import HealthCheck, given, settings
+from hypothesis import HealthCheck, event, given, settings
 from hypothesis import strategies as st
 
 from corepin.kube.client import KubeClient
@@ -388,7 +388,7 @@ def run_steps(api: FakeApiServer, steps: list[tuple[Any, Any, Any]]) -> None:
             time.sleep(arg / 1000)
 
 
-@settings(max_examples=12, deadline=None, suppress_health_check=list(HealthCheck))
+@settings(max_examples=30, deadline=None, suppress_health_check=list(HealthCheck))
 @given(steps=st.lists(STEP, min_size=5, max_size=30))
 def test_random_changes_and_faults_end_with_the_servers_state(
     tmp_path_factory: Any, steps: list[Any]
@@ -435,6 +435,8 @@ def test_random_changes_and_faults_end_with_the_servers_state(
             for informer, recorder in zip((everything, group_a), recorders, strict=True):
                 assert recorder.problems == []
                 assert recorder.state == cache_versions(informer)
+                event(f"relisted: {informer.stats.relists > 0}")
+                event(f"watch errors: {informer.stats.watch_errors > 0}")
         finally:
             assert everything.stop(5) and group_a.stop(5)
             kube.close()
