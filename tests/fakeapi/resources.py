@@ -436,6 +436,7 @@ def event_to_events_v1(obj: Obj) -> Obj:
     out = {k: v for k, v in obj.items()}
     for old, new in _EVENT_RENAMES:
         _move(out, out, old, new)
+    out.setdefault("eventTime", None)  # MicroTime zero value: the server writes null
     out["apiVersion"] = "events.k8s.io/v1"
     out["kind"] = "Event"
     return out
