@@ -245,7 +245,8 @@ class Transport:
             conn, reused = self._take(wait)
             sent = False
             try:
-                conn.connect() if conn.sock is None else None
+                if conn.sock is None:
+                    conn.connect()
                 if cancel is not None:
                     cancel._register(conn.sock)
                 conn.request(method, target, body=body, headers=headers)
