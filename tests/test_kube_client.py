@@ -493,7 +493,11 @@ def test_watch_with_a_selector_sees_leaving_objects_as_deleted(kube: KubeClient)
         timeout_seconds=1,
         allow_bookmarks=False,
     )
-    assert [e.type for e in watch] == ["DELETED", "ADDED"]
+    events = list(watch)
+    assert [e.type for e in events] == ["DELETED", "ADDED"]
+    # the object that left is shown as the watcher last saw it, at the revision it left
+    assert events[0].object["metadata"]["labels"] == {"app": "web"}
+    assert int(events[0].resource_version) > int(start)
 
 
 def test_watch_sends_bookmarks_with_the_current_version(

@@ -107,8 +107,11 @@ class Watcher:
             return ("MODIFIED", change.obj)
         if now:
             return ("ADDED", change.obj)
-        if before:
-            return ("DELETED", change.obj)
+        if before and change.old is not None:
+            # as the watch cache does: the last state the watcher could see, at the new revision
+            gone = copy.deepcopy(change.old)
+            _meta(gone)["resourceVersion"] = str(change.rv)
+            return ("DELETED", gone)
         return None
 
 
