@@ -3,12 +3,16 @@
 - `containerd`, `busybox_rootfs`: one private containerd and one busybox root filesystem for
   the whole session (see `containerd_harness.py`), shared by the container end-to-end tests;
   skipped with the reason when the host cannot run containers.
+- `fake_api`: a started fake Kubernetes API server (plain http, no auth; `fakeapi` package),
+  stopped after the test; `fake_kubeconfig` a kubeconfig for it; `kube` a corepin KubeClient
+  on it; `tls_material` a CA, server and client certificates for the https variants.
 """
 
 from __future__ import annotations
 
 from collections.abc import Iterator
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 import pytest
 
@@ -19,6 +23,10 @@ from containerd_harness import (
     private_containerd,
     skip_reason,
 )
+
+if TYPE_CHECKING:
+    from corepin.kube.client import KubeClient
+    from fakeapi import FakeApiServer, TLSMaterial
 
 
 @pytest.fixture(scope="session")
@@ -39,3 +47,33 @@ def busybox_rootfs(tmp_path_factory: pytest.TempPathFactory) -> Path:
     if reason:
         pytest.skip(reason)
     return build_busybox_rootfs(tmp_path_factory.mktemp("rootfs"))
+
+
+@pytest.fixture
+def fake_api() -> Iterator[FakeApiServer]:
+    from fakeapi import FakeApiServer
+
+    with FakeApiServer(bookmark_interval=0.5) as api:
+        yield api
+
+
+@pytest.fixture
+def fake_kubeconfig(fake_api: FakeApiServer, tmp_path: Path) -> Path:
+    return fake_api.write_kubeconfig(tmp_path / "kubeconfig")
+
+
+@pytest.fixture
+def kube(fake_kubeconfig: Path) -> Iterator[KubeClient]:
+    from corepin.kube.client import KubeClient
+    from corepin.kube.config import load_config
+
+    client = KubeClient.from_config(load_config(fake_kubeconfig, env={}), timeout=10)
+    yield client
+    client.close()
+
+
+@pytest.fixture(scope="session")
+def tls_material(tmp_path_factory: pytest.TempPathFactory) -> TLSMaterial:
+    from fakeapi import make_tls
+
+    return make_tls(tmp_path_factory.mktemp("tls"))

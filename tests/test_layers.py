@@ -33,6 +33,7 @@ LAZY_PACKAGES = (
     "corepin.allocation",
     "corepin.state",
     "corepin.enforcement",
+    "corepin.kube",
     "corepin.agent",
 )
 
@@ -82,3 +83,11 @@ def test_python_dash_m_corepin_help_lists_the_subcommands() -> None:
     done = run_corepin("--help")
     assert done.returncode == 0, done.stderr
     assert "topology" in done.stdout and "Exit codes" in done.stdout
+
+
+def test_importing_the_kube_package_alone_loads_no_network_code() -> None:
+    loaded = _modules_after(
+        "import json, sys, corepin.kube; print(json.dumps(sorted(sys.modules)))"
+    )
+    assert not [m for m in loaded if m.split(".")[0] in ("http", "ssl", "yaml")]
+    assert not [m for m in loaded if m.startswith("corepin.kube.")]

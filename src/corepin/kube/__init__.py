@@ -1,0 +1,25 @@
+"""The Kubernetes API boundary: the one client every corepin component uses.
+
+Modules (import them directly; this package imports nothing, so `corepin --help` never loads
+http, ssl or json parsing of API objects):
+
+- `config`    where the API is: --kubeconfig, $KUBECONFIG, or the in-cluster service account
+- `transport` HTTP(S) over `http.client` + `ssl`, keep-alive pool, cancellation
+- `client`    `KubeClient`: generic get/list/create/replace/patch/delete/status/bind/watch on
+              any `Resource(group, version, plural, namespaced)`; `api_error` maps every
+              failed answer to the typed errors of `corepin.core.errors` (ApiError and its
+              subclasses; ApiUnreachable for socket/TLS failures) - the one mapping place
+- `resources` the built-in resources corepin touches (pods, nodes, events, leases, ...)
+- `informer`  list + watch into a cache, handlers, relist on 410, backoff, counters
+- `events`    core/v1 Event recorder with count aggregation
+- `leader`    Lease-based leader election
+
+Why a small client of our own over the standard library rather than lightkube: what corepin
+needs from the API is narrow (generic JSON objects, a handful of verbs, watch) and the parts
+where libraries differ most are exactly the ones the node agent depends on: control of the
+watch (every restart, 410 and bookmark visible so the informer can count restarts and relist;
+lightkube's watch retries on its own), cancelling a blocked watch from another thread for a
+bounded stop, and one place where failures become corepin errors. The standard library does
+it with no dependency in the agent's image and a cheaper import than httpx + anyio + the
+generated models; corepin's own CRD models and dict access cover the typing.
+"""

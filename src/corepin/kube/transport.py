@@ -1,0 +1,391 @@
+"""HTTP(S) to the API server over the standard library: `http.client` connections from a small
+keep-alive pool (one connection per request in flight, so threads share a Transport safely),
+an `ssl` context built from the configuration, the bearer token on every request, and
+cancellation of a blocked request from another thread (its socket is shut down).
+
+Socket, TLS and protocol failures become `ApiUnreachable` here; HTTP answers are returned as
+they are (the client maps failure statuses to typed errors).
+"""
+
+from __future__ import annotations
+
+import contextlib
+import http.client
+import os
+import socket
+import ssl
+import tempfile
+import threading
+import urllib.parse
+from collections.abc import Iterator, Mapping
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+from corepin.core.errors import ApiUnreachable, CorepinError, KubeConfigError
+from corepin.kube.config import ClusterConfig
+
+_IDEMPOTENT = frozenset({"GET", "HEAD", "PUT", "DELETE"})
+_POOL_SIZE = 8
+_MAX_LINE = 65537
+
+
+class Cancelled(CorepinError):
+    """The request was cancelled from another thread (a stop)."""
+
+    default_reason = "cancelled"
+
+
+class Cancel:
+    """A cancellation token: `cancel()` aborts the requests it was passed to, now and later."""
+
+    def __init__(self) -> None:
+        self._event = threading.Event()
+        self._lock = threading.Lock()
+        self._sockets: set[socket.socket] = set()
+
+    @property
+    def cancelled(self) -> bool:
+        return self._event.is_set()
+
+    def cancel(self) -> None:
+        self._event.set()
+        with self._lock:
+            sockets = list(self._sockets)
+        for sock in sockets:
+            with contextlib.suppress(OSError):
+                sock.shutdown(socket.SHUT_RDWR)
+
+    def wait(self, seconds: float) -> bool:
+        """Sleep up to `seconds`; True when cancelled meanwhile."""
+        return self._event.wait(seconds)
+
+    def _register(self, sock: socket.socket | None) -> None:
+        if sock is None:
+            return
+        with self._lock:
+            self._sockets.add(sock)
+        if self._event.is_set():
+            with contextlib.suppress(OSError):
+                sock.shutdown(socket.SHUT_RDWR)
+
+    def _unregister(self, sock: socket.socket | None) -> None:
+        if sock is None:
+            return
+        with self._lock:
+            self._sockets.discard(sock)
+
+
+@dataclass(frozen=True)
+class Response:
+    status: int
+    reason: str
+    headers: Mapping[str, str]
+    body: bytes
+    warnings: tuple[str, ...] = ()
+
+
+def _ssl_context(config: ClusterConfig) -> ssl.SSLContext:
+    ctx = ssl.create_default_context(ssl.Purpose.SERVER_AUTH)
+    try:
+        if config.insecure_skip_tls_verify:
+            ctx.check_hostname = False
+            ctx.verify_mode = ssl.CERT_NONE
+        elif config.ca_data is not None:
+            ctx.load_verify_locations(cadata=config.ca_data.decode("ascii", "replace"))
+        elif config.ca_file is not None:
+            ctx.load_verify_locations(cafile=str(config.ca_file))
+    except (OSError, ssl.SSLError) as exc:
+        raise KubeConfigError(
+            str(config.ca_file or config.source), f"cannot load the certificate authority: {exc}"
+        ) from exc
+    if config.client_cert_file or config.client_cert_data:
+        _load_client_cert(ctx, config)
+    ctx.set_alpn_protocols(["http/1.1"])
+    return ctx
+
+
+def _load_client_cert(ctx: ssl.SSLContext, config: ClusterConfig) -> None:
+    """Load the client certificate and key; `-data` is written to a private temporary file
+    for the moment `ssl` reads it (it accepts only paths) and removed right after."""
+    made: list[str] = []
+    try:
+
+        def as_path(data: bytes | None, path: Path | None, what: str) -> str:
+            if data is None:
+                if path is None:
+                    raise KubeConfigError(config.source, f"client {what} missing")
+                return str(path)
+            fd, name = tempfile.mkstemp(prefix="corepin-kube-", suffix=".pem")
+            made.append(name)
+            with os.fdopen(fd, "wb") as handle:
+                handle.write(data)
+            return name
+
+        cert = as_path(config.client_cert_data, config.client_cert_file, "certificate")
+        key = as_path(config.client_key_data, config.client_key_file, "key")
+        ctx.load_cert_chain(cert, key)
+    except (OSError, ssl.SSLError) as exc:
+        raise KubeConfigError(
+            str(config.client_cert_file or config.source),
+            f"cannot load the client certificate/key: {exc}",
+        ) from exc
+    finally:
+        for name in made:
+            with contextlib.suppress(OSError):
+                os.unlink(name)
+
+
+class Transport:
+    """Requests to one API server. Thread-safe."""
+
+    def __init__(
+        self, config: ClusterConfig, *, timeout: float = 30.0, user_agent: str = "corepin"
+    ) -> None:
+        self.config = config
+        self.timeout = timeout
+        self.user_agent = user_agent
+        parsed = urllib.parse.urlsplit(config.server)
+        self.host = parsed.hostname or "localhost"
+        self.port = parsed.port or (443 if config.https else 80)
+        self.base_path = parsed.path.rstrip("/")
+        self._ssl = _ssl_context(config) if config.https else None
+        self._lock = threading.Lock()
+        self._idle: list[http.client.HTTPConnection] = []
+        self._closed = False
+
+    # ------------------------------------------------------------------ connections
+    def _connect(self, timeout: float | None) -> http.client.HTTPConnection:
+        if self._ssl is not None:
+            return http.client.HTTPSConnection(
+                self.host, self.port, timeout=timeout, context=self._ssl
+            )
+        return http.client.HTTPConnection(self.host, self.port, timeout=timeout)
+
+    def _take(self, timeout: float | None) -> tuple[http.client.HTTPConnection, bool]:
+        with self._lock:
+            if self._idle:
+                conn = self._idle.pop()
+                if conn.sock is not None:
+                    conn.sock.settimeout(timeout)
+                return conn, True
+        return self._connect(timeout), False
+
+    def _give_back(self, conn: http.client.HTTPConnection) -> None:
+        with self._lock:
+            if not self._closed and len(self._idle) < _POOL_SIZE:
+                self._idle.append(conn)
+                return
+        conn.close()
+
+    def close(self) -> None:
+        with self._lock:
+            self._closed = True
+            idle, self._idle = self._idle, []
+        for conn in idle:
+            conn.close()
+
+    # ------------------------------------------------------------------ requests
+    def url(self, path: str, query: Mapping[str, str] | None = None) -> str:
+        full = self.base_path + path
+        if query:
+            full += "?" + urllib.parse.urlencode(query)
+        return full
+
+    def _headers(self, body: bytes | None, content_type: str | None, accept: str) -> dict[str, str]:
+        headers = {"Accept": accept, "User-Agent": self.user_agent}
+        token = self.config.bearer_token()
+        if token:
+            headers["Authorization"] = f"Bearer {token}"
+        if body is not None:
+            headers["Content-Type"] = content_type or "application/json"
+        if self.config.tls_server_name:
+            headers["Host"] = self.config.tls_server_name
+        return headers
+
+    def _unreachable(self, exc: BaseException) -> ApiUnreachable:
+        if isinstance(exc, ssl.SSLCertVerificationError):
+            problem = f"TLS certificate not trusted ({exc.verify_message})"
+        elif isinstance(exc, ssl.SSLError):
+            problem = f"TLS failure ({exc.reason or exc})"
+        elif isinstance(exc, ConnectionRefusedError):
+            problem = "connection refused"
+        elif isinstance(exc, TimeoutError | socket.timeout):
+            problem = "timed out"
+        elif isinstance(exc, OSError) and exc.strerror:
+            problem = exc.strerror.lower()
+        elif isinstance(exc, http.client.IncompleteRead):
+            problem = "connection closed mid-answer"
+        elif isinstance(exc, http.client.RemoteDisconnected):
+            problem = "connection closed without an answer"
+        else:
+            problem = f"{type(exc).__name__}: {exc}"
+        return ApiUnreachable(self.config.server, problem)
+
+    def request(
+        self,
+        method: str,
+        path: str,
+        *,
+        query: Mapping[str, str] | None = None,
+        body: bytes | None = None,
+        content_type: str | None = None,
+        accept: str = "application/json",
+        timeout: float | None = None,
+        cancel: Cancel | None = None,
+    ) -> Response:
+        """One request, its whole answer read. Retries once on a pooled connection the
+        server had closed (only when the request cannot have been applied twice)."""
+        target = self.url(path, query)
+        headers = self._headers(body, content_type, accept)
+        wait = self.timeout if timeout is None else timeout
+        for attempt in (0, 1):
+            if cancel is not None and cancel.cancelled:
+                raise Cancelled("request cancelled")
+            conn, reused = self._take(wait)
+            sent = False
+            try:
+                if conn.sock is None:
+                    conn.connect()
+                if cancel is not None:
+                    cancel._register(conn.sock)
+                conn.request(method, target, body=body, headers=headers)
+                sent = True
+                answer = conn.getresponse()
+                data = answer.read()
+            except (OSError, http.client.HTTPException) as exc:
+                conn.close()
+                if cancel is not None and cancel.cancelled:
+                    raise Cancelled("request cancelled") from exc
+                stale = reused and isinstance(
+                    exc, http.client.RemoteDisconnected | BrokenPipeError | ConnectionResetError
+                )
+                if attempt == 0 and stale and (method in _IDEMPOTENT or not sent):
+                    continue
+                raise self._unreachable(exc) from exc
+            finally:
+                if cancel is not None:
+                    cancel._unregister(conn.sock)
+            response = Response(
+                answer.status,
+                answer.reason,
+                dict(answer.getheaders()),
+                data,
+                tuple(v for k, v in answer.getheaders() if k.lower() == "warning"),
+            )
+            if answer.will_close:
+                conn.close()
+            else:
+                self._give_back(conn)
+            return response
+        raise AssertionError("unreachable")  # pragma: no cover
+
+    def stream(
+        self,
+        path: str,
+        *,
+        query: Mapping[str, str] | None = None,
+        read_timeout: float | None = None,
+        cancel: Cancel | None = None,
+    ) -> Stream:
+        """Open a streaming GET (a watch). The caller reads lines and must close it."""
+        if cancel is not None and cancel.cancelled:
+            raise Cancelled("request cancelled")
+        conn = self._connect(read_timeout)
+        try:
+            conn.connect()
+            if cancel is not None:
+                cancel._register(conn.sock)
+            conn.request(
+                "GET", self.url(path, query), headers=self._headers(None, None, "application/json")
+            )
+            answer = conn.getresponse()
+        except (OSError, http.client.HTTPException) as exc:
+            sock = conn.sock
+            conn.close()
+            if cancel is not None:
+                cancel._unregister(sock)
+                if cancel.cancelled:
+                    raise Cancelled("request cancelled") from exc
+            raise self._unreachable(exc) from exc
+        return Stream(self, conn, answer, cancel)
+
+
+class Stream:
+    """An open streaming answer: `status`, then `lines()` until the server ends it."""
+
+    def __init__(
+        self,
+        transport: Transport,
+        conn: http.client.HTTPConnection,
+        answer: http.client.HTTPResponse,
+        cancel: Cancel | None,
+    ) -> None:
+        self._transport = transport
+        self._conn = conn
+        self._sock = conn.sock
+        self._answer = answer
+        self._cancel = cancel
+        self.status = answer.status
+        self.reason = answer.reason
+
+    def read_all(self) -> bytes:
+        try:
+            return self._answer.read()
+        except (OSError, http.client.HTTPException) as exc:
+            raise self._transport._unreachable(exc) from exc
+
+    def lines(self) -> Iterator[bytes]:
+        """Lines of the answer; ends when the server ends the stream. A connection cut
+        mid-stream raises ApiUnreachable (Cancelled when it was our own cancel).
+
+        Chunked framing is decoded here rather than by `HTTPResponse.readline`, which reports
+        a connection cut between chunks as a normal end of the answer."""
+        try:
+            if self._answer.chunked and self._answer.fp is not None:
+                yield from self._chunked_lines(self._answer.fp)
+                return
+            while True:
+                line = self._answer.readline()
+                if not line:
+                    break
+                if line.strip():
+                    yield line
+        except (OSError, http.client.HTTPException, ValueError) as exc:
+            if self._cancel is not None and self._cancel.cancelled:
+                raise Cancelled("watch cancelled") from exc
+            raise self._transport._unreachable(exc) from exc
+        if self._cancel is not None and self._cancel.cancelled:
+            raise Cancelled("watch cancelled")
+
+    @staticmethod
+    def _chunked_lines(fp: Any) -> Iterator[bytes]:
+        pending = b""
+        while True:
+            size_line = fp.readline(_MAX_LINE)
+            if not size_line:
+                raise http.client.IncompleteRead(pending)
+            size = int(size_line.split(b";", 1)[0].strip() or b"x", 16)
+            if size == 0:
+                while fp.readline(_MAX_LINE) not in (b"\r\n", b"\n", b""):
+                    pass
+                if pending.strip():
+                    yield pending
+                return
+            data = fp.read(size)
+            if len(data) < size or fp.read(2) != b"\r\n":
+                raise http.client.IncompleteRead(data)
+            pending += data
+            while b"\n" in pending:
+                line, pending = pending.split(b"\n", 1)
+                if line.strip():
+                    yield line + b"\n"
+
+    def close(self) -> None:
+        if self._cancel is not None:
+            self._cancel._unregister(self._sock)
+        with contextlib.suppress(OSError):
+            if self._sock is not None:
+                self._sock.shutdown(socket.SHUT_RDWR)
+        self._answer.close()
+        self._conn.close()

@@ -1,0 +1,119 @@
+"""Objects and small helpers shared by the Kubernetes tests."""
+
+from __future__ import annotations
+
+from typing import Any
+
+from corepin.kube.client import Resource
+
+Obj = dict[str, Any]
+
+WIDGETS = Resource("example.com", "v1", "widgets", True, "Widget")
+GADGETS = Resource("example.com", "v1", "gadgets", False, "Gadget")
+
+
+def pod(
+    name: str,
+    namespace: str = "default",
+    *,
+    labels: dict[str, str] | None = None,
+    node: str | None = None,
+    scheduler: str | None = None,
+    cpu: str | None = None,
+) -> Obj:
+    container: Obj = {"name": "app", "image": "busybox:1.36"}
+    if cpu is not None:
+        container["resources"] = {"limits": {"cpu": cpu, "memory": "64Mi"}}
+    spec: Obj = {"containers": [container]}
+    if node:
+        spec["nodeName"] = node
+    if scheduler:
+        spec["schedulerName"] = scheduler
+    meta: Obj = {"name": name, "namespace": namespace}
+    if labels:
+        meta["labels"] = labels
+    return {"apiVersion": "v1", "kind": "Pod", "metadata": meta, "spec": spec}
+
+
+def widget_crd(*, scope: str = "Namespaced", status: bool = True) -> Obj:
+    """A CRD exercising the schema features the fake enforces."""
+    plural, kind = ("widgets", "Widget") if scope == "Namespaced" else ("gadgets", "Gadget")
+    version: Obj = {
+        "name": "v1",
+        "served": True,
+        "storage": True,
+        "additionalPrinterColumns": [{"name": "Size", "type": "integer", "jsonPath": ".spec.size"}],
+        "schema": {
+            "openAPIV3Schema": {
+                "type": "object",
+                "properties": {
+                    "spec": {
+                        "type": "object",
+                        "required": ["size"],
+                        "properties": {
+                            "size": {"type": "integer", "minimum": 1, "maximum": 10},
+                            "color": {"type": "string", "enum": ["red", "blue"], "default": "red"},
+                            "code": {"type": "string", "pattern": "^[a-z]{3}$"},
+                            "cpus": {
+                                "type": "array",
+                                "x-kubernetes-list-type": "set",
+                                "items": {"type": "integer"},
+                            },
+                            "parts": {
+                                "type": "array",
+                                "x-kubernetes-list-type": "map",
+                                "x-kubernetes-list-map-keys": ["name"],
+                                "items": {
+                                    "type": "object",
+                                    "required": ["name"],
+                                    "properties": {
+                                        "name": {"type": "string"},
+                                        "count": {"type": "integer"},
+                                    },
+                                },
+                            },
+                            "options": {
+                                "type": "object",
+                                "additionalProperties": {"type": "string"},
+                            },
+                            "free": {
+                                "type": "object",
+                                "x-kubernetes-preserve-unknown-fields": True,
+                            },
+                        },
+                    },
+                    "status": {
+                        "type": "object",
+                        "properties": {"ready": {"type": "boolean"}, "message": {"type": "string"}},
+                    },
+                },
+            }
+        },
+    }
+    if status:
+        version["subresources"] = {"status": {}}
+    return {
+        "apiVersion": "apiextensions.k8s.io/v1",
+        "kind": "CustomResourceDefinition",
+        "metadata": {"name": f"{plural}.example.com"},
+        "spec": {
+            "group": "example.com",
+            "scope": scope,
+            "names": {
+                "plural": plural,
+                "singular": kind.lower(),
+                "kind": kind,
+                "shortNames": ["wg" if scope == "Namespaced" else "gg"],
+            },
+            "versions": [version],
+        },
+    }
+
+
+def widget(name: str, size: int = 3, namespace: str = "default", **spec: Any) -> Obj:
+    return {
+        "apiVersion": "example.com/v1",
+        "kind": "Widget",
+        "metadata": {"name": name, "namespace": namespace},
+        "spec": {"size": size, **spec},
+    }
