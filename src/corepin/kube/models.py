@@ -128,14 +128,22 @@ class FieldError(InputError, ValueError):
 
     def __init__(self, path: str, value: object, problem: str, *, reason: str | None = None):
         self.path = path
-        self.value = value
+        self.value = None if value is MISSING else value
         self.problem = problem
-        super().__init__(f"{path}: {problem} (got {_show(value)})", reason=reason)
+        shown = "" if value is MISSING else f" (got {_show(value)})"
+        super().__init__(f"{path}: {_clip(problem, 160)}{shown}", reason=reason)
+
+
+#: The value of a FieldError for a field that is not there at all.
+MISSING: Final = object()
+
+
+def _clip(text: str, limit: int) -> str:
+    return text if len(text) <= limit else text[: limit - 3] + "..."
 
 
 def _show(value: object) -> str:
-    text = repr(value)
-    return text if len(text) <= 120 else text[:117] + "..."
+    return _clip(repr(value), 120)
 
 
 def _annotation_error(key: str, value: object, problem: str) -> FieldError:
@@ -172,7 +180,7 @@ def _str(
     value = data.get(key)
     if value is None:
         if required:
-            raise FieldError(f"{path}.{key}", value, "is required")
+            raise FieldError(f"{path}.{key}", MISSING, "is required")
         return default
     if not isinstance(value, str):
         raise FieldError(f"{path}.{key}", value, "must be a string")
@@ -493,7 +501,7 @@ class Condition:
         _check_condition(path, type_, status, reason, message, generation)
         stamp = d.get("lastTransitionTime")
         if stamp is None:
-            raise FieldError(f"{path}.lastTransitionTime", stamp, "is required")
+            raise FieldError(f"{path}.lastTransitionTime", MISSING, "is required")
         return cls(
             type=type_,
             status=status,
@@ -633,7 +641,7 @@ class NodeCPUTopologySpec:
         d = _obj(data, path)
         raw = d.get("topology")
         if raw is None:
-            raise FieldError(f"{path}.topology", raw, "is required")
+            raise FieldError(f"{path}.topology", MISSING, "is required")
         try:
             topology = Topology.from_json(raw)
         except (ValueError, TypeError) as exc:  # TopologyError, or a CPU id out of range
@@ -772,7 +780,9 @@ def _cpu_list(value: object, path: str) -> CPUSet:
     ids: list[int] = []
     for i, row in enumerate(value):
         d = _obj(row, f"{path}[{i}]")
-        cpu = _int(d.get("cpuID"), f"{path}[{i}].cpuID", maximum=MAX_CPUS - 1)
+        if d.get("cpuID") is None:
+            raise FieldError(f"{path}[{i}].cpuID", MISSING, "is required")
+        cpu = _int(d["cpuID"], f"{path}[{i}].cpuID", maximum=MAX_CPUS - 1)
         if cpu in ids:
             raise FieldError(f"{path}[{i}].cpuID", cpu, "CPU is listed twice")
         ids.append(cpu)
@@ -802,7 +812,7 @@ class ContainerCPUSet:
         name = _str(d, "name", path, required=True)
         raw = d.get("cpuSet")
         if raw is None:
-            raise FieldError(f"{path}.cpuSet", raw, "is required")
+            raise FieldError(f"{path}.cpuSet", MISSING, "is required")
         cpus = _cpu_list(raw, f"{path}.cpuSet")
         if not cpus:
             raise FieldError(f"{path}.cpuSet", raw, "must list at least one CPU")
