@@ -103,7 +103,10 @@ def _cel_value(value: Any) -> Any:
     return celpy.json_to_cel(value)
 
 
-def cel_rule_holds(rule: str, self_value: Any, old_value: Any = None) -> bool:
+def cel_rule_holds(
+    rule: str, self_value: Any, old_value: Any = None, *, variables: Mapping[str, Any] | None = None
+) -> bool:
+    """Whether the CEL expression holds for `self` (and `oldSelf`, and other variables)."""
     import celpy
 
     env = celpy.Environment()
@@ -111,6 +114,8 @@ def cel_rule_holds(rule: str, self_value: Any, old_value: Any = None) -> bool:
     activation: dict[str, Any] = {"self": _cel_value(self_value)}
     if old_value is not None:
         activation["oldSelf"] = _cel_value(old_value)
+    for name, value in (variables or {}).items():
+        activation[name] = _cel_value(value)
     return bool(program.evaluate(activation))
 
 

@@ -980,3 +980,54 @@ def _all_images(objs: Iterable[dict[str, Any]]) -> set[str]:
 
 def test_every_workload_runs_the_one_image() -> None:
     assert _all_images(default_objects()) == {IMAGE}
+
+
+# ---------------------------------------------------------------------- optional policy
+def _build_with_component(tmp_path: Path, component: str) -> list[dict[str, Any]]:
+    import os
+
+    overlay = tmp_path / "overlay"
+    overlay.mkdir()
+    (overlay / "kustomization.yaml").write_text(
+        yaml.safe_dump(
+            {
+                "resources": [os.path.relpath(DEPLOY / "default", overlay)],
+                "components": [os.path.relpath(DEPLOY / component, overlay)],
+            }
+        )
+    )
+    assert KUBECTL is not None
+    done = subprocess.run(
+        [KUBECTL, "kustomize", str(overlay)], capture_output=True, text=True, timeout=120
+    )
+    assert done.returncode == 0, done.stderr
+    return [d for d in yaml.safe_load_all(done.stdout) if d]
+
+
+@needs_kubectl
+def test_agent_own_node_policy_builds_validates_and_decides(tmp_path: Path) -> None:
+    from crd_schema import cel_rule_holds
+
+    built = _build_with_component(tmp_path, "policies/agent-own-node")
+    policy = next(o for o in built if o["kind"] == "ValidatingAdmissionPolicy")
+    binding = next(o for o in built if o["kind"] == "ValidatingAdmissionPolicyBinding")
+    for obj in (policy, binding):
+        k8s_validate(obj)
+    assert binding["spec"]["policyName"] == policy["metadata"]["name"]
+    assert binding["spec"]["validationActions"] == ["Deny"]
+    (condition,) = policy["spec"]["matchConditions"]
+    account = f"system:serviceaccount:{NAMESPACE}:corepin-agent"
+    assert condition["expression"] == f'request.userInfo.username == "{account}"'
+    resources = {r for rule in policy["spec"]["matchConstraints"]["resourceRules"]
+                 for r in rule["resources"]}  # fmt: skip
+    assert {"nodecputopologies", "nodecputopologies/status", "noderesourcetopologies"} <= resources
+    (check,) = policy["spec"]["validations"]
+    key = "authentication.kubernetes.io/node-name"
+
+    def decides(name: str, extra: dict[str, list[str]]) -> bool:
+        request = {"name": name, "userInfo": {"username": account, "extra": extra}}
+        return cel_rule_holds(check["expression"], None, variables={"request": request})
+
+    assert decides("worker-1", {key: ["worker-1"]})
+    assert not decides("worker-2", {key: ["worker-1"]})
+    assert not decides("worker-1", {})
