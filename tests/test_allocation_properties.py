@@ -311,7 +311,7 @@ def test_on_compute_unit_and_dynamiq_machines_every_policy_gives_n_available_cpu
     assert first.cpus <= avail
     assert len(first.cpus) == n
     if request.workload != "best-effort":
-        assert first.reserved >= first.cpus
+        assert first.withheld >= first.cpus
         if request.level != "cpu":
             assert first.reserved <= avail
     assert first.mems == topo.mems_of(first.cpus)
