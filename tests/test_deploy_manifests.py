@@ -518,7 +518,7 @@ def test_every_cel_rule_compiles() -> None:
 
 def test_example_node_status_follows_the_contract_definitions() -> None:
     """free = online - reserved - held; sharedPool = online - isolated - exclusive and withheld."""
-    from corepin.allocation.levels import reserved_for
+    from corepin.allocation.levels import withheld_for
     from corepin.core.cpuset import CPUSet
     from corepin.kube.models import NodeCPUTopology
 
@@ -526,10 +526,10 @@ def test_example_node_status_follows_the_contract_definitions() -> None:
     topology, status = ncpt.spec.topology, ncpt.status
     assert status is not None
     online = topology.online_cpus
-    held = CPUSet().union(*(reserved_for(topology, a.level, a.cpus) for a in status.allocations))
+    held = CPUSet().union(*(withheld_for(topology, a.level, a.cpus) for a in status.allocations))
     exclusive = CPUSet().union(
         *(
-            reserved_for(topology, a.level, a.cpus)
+            withheld_for(topology, a.level, a.cpus)
             for a in status.allocations
             if a.policy == "exclusive"
         )
