@@ -411,37 +411,23 @@ def test_cmds_exit_code_is_returned_when_the_release_cannot_be_written(state: Pa
     assert "Traceback" not in out.stderr
 
 
-def _holds_lock(pid: int, state: Path) -> bool:
-    try:
-        return any(
-            os.readlink(f"/proc/{pid}/fd/{fd}") == str(state / "state.lock")
-            for fd in os.listdir(f"/proc/{pid}/fd")
-        )
-    except OSError:
-        return False
+def _has_child(pid: int, comm: str | None = None) -> bool:
+    return any(
+        st.ppid == pid and (comm is None or st.comm == comm) for st in process_table().values()
+    )
 
 
-def _has_child(pid: int) -> bool:
-    return any(st.ppid == pid for st in process_table().values())
+#: When the Ctrl-C comes: a random moment of the first 0.3 s (loading, deciding, locking,
+#: forking, committing), right after CMD is forked, or once CMD runs.
+STAGES = ("at a random early moment", "once CMD is forked", "once CMD runs")
 
 
-STAGES = {
-    "as it loads its modules": lambda pid, state: True,
-    "while it holds the state lock": _holds_lock,
-    "once CMD is forked": lambda pid, state: _has_child(pid),
-    "once CMD runs": lambda pid, state: bool(
-        [p for p, st in process_table().items() if st.ppid == pid and st.comm == "sleep"]
-    ),
-}
-
-
-@pytest.mark.parametrize("stage", list(STAGES))
+@pytest.mark.parametrize("stage", STAGES)
 def test_ctrl_c_at_any_moment_of_start_up_exits_130_without_a_trace_or_a_leak(
     state: Path, stage: str
 ) -> None:
     rng = random.Random(stage)
-    reached = STAGES[stage]
-    for _ in range(6):
+    for _ in range(8):
         p = subprocess.Popen(
             [*corepin("run", "--exclusive", "1", "--", "sleep", "30", state=state)],
             stderr=subprocess.PIPE,
@@ -449,24 +435,29 @@ def test_ctrl_c_at_any_moment_of_start_up_exits_130_without_a_trace_or_a_leak(
             start_new_session=True,
         )
         try:
-            if stage == "as it loads its modules":
-                time.sleep(0.06 + rng.uniform(0.0, 0.08))
+            if stage == STAGES[0]:
+                time.sleep(rng.uniform(0.0, 0.3))
             else:
-                proc = p
+                comm = "sleep" if stage == STAGES[2] else None
+                pid = p.pid
                 wait_for(
-                    lambda proc=proc: reached(proc.pid, state) or proc.poll() is not None,  # type: ignore[misc]
+                    lambda pid=pid, comm=comm: _has_child(pid, comm),  # type: ignore[misc]
                     what=stage,
                 )
-                time.sleep(rng.uniform(0.0, 0.005))
             p.send_signal(signal.SIGINT)
             _, err = p.communicate(timeout=30)
         finally:
             if p.poll() is None:
                 os.killpg(p.pid, signal.SIGKILL)
-        assert p.returncode == 130, (p.returncode, err)
+        # before the interpreter installs its handler, SIGINT ends it the default way (the
+        # shell's 130 too); from then on corepin exits 130 itself
+        assert p.returncode == 130 or (p.returncode == -signal.SIGINT and not err), (
+            p.returncode,
+            err,
+        )
         assert "Traceback" not in err and "internal error" not in err, err
         assert allocations(state) == [], "an interrupted start-up left an allocation behind"
-        assert not [pid for pid, st in process_table().items() if st.ppid == p.pid]
+        assert not _has_child(p.pid)
 
 
 # ---------------------------------------------------------------------- request options

@@ -8,8 +8,12 @@ def entry() -> int:
     quiet exit 130 as one later on (CONTRACTS.md section 6)."""
     try:
         from corepin.cli.main import main
-    except KeyboardInterrupt:
-        return 130
+    except BaseException as exc:
+        if isinstance(exc, KeyboardInterrupt) or isinstance(
+            exc.__cause__ or exc.__context__, KeyboardInterrupt
+        ):
+            return 130
+        raise
     return main()
 
 

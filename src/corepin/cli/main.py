@@ -64,14 +64,29 @@ def build_parser(only: str | None = None) -> argparse.ArgumentParser:
     return parser
 
 
+def interrupted(exc: BaseException) -> bool:
+    """Whether `exc` is a Ctrl-C, also when Python wrapped it on the way (a KeyboardInterrupt
+    inside a class body being built while a module loads comes out as a RuntimeError)."""
+    seen: set[int] = set()
+    current: BaseException | None = exc
+    while current is not None and id(current) not in seen:
+        if isinstance(current, KeyboardInterrupt):
+            return True
+        seen.add(id(current))
+        current = current.__cause__ or current.__context__
+    return False
+
+
 def main(argv: Sequence[str] | None = None) -> int:
     argv = list(sys.argv[1:] if argv is None else argv)
     first = next((a for a in argv if not a.startswith("-")), None)
     try:
         parser = build_parser(first if first in COMMANDS else None)
         args = parser.parse_args(argv)
-    except KeyboardInterrupt:
-        return 130
+    except BaseException as exc:
+        if interrupted(exc):
+            return 130
+        raise
     if args.command is None:
         parser.print_help(sys.stderr)
         return EXIT_INPUT
@@ -86,6 +101,8 @@ def main(argv: Sequence[str] | None = None) -> int:
     except BrokenPipeError:
         return 0
     except Exception as exc:  # a bug: say so, keep the traceback for COREPIN_DEBUG
+        if interrupted(exc):
+            return 130
         if os.environ.get("COREPIN_DEBUG"):
             raise
         print(
