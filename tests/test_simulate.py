@@ -259,17 +259,22 @@ class TestReplay:
     def test_shared_adds_take_no_cpus_and_fail_only_on_an_empty_shared_pool(self) -> None:
         topo = two_numa_smt()
         events = [
-            {"op": "add", "id": "s1", "cpus": 2, "shared": True},
             {"op": "add", "id": "all", "cpus": 16},
-            {"op": "add", "id": "s2", "cpus": 1, "shared": True},
+            {"op": "add", "id": "s1", "cpus": 1, "shared": True},
+            {"op": "remove", "id": "all"},
+            {"op": "add", "id": "s2", "cpus": 2, "shared": True},
+            {"op": "add", "id": "all-again", "cpus": 16},
         ]
         records: list[DecisionRecord] = []
         result = replay(
             topo, parse_trace({"events": events}), LowestFirst(), on_decision=records.append
         )
-        assert (result.admitted_shared, result.admitted_exclusive, result.rejected) == (1, 1, 1)
-        assert result.reasons == {"shared_pool_empty": 1}
-        assert records[0].cpus == topo.online_cpus
+        assert (result.admitted_shared, result.admitted_exclusive, result.rejected) == (1, 1, 2)
+        assert result.reasons == {"shared_pool_empty": 1, "shared_pool_exhausted": 1}
+        assert records[2].cpus == topo.online_cpus, "a shared add gets the whole shared pool"
+        assert records[3].reason == "shared_pool_exhausted", (
+            "as in host mode, an exclusive add never empties the pool of a live shared workload"
+        )
 
     def test_ratios_count_admitted_exclusive_allocations_only(self) -> None:
         topo = two_numa_smt()
@@ -540,6 +545,9 @@ def test_replaying_generated_churn_keeps_live_exclusive_cpus_disjoint(
         record = by_event[index]
         assert (record.cpus is None) == (record.reason is not None)
         if record.cpus is None or event.shared:
+            continue
+        if event.workload == "best-effort":  # placed in the shared pool, withholds nothing
+            assert record.cpus.isdisjoint(CPUSet().union(*live.values()))
             continue
         assert len(record.cpus) == event.cpus
         for other in live.values():

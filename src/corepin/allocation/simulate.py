@@ -13,10 +13,14 @@ Replay keeps the live exclusive assignments of each policy in the node's one poo
 (`corepin.allocation.pools.NodePools`, the same the host state and the node agent use). An
 exclusive add asks the policy for `cpus` CPUs out of the free set (online CPUs minus everything
 the live decisions withhold, `Decision.withheld`, which includes the units withheld by an
-exclusiveness level); a policy error (AllocationError, or a RequestError for a request the
-policy does not take) rejects the add and its `.reason` is counted. A shared add is admitted
-when the shared pool is not empty; it takes no CPUs. A remove frees what its add withheld; a
-remove of an id that was never admitted is ignored.
+exclusiveness level) through the same `pools.decide` host mode and the node agent use; a
+policy error (AllocationError, or a RequestError for a request the policy does not take)
+rejects the add and its `.reason` is counted. As in host mode, an exclusive add that would
+leave no CPU in the shared pool while shared workloads are live is rejected
+(`shared_pool_exhausted`). A shared add is admitted when the shared pool is not empty; it takes
+no CPUs. A best-effort add (`"workload": "best-effort"`) is a shared one too: it withholds
+nothing and is placed in the shared pool (by a workload-aware policy on its least used CPUs).
+A remove frees what its add withheld; a remove of an id that was never admitted is ignored.
 
 Quality of an admitted exclusive allocation of n CPUs (CONTRACTS.md section 4):
 - NUMA-aligned: it spans the fewest NUMA nodes that n CPUs could span on an empty machine;
@@ -32,7 +36,7 @@ from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass, field, replace
 from typing import Any, Final
 
-from corepin.allocation.pools import NodePools
+from corepin.allocation.pools import NodePools, decide
 from corepin.allocation.types import LEVELS, WORKLOADS, Policy, Request
 from corepin.core.cpuset import CPUSet
 from corepin.core.errors import AllocationError, CorepinError, InputError, RequestError
@@ -362,13 +366,13 @@ def replay(
     name = policy.name
     pools = NodePools.for_topology(topology)
     live_exclusive: dict[str, CPUSet] = {}
-    live_shared: set[str] = set()
+    live_shared: dict[str, CPUSet] = {}  # id -> CPUs a best-effort add was placed on
+    usage: dict[int, int] = {}  # CPU -> live best-effort placements on it
     admitted = rejected = admitted_exclusive = admitted_shared = 0
     numa_ok = llc_ok = core_ok = 0
     peak = 0
     reasons: dict[str, int] = {}
-    request_cache: dict[tuple[int, str, str | None], Request] = {}
-    decide = policy.decide
+    request_cache: dict[tuple[int, str, str | None, bool], Request] = {}
     for index, event in enumerate(events):
         if progress is not None and index % progress_every == 0 and index:
             progress(index, total)
@@ -377,38 +381,44 @@ def replay(
             if freed is not None:
                 pools = pools.release("exclusive", freed)
             else:
-                live_shared.discard(event.id)
+                for cpu in live_shared.pop(event.id, CPUSet()):
+                    usage[cpu] -= 1
             continue
-        if event.shared:
-            pool_bits = pools.shared_bits
-            if pool_bits:
-                admitted += 1
-                admitted_shared += 1
-                live_shared.add(event.id)
-                if on_decision is not None:
-                    on_decision(
-                        DecisionRecord(name, index, event.id, CPUSet.from_bits(pool_bits), None)
-                    )
-            else:
-                rejected += 1
-                reasons["shared_pool_empty"] = reasons.get("shared_pool_empty", 0) + 1
-                if on_decision is not None:
-                    on_decision(DecisionRecord(name, index, event.id, None, "shared_pool_empty"))
-            continue
-        key = (event.cpus, event.level, event.workload)
+        shared = event.shared or event.workload == "best-effort"
+        key = (event.cpus, event.level, event.workload, shared)
         request = request_cache.get(key)
         if request is None:
             request = Request(
                 event.cpus,
-                exclusive=True,
-                level=event.level,
+                exclusive=not event.shared,
+                level="cpu" if shared else event.level,
                 workload=event.workload,
                 options=options or {},
             )
             request_cache[key] = request
+        if shared:  # runs in the shared pool, withholds nothing (best effort: placed in it)
+            try:
+                placed = decide(pools, topology, request, policy, kind="shared", usage=usage)
+            except (AllocationError, RequestError) as exc:
+                rejected += 1
+                reasons[exc.reason] = reasons.get(exc.reason, 0) + 1
+                if on_decision is not None:
+                    on_decision(DecisionRecord(name, index, event.id, None, exc.reason))
+                continue
+            admitted += 1
+            admitted_shared += 1
+            mine = placed.cpus if placed.cpus != pools.shared_pool else CPUSet()
+            live_shared[event.id] = mine
+            for cpu in mine:
+                usage[cpu] = usage.get(cpu, 0) + 1
+            if on_decision is not None:
+                on_decision(DecisionRecord(name, index, event.id, placed.cpus, None))
+            continue
         available = pools.free
         try:
-            decision = decide(topology, request, available)
+            decision = decide(
+                pools, topology, request, policy, kind="exclusive", keep_shared=bool(live_shared)
+            )
         except (AllocationError, RequestError) as exc:
             rejected += 1
             reasons[exc.reason] = reasons.get(exc.reason, 0) + 1
