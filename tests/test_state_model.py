@@ -2,14 +2,13 @@
 
 from __future__ import annotations
 
-import dataclasses
-
 import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from corepin.core.cpuset import CPUSet
 from corepin.core.errors import AllocationError, RequestError
+from corepin.core.record import FrozenInstanceError, replace
 from corepin.state import (
     STRICT_RESERVATION,
     Assignment,
@@ -74,13 +73,13 @@ def test_invalid_assignments_raise_request_error_naming_the_problem(
 
 def test_states_are_immutable_and_their_mappings_read_only() -> None:
     s = base().add(Assignment("a", cpus=C("2")))
-    with pytest.raises(dataclasses.FrozenInstanceError):
+    with pytest.raises(FrozenInstanceError):
         s.revision = 5  # type: ignore[misc]
     with pytest.raises(TypeError):
         s.assignments["b"] = Assignment("b", cpus=C("3"))  # type: ignore[index]
     with pytest.raises(TypeError):
         s.options["x"] = "y"  # type: ignore[index]
-    with pytest.raises(dataclasses.FrozenInstanceError):
+    with pytest.raises(FrozenInstanceError):
         ProcessOwner(5).pid = 6  # type: ignore[misc]
 
 
@@ -231,7 +230,7 @@ def test_process_owner_labels_may_hold_any_text_and_members_are_kept_sorted() ->
 
 def test_container_identity_is_pod_uid_and_name_and_survives_a_restart() -> None:
     first = ContainerOwner(pod_uid="u1", container="app", container_id="aaa", qos="guaranteed")
-    restarted = dataclasses.replace(first, container_id="bbb")
+    restarted = replace(first, container_id="bbb")
     assert first.key == restarted.key == "u1/app"
     s = base().add(Assignment("pod/u1/app", cpus=C("2"), owner=restarted))
     found = s.find_container("u1", "app")

@@ -34,12 +34,12 @@ import sys
 import time
 from collections.abc import Iterator, Mapping
 from contextlib import contextmanager
-from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any, Final
 
 from corepin.agent.settings import HostSettings
 from corepin.core.cpuset import CPUSet
 from corepin.core.errors import CorepinError, InputError
+from corepin.core.record import record
 from corepin.core.text import printable
 
 if TYPE_CHECKING:
@@ -61,7 +61,7 @@ HELD_SIGNALS: Final = {signal.SIGINT, signal.SIGTERM, signal.SIGHUP, signal.SIGQ
 KILL_GRACE: Final = 5.0
 
 
-@dataclass(frozen=True, slots=True)
+@record
 class Change:
     """One thing reconcile (or a pool change) did: `action` on `target`, with `detail`."""
 
@@ -76,7 +76,7 @@ class Change:
         return printable(f"{self.action} {self.target}: {self.detail}")
 
 
-@dataclass(frozen=True, slots=True)
+@record
 class RunSpec:
     """What `corepin run` asks for: `exclusive` CPUs (None: the shared pool), `with_shared`
     (exclusive CPUs plus the shared pool), and request options as `corepin allocate` takes
@@ -112,6 +112,7 @@ class HostAgent:
         self.settings = settings
         self._topology = topology
         self._pinner: Pinner | None = None
+        self._snapshot: dict[int, ProcStat] | None = None
 
     # ------------------------------------------------------------------ parts
     @property
@@ -132,23 +133,35 @@ class HostAgent:
 
     @contextmanager
     def transaction(self) -> Iterator[Any]:
-        """The state transaction (exclusive lock held) with the state validated at boot."""
+        """The state transaction (exclusive lock held) with the state validated at boot.
+
+        One scan of /proc serves the whole transaction (`_table`): the liveness checks of the
+        boot validation, of reaping and of the command itself see the same snapshot."""
         from corepin.agent.store import open_transaction
 
-        with open_transaction(self.settings, self.topology, self._dead_ids) as txn:
-            yield txn
+        self._snapshot = None
+        try:
+            with open_transaction(self.settings, self.topology, self._dead_ids) as txn:
+                yield txn
+        finally:
+            self._snapshot = None
 
     def read_state(self) -> HostState:
         """The current state without taking part in a write (no lock)."""
         from corepin.agent.store import read_state
 
+        self._snapshot = None
         return read_state(self.settings, self.topology, self._dead_ids)
 
     # ------------------------------------------------------------------ liveness
-    def _table(self) -> dict[int, ProcStat]:
+    def _table(self, *, fresh: bool = False) -> dict[int, ProcStat]:
+        """The process table: the transaction's snapshot (taken on first use), or a new scan
+        with `fresh` (after this transaction changed processes, e.g. killed some)."""
         from corepin.sysfs.procfs import process_table
 
-        return process_table(self.settings.proc_root)
+        if self._snapshot is None or fresh:
+            self._snapshot = process_table(self.settings.proc_root)
+        return self._snapshot
 
     def status(
         self, a: Assignment, table: dict[int, ProcStat], *, ignore_runner: bool = False
@@ -189,6 +202,8 @@ class HostAgent:
         self, state: HostState, table: dict[int, ProcStat] | None = None
     ) -> tuple[HostState, list[Change]]:
         """`state` without the assignments of which nothing is left alive."""
+        if not state.assignments:
+            return state, []
         table = self._table() if table is None else table
         dead = [a for a in state if self.status(a, table) == DEAD]
         changes = [
@@ -389,7 +404,7 @@ class HostAgent:
         )
         if not orphans:
             return a
-        from dataclasses import replace
+        from corepin.core.record import replace
 
         return a.evolve(owner=replace(process, members=process.members + orphans))
 
@@ -419,7 +434,7 @@ class HostAgent:
                     )
                 killed = self._kill(a)
                 changes.append(Change("killed", a.id, f"{killed} process(es)"))
-            table = self._table()
+            table = self._table(fresh=kill)
             if self.status(a, table, ignore_runner=True) in (RUNNING, LINGERING):
                 moved = a.evolve(
                     kind="shared", cpus=CPUSet(), withheld=CPUSet(), mems=CPUSet(), level="cpu"
@@ -451,7 +466,7 @@ class HostAgent:
         group = ProcessGroup(process.pid, process.start_time, process.session, process.members)
 
         def members() -> dict[int, int]:
-            table = self._table()
+            table = self._table(fresh=True)
             found = {pid: table[pid].start_time for pid in group.pids(table)}
             for pid in self.pinner.cgroup_pids(a) or ():
                 st = table.get(pid)

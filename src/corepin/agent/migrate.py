@@ -28,7 +28,7 @@ from __future__ import annotations
 
 import os
 import time
-from dataclasses import dataclass, field, replace
+from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any, Final
 
 from corepin.core.cpuset import CPUSet
@@ -39,6 +39,7 @@ from corepin.core.errors import (
     StateError,
     StateFormatError,
 )
+from corepin.core.record import replace
 
 if TYPE_CHECKING:
     from corepin.agent.settings import HostSettings

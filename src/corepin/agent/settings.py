@@ -19,10 +19,10 @@ from __future__ import annotations
 
 import os
 from collections.abc import Mapping
-from dataclasses import dataclass
 from typing import Any, Final
 
 from corepin.core.errors import InputError
+from corepin.core.record import record
 
 DEFAULT_STATE_DIR: Final = "/var/lib/corepin"
 DEFAULT_CGROUP_ROOT: Final = "/sys/fs/cgroup"
@@ -45,7 +45,7 @@ def state_dir_key(state_dir: str) -> str:
     return "sd-" + blake2b(path.encode("utf-8", "surrogateescape"), digest_size=6).hexdigest()
 
 
-@dataclass(frozen=True, slots=True)
+@record
 class HostSettings:
     """Everything host mode needs to know about where things are."""
 

@@ -12,16 +12,16 @@ operations with no per-CPU objects. `index_of(topology)` memoises it (Topology i
 
 from __future__ import annotations
 
-from dataclasses import dataclass
 from typing import Final
 
 from corepin.allocation.types import LEVELS
 from corepin.core.cpuset import CPUSet
 from corepin.core.errors import RequestError, TopologyError
+from corepin.core.record import record
 from corepin.topology.model import Topology
 
 
-@dataclass(frozen=True, slots=True)
+@record
 class Package:
     """The CPUs of one package inside an L3 part, with its cores (masks)."""
 
@@ -30,7 +30,7 @@ class Package:
     cores: tuple[int, ...]
 
 
-@dataclass(frozen=True, slots=True)
+@record
 class L3Part:
     """The part of one L3 instance that lies inside one NUMA node, with its cores (masks).
     `packages` is empty unless the part holds CPUs of several packages (a DynamIQ L3 over
@@ -42,7 +42,7 @@ class L3Part:
     packages: tuple[Package, ...] = ()
 
 
-@dataclass(frozen=True, slots=True)
+@record
 class NumaUnit:
     """One NUMA node with online CPUs: id, mask, socket, its L3 parts and cores. A node over
     several packages (DynamIQ) counts as part of the package of its first CPU."""

@@ -35,12 +35,12 @@ from __future__ import annotations
 import importlib
 import json
 from collections.abc import Iterable, Mapping
-from dataclasses import dataclass
 from typing import Any, Final
 
 from corepin.allocation.types import Decision, Policy, Request
 from corepin.core.cpuset import CPUSet
 from corepin.core.errors import AllocationError, CPUSetParseError, RequestError
+from corepin.core.record import record
 from corepin.topology.model import Topology
 
 KOORDINATOR_RESERVATION = "node.koordinator.sh/reservation"
@@ -82,7 +82,7 @@ def parse_cpu_quantity(text: object) -> int:
     return value
 
 
-@dataclass(frozen=True, slots=True)
+@record
 class Reservation:
     """What to reserve: a count chosen by topology, or an explicit list (the list wins)."""
 
@@ -172,7 +172,7 @@ def select_reserved(topology: Topology, count: int = 0, explicit: CPUSet | None 
 
 
 # ---------------------------------------------------------------------- the pool model
-@dataclass(frozen=True, slots=True)
+@record
 class NodePools:
     """The CPUs of one node at one moment: machine facts plus what the holds take.
 

@@ -11,12 +11,12 @@ value; policies validate their own options. Everything here is immutable.
 from __future__ import annotations
 
 from collections.abc import Mapping
-from dataclasses import dataclass, field
 from types import MappingProxyType
 from typing import TYPE_CHECKING, Any, Final, Protocol
 
 from corepin.core.cpuset import CPUSet
 from corepin.core.errors import RequestError
+from corepin.core.record import field, record
 
 if TYPE_CHECKING:
     from corepin.topology.model import Topology
@@ -33,7 +33,7 @@ REQUEST_OPTIONS: Final = ("level", "workload", "smt", "numa", "prefer-isolated",
 _NO_OPTIONS: Final[Mapping[str, str]] = MappingProxyType({})
 
 
-@dataclass(frozen=True, slots=True)
+@record
 class Request:
     """What a workload asks for. Raises RequestError (naming the value) when it makes no sense."""
 
@@ -99,7 +99,7 @@ class Request:
         )
 
 
-@dataclass(frozen=True, slots=True)
+@record
 class Step:
     """One line of a decision's explanation: at `level`, `choice` was taken (or skipped) because
     `reason`."""
@@ -112,7 +112,7 @@ class Step:
         return {"level": self.level, "choice": self.choice, "reason": self.reason}
 
 
-@dataclass(frozen=True, slots=True)
+@record
 class Decision:
     """A policy's answer. `cpus` has exactly request.count CPUs for exclusive requests (the shared
     pool for shared ones); `mems` are the NUMA node ids of `cpus`; `withheld` is `cpus` plus the

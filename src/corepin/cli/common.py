@@ -6,7 +6,6 @@ import argparse
 import json
 import sys
 from collections.abc import Mapping
-from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from corepin.core.errors import EnvironmentProblem, InputError, TopologyError
@@ -76,7 +75,8 @@ def load_topology(args: argparse.Namespace) -> Topology:
 
 def read_json_file(path: str, *, what: str) -> Any:
     try:
-        text = Path(path).read_text(encoding="utf-8")
+        with open(path, encoding="utf-8") as handle:
+            text = handle.read()
     except FileNotFoundError:
         raise InputError(f"{what} {path!r} does not exist", reason="no_such_file") from None
     except (OSError, UnicodeDecodeError) as exc:
@@ -117,6 +117,7 @@ def write_output(text: str, out: str | None) -> None:
             ) from exc
         return
     try:
-        Path(out).write_text(text, encoding="utf-8")
+        with open(out, "w", encoding="utf-8") as handle:
+            handle.write(text)
     except OSError as exc:
         raise InputError(f"cannot write output file {out!r}: {exc}", reason="unwritable") from exc

@@ -12,7 +12,7 @@ import importlib
 import os
 import sys
 from collections.abc import Sequence
-from typing import NoReturn
+from typing import Any, NoReturn
 
 from corepin.core.errors import EXIT_INPUT, EXIT_INTERNAL, CorepinError
 
@@ -29,8 +29,32 @@ COMMANDS: dict[str, tuple[str, str]] = {
 }
 
 
+class _Formatter(argparse.HelpFormatter):
+    """argparse's help layout with the terminal width read through `os` (argparse's own
+    formatter imports shutil, and with it zlib, bz2 and lzma, on every `add_argument`)."""
+
+    def __init__(
+        self,
+        prog: str,
+        indent_increment: int = 2,
+        max_help_position: int = 24,
+        width: int | None = None,
+    ) -> None:
+        if width is None:
+            try:
+                columns = int(os.environ.get("COLUMNS", "0")) or os.get_terminal_size(1).columns
+            except (ValueError, OSError):
+                columns = 80
+            width = columns - 2
+        super().__init__(prog, indent_increment, max_help_position, width)
+
+
 class _Parser(argparse.ArgumentParser):
     """argparse with our message format; usage errors exit 2 (CONTRACTS.md section 6)."""
+
+    def __init__(self, *args: Any, **kwargs: Any) -> None:
+        kwargs.setdefault("formatter_class", _Formatter)
+        super().__init__(*args, **kwargs)
 
     def error(self, message: str) -> NoReturn:
         self.print_usage(sys.stderr)

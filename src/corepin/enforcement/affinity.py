@@ -19,11 +19,11 @@ from __future__ import annotations
 
 import errno
 import os
-from dataclasses import dataclass, field
 
 from corepin.core.cpuset import CPUSet
 from corepin.core.errors import EnvironmentProblem, InputError
 from corepin.core.ids import validate_pid
+from corepin.core.record import field, record
 from corepin.sysfs.procfs import (
     ProcessGone,
     ProcessGroup,
@@ -59,7 +59,7 @@ class AffinityError(EnvironmentProblem):
         )
 
 
-@dataclass(frozen=True, slots=True)
+@record
 class ThreadChange:
     pid: int
     tid: int
@@ -67,7 +67,7 @@ class ThreadChange:
     new: CPUSet
 
 
-@dataclass
+@record(frozen=False, slots=False)
 class AffinityResult:
     """What a pin pass did."""
 

@@ -28,13 +28,13 @@ from __future__ import annotations
 import errno
 import os
 from collections.abc import Iterable, Mapping
-from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Final
 
 from corepin.core.cpuset import CPUSet
 from corepin.core.errors import CgroupError, CorepinError, CPUSetParseError
 from corepin.core.ids import split_cgroup_path, validate_pid
+from corepin.core.record import field, record
 from corepin.sysfs.procfs import read_mountinfo
 
 __all__ = [
@@ -104,7 +104,7 @@ def _write_error(path: str, value: str, err: OSError, *, at_open: bool) -> Cgrou
     return CgroupError(path, f"writing {value!r}: {text}", reason=reason)
 
 
-@dataclass(frozen=True, slots=True)
+@record
 class CpuQuota:
     """CFS bandwidth: `quota_us` per `period_us`; quota None means unlimited.
 
@@ -162,7 +162,7 @@ def _read_text(path: str) -> str:
         os.close(fd)
 
 
-@dataclass
+@record(frozen=False, slots=False)
 class CgroupDriver:
     """Common part of the v1 and v2 drivers. Subclasses set the file names and the roots."""
 
@@ -389,7 +389,7 @@ class CgroupDriver:
             raise CgroupError(target, f"cannot remove: {err.strerror or err}") from err
 
 
-@dataclass
+@record(frozen=False, slots=False)
 class CgroupV1(CgroupDriver):
     """cgroup v1: the cpuset controller at `root`, the cpu controller (quota) at `cpu_root`.
 
@@ -567,7 +567,7 @@ class CgroupV1(CgroupDriver):
             self._rmdir(path, self.cpu_root)
 
 
-@dataclass
+@record(frozen=False, slots=False)
 class CgroupV2(CgroupDriver):
     """cgroup v2 (unified): cpuset.cpus, cpuset.mems and cpu.max in one tree at `root`.
 
@@ -655,7 +655,7 @@ class CgroupV2(CgroupDriver):
 # ---------------------------------------------------------------------- detection
 
 
-@dataclass(frozen=True, slots=True)
+@record
 class CgroupMounts:
     """Where the cgroup hierarchies are mounted: v1 controller -> mount point, and v2."""
 

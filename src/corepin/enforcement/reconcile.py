@@ -28,12 +28,12 @@ from __future__ import annotations
 
 import os
 from collections.abc import Iterable, Sequence
-from dataclasses import dataclass, field
 from typing import Any
 
 from corepin.core.cpuset import CPUSet
 from corepin.core.errors import CgroupError, CorepinError, InputError
 from corepin.core.ids import split_cgroup_path, validate_pid
+from corepin.core.record import field, record
 from corepin.enforcement.affinity import AffinityError, pin_process_group, pin_process_tree
 from corepin.enforcement.cgroups import CgroupDriver, CpuQuota
 from corepin.sysfs.procfs import ProcessGone, ProcessGroup, process_table
@@ -49,7 +49,7 @@ __all__ = [
 ]
 
 
-@dataclass(frozen=True, slots=True)
+@record
 class CgroupTarget:
     """Desired values of one cgroup (None = leave that file alone)."""
 
@@ -61,7 +61,7 @@ class CgroupTarget:
     owner: str = ""
 
 
-@dataclass(frozen=True, slots=True)
+@record
 class ProcessTarget:
     """Desired affinity of a workload's processes; `start_time` guards against PID reuse.
     `allow_within`: threads that narrowed themselves to a subset of it are left alone."""
@@ -80,7 +80,7 @@ class ProcessTarget:
         return ProcessGroup(self.pid, self.start_time, self.session, self.members)
 
 
-@dataclass(frozen=True, slots=True)
+@record
 class Change:
     """One write (or, in a dry run, one write that would happen)."""
 
@@ -101,7 +101,7 @@ class Change:
         }
 
 
-@dataclass
+@record(frozen=False, slots=False)
 class ReconcileReport:
     changes: list[Change] = field(default_factory=list)
     writes: int = 0
@@ -133,7 +133,7 @@ class ReconcileReport:
         }
 
 
-@dataclass(slots=True)
+@record(frozen=False)
 class _Pending:
     rel: str
     depth: int

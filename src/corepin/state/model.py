@@ -27,7 +27,6 @@ out); *withheld* CPUs are those an assignment's exclusiveness level keeps from o
 from __future__ import annotations
 
 from collections.abc import Iterable, Iterator, Mapping
-from dataclasses import dataclass, field, replace
 from types import MappingProxyType
 from typing import TYPE_CHECKING, Any, Final
 
@@ -35,6 +34,7 @@ from corepin.allocation.pools import HOLDING_KINDS, KINDS, NodePools
 from corepin.allocation.types import LEVELS, WORKLOADS
 from corepin.core.cpuset import CPUSet
 from corepin.core.errors import AllocationError, RequestError
+from corepin.core.record import field, record, replace
 from corepin.state.owners import ContainerOwner, Owner, ProcessOwner
 
 if TYPE_CHECKING:
@@ -52,7 +52,7 @@ def _is_true(value: str | None) -> bool:
     return value is not None and value.strip().lower() in ("", "1", "true", "yes", "on")
 
 
-@dataclass(frozen=True, slots=True)
+@record
 class Assignment:
     """What the state records for one workload. Plain fields; validated on construction.
 
@@ -170,7 +170,7 @@ class Assignment:
         return replace(self, **changes)
 
 
-@dataclass(frozen=True, slots=True)
+@record
 class HostState:
     """Everything corepin persists about one node. Immutable; methods return new states.
 

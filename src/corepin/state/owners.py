@@ -23,12 +23,12 @@ characters; the labels `name` and `command` may, and every output escapes them.
 
 from __future__ import annotations
 
-import dataclasses
 from collections.abc import Mapping
-from dataclasses import dataclass
 from typing import Any, ClassVar, Final
 
 from corepin.core.errors import RequestError
+from corepin.core.record import fields as record_fields
+from corepin.core.record import record
 
 QOS_CLASSES: Final = ("guaranteed", "burstable", "besteffort")
 
@@ -53,7 +53,7 @@ def _check_int(where: str, name: str, value: object, *, optional: bool = True) -
         raise RequestError(f"{where}: {name} must be a non-negative integer, got {value!r}")
 
 
-@dataclass(frozen=True, slots=True)
+@record
 class ProcessOwner:
     """A process tree started (or adopted) by corepin in host mode."""
 
@@ -107,7 +107,7 @@ class ProcessOwner:
         }
 
 
-@dataclass(frozen=True, slots=True)
+@record
 class ContainerOwner:
     """A container of a Kubernetes pod (identity: pod uid + container name)."""
 
@@ -177,18 +177,18 @@ def owner_from_json(data: Mapping[str, Any]) -> Owner:
         cls = ContainerOwner
     else:
         raise RequestError(f"owner type must be 'process' or 'container', got {kind!r}")
-    fields = {k: v for k, v in data.items() if k != "type"}
-    known = {f.name for f in dataclasses.fields(cls)}
-    for name in sorted(fields):
+    given = {k: v for k, v in data.items() if k != "type"}
+    known = {f.name for f in record_fields(cls)}
+    for name in sorted(given):
         if name not in known:
             raise RequestError(f"{kind} owner: unknown field {name!r}")
     if cls is ProcessOwner:
-        if "pid" not in fields:
+        if "pid" not in given:
             raise RequestError("process owner: missing field 'pid'")
-        members = fields.get("members") or ()
+        members = given.get("members") or ()
         if not isinstance(members, (list, tuple)):
             raise RequestError(f"process owner: members must be a list, got {members!r}")
-        fields["members"] = tuple(
+        given["members"] = tuple(
             tuple(m) if isinstance(m, (list, tuple)) else (m,) for m in members
         )
-    return cls(**fields)
+    return cls(**given)

@@ -26,10 +26,10 @@ from __future__ import annotations
 import logging
 import os
 from collections.abc import Callable
-from dataclasses import dataclass, field
 
 from corepin.core.cpuset import CPUSet
 from corepin.core.errors import SysfsError
+from corepin.core.record import field, record
 
 __all__ = ["Fallbacks", "SysfsFiles", "logger"]
 
@@ -39,7 +39,7 @@ logger = logging.getLogger("corepin.sysfs")
 FallbackNote = Callable[[str, str, str], None]
 
 
-@dataclass
+@record(frozen=False, slots=False)
 class Fallbacks:
     """Which fallbacks one discovery used: `kind -> (first path, what was done, count)`.
 

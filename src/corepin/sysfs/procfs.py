@@ -15,10 +15,10 @@ from __future__ import annotations
 import os
 import re
 from collections.abc import Iterable, Iterator
-from dataclasses import dataclass
 
 from corepin.core.cpuset import CPUSet
 from corepin.core.errors import CPUSetParseError, EnvironmentProblem, SysfsError
+from corepin.core.record import record
 
 __all__ = [
     "CgroupEntry",
@@ -57,7 +57,7 @@ class ProcessGone(EnvironmentProblem, LookupError):
         super().__init__(f"process {pid} does not exist (no {path})")
 
 
-@dataclass(frozen=True, slots=True)
+@record
 class ProcStat:
     """The fields of /proc/PID/stat that corepin uses."""
 
@@ -75,7 +75,7 @@ class ProcStat:
         return self.state not in ("Z", "X")
 
 
-@dataclass(frozen=True, slots=True)
+@record
 class CgroupEntry:
     """One line of /proc/PID/cgroup: `hierarchy-id:controllers:path`.
 
@@ -92,7 +92,7 @@ class CgroupEntry:
         return self.hierarchy == 0 and not self.controllers
 
 
-@dataclass(frozen=True, slots=True)
+@record
 class MountInfo:
     """One line of /proc/PID/mountinfo (the fields corepin needs)."""
 
@@ -240,7 +240,7 @@ def parent_map(proc_root: str | os.PathLike[str] = "/proc") -> dict[int, int]:
     return {pid: st.ppid for pid, st in process_table(proc_root).items()}
 
 
-@dataclass(frozen=True, slots=True)
+@record
 class ProcessGroup:
     """The processes of one workload, robust against pid reuse.
 

@@ -8,14 +8,14 @@ job of `corepin.topology.build`, which is pure.
 from __future__ import annotations
 
 from collections.abc import Mapping
-from dataclasses import dataclass, field
 
 from corepin.core.cpuset import CPUSet
+from corepin.core.record import field, record
 
 __all__ = ["CPURecord", "CPUSystem", "CacheRecord", "NodeRecord", "NodeSystem", "SysfsSnapshot"]
 
 
-@dataclass(frozen=True, slots=True)
+@record
 class CacheRecord:
     """One `cpuN/cache/indexK/` directory."""
 
@@ -26,7 +26,7 @@ class CacheRecord:
     id: int | None  # the `id` file; None on kernels before 4.11 or when the firmware gives none
 
 
-@dataclass(frozen=True, slots=True)
+@record
 class CPURecord:
     """One `cpuN/` directory of an online CPU (offline CPUs expose no topology)."""
 
@@ -43,7 +43,7 @@ class CPURecord:
     has_topology: bool = True  # False when cpuN/topology/ is absent
 
 
-@dataclass(frozen=True, slots=True)
+@record
 class CPUSystem:
     """sys/devices/system/cpu: the CPU sets and one record per online CPU."""
 
@@ -57,7 +57,7 @@ class CPUSystem:
     core_types: Mapping[str, CPUSet] = field(default_factory=dict)
 
 
-@dataclass(frozen=True, slots=True)
+@record
 class NodeRecord:
     """One `node/nodeN/` directory."""
 
@@ -67,7 +67,7 @@ class NodeRecord:
     memory_kb: int | None = None
 
 
-@dataclass(frozen=True, slots=True)
+@record
 class NodeSystem:
     """sys/devices/system/node: the NUMA nodes the kernel reports online."""
 
@@ -76,7 +76,7 @@ class NodeSystem:
     possible: CPUSet | None = None
 
 
-@dataclass(frozen=True, slots=True)
+@record
 class SysfsSnapshot:
     """Everything discovery reads; `nodes` is None on kernels built without NUMA support."""
 

@@ -37,7 +37,6 @@ restart in every package, as the kernel numbers them).
 from __future__ import annotations
 
 import contextlib
-import dataclasses
 import os
 from collections.abc import Iterable, Mapping
 from pathlib import Path
@@ -45,6 +44,7 @@ from typing import Any
 
 from corepin.core.cpuset import CPUSet
 from corepin.core.errors import TopologyError
+from corepin.core.record import replace
 from corepin.topology.model import CPUInfo, NUMANode, Topology
 
 __all__ = [
@@ -385,4 +385,4 @@ def expected_after(topology: Topology, omit: Iterable[str]) -> Topology:
 
 
 def _replace(info: CPUInfo, changes: dict[str, Any]) -> CPUInfo:
-    return dataclasses.replace(info, **changes) if changes else info
+    return replace(info, **changes) if changes else info

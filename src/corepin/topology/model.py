@@ -16,11 +16,11 @@ allocator never rescans the table.
 from __future__ import annotations
 
 from collections.abc import Iterable, Mapping
-from dataclasses import dataclass, field
 from typing import Any
 
 from corepin.core.cpuset import CPUSet
 from corepin.core.errors import TopologyError
+from corepin.core.record import field, record
 
 _EMPTY = CPUSet()
 
@@ -29,7 +29,7 @@ PERFORMANCE = "performance"
 EFFICIENCY = "efficiency"
 
 
-@dataclass(frozen=True, slots=True)
+@record
 class CPUInfo:
     """One logical CPU. Topology fields are None when the kernel does not expose them (offline)."""
 
@@ -68,7 +68,7 @@ class CPUInfo:
         }
 
 
-@dataclass(frozen=True, slots=True)
+@record
 class NUMANode:
     """A NUMA node: its CPUs (empty for a memory-only node) and distances to other nodes."""
 
@@ -92,7 +92,7 @@ class NUMANode:
         return out
 
 
-@dataclass(frozen=True, slots=True)
+@record
 class PoolNode:
     """One node of the pool tree: socket -> die -> numa -> l3 -> core -> thread (the order of
     `Topology.level_order()`)."""
