@@ -50,7 +50,7 @@ def test_v1_quota_lives_in_the_cpu_hierarchy(v1: CgroupV1) -> None:
     v1.write_quota("g", CpuQuota.for_cpus(1.5, 50000))
     assert v1.read_quota("g") == CpuQuota(75000, 50000)
     assert v1.cpu_root is not None
-    assert (v1.cpu_root / "g" / "cpu.cfs_quota_us").read_text().strip() == "75000"
+    assert (Path(v1.cpu_root) / "g" / "cpu.cfs_quota_us").read_text().strip() == "75000"
     v1.write_quota("g", CpuQuota.unlimited())
     assert v1.read_quota("g").is_unlimited
 
@@ -126,13 +126,13 @@ def test_remove_refuses_a_group_with_tasks_and_removes_an_empty_one(v1: CgroupV1
     with pytest.raises(CgroupError):
         v1.remove("a/b")
     assert v1.cpu_root is not None
-    assert (v1.cpu_root / "a" / "b" / "cgroup.procs").read_text().split() == ["99"]
-    (v1.root / "a" / "b" / "cgroup.procs").write_text("")
-    (v1.cpu_root / "a" / "b" / "cgroup.procs").write_text("")
+    assert (Path(v1.cpu_root) / "a" / "b" / "cgroup.procs").read_text().split() == ["99"]
+    (Path(v1.root) / "a" / "b" / "cgroup.procs").write_text("")
+    (Path(v1.cpu_root) / "a" / "b" / "cgroup.procs").write_text("")
     v1.remove("a/b")
     v1.remove("a")
     assert not v1.exists("a")
-    assert v1.cpu_root is not None and not (v1.cpu_root / "a").exists()
+    assert v1.cpu_root is not None and not (Path(v1.cpu_root) / "a").exists()
     with pytest.raises(CgroupError, match="root"):
         v1.remove("")
 
@@ -153,7 +153,7 @@ def test_writes_are_counted_and_journaled(v1: CgroupV1) -> None:
     before = v1.writes
     v1.write_cpus("g", CPUSet.of(3))
     assert v1.writes == before + 1
-    assert v1.journal == [(str(v1.root / "g" / "cpuset.cpus"), "3")]
+    assert v1.journal == [(str(Path(v1.root) / "g" / "cpuset.cpus"), "3")]
 
 
 def test_v2_group_creation_enables_controllers_and_reads_cpu_max(v2: CgroupV2) -> None:
@@ -193,11 +193,11 @@ def test_detection_prefers_the_hierarchy_with_cpuset(tmp_path: Path) -> None:
     info = tmp_path / "mountinfo"
     info.write_text(MOUNTINFO_V1.format(base=tmp_path))
     mounts = detect_mounts(info)
-    assert mounts.v1["cpuset"] == tmp_path / "cpuset"
-    assert mounts.v1["cpu"] == tmp_path / "cpu,cpuacct"
+    assert mounts.v1["cpuset"] == str(tmp_path / "cpuset")
+    assert mounts.v1["cpu"] == str(tmp_path / "cpu,cpuacct")
     assert mounts.cpuset_version == 1
     driver = open_cgroups(mountinfo=info)
-    assert isinstance(driver, CgroupV1) and driver.cpu_root == tmp_path / "cpu,cpuacct"
+    assert isinstance(driver, CgroupV1) and driver.cpu_root == str(tmp_path / "cpu,cpuacct")
     assert open_cgroups(mounts, version=2).version == 2
 
 

@@ -78,9 +78,9 @@ def sleeper() -> Iterator[subprocess.Popen[bytes]]:
 
 def test_detection_finds_this_hosts_cpuset_mount() -> None:
     mounts = detect_mounts()
-    assert mounts.v1.get("cpuset") == CPUSET
+    assert mounts.v1.get("cpuset") == str(CPUSET)
     drv = open_cgroups(mounts)
-    assert drv.version == 1 and drv.root == CPUSET
+    assert drv.version == 1 and drv.root == str(CPUSET)
 
 
 @needs_two
@@ -204,7 +204,9 @@ def test_quota_is_removed_and_v1_refuses_a_child_quota_above_its_parent(
     assert report.ok, report.errors
     assert drv.read_quota(f"{top}/pod/ctr").is_unlimited
     assert drv.read_quota(f"{top}/pod").is_unlimited
-    assert (drv.cpu_root / top / "pod" / "ctr" / "cpu.cfs_quota_us").read_text().strip() == "-1"
+    assert (
+        Path(drv.cpu_root) / top / "pod" / "ctr" / "cpu.cfs_quota_us"
+    ).read_text().strip() == "-1"
 
 
 @needs_two

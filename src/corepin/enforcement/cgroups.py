@@ -28,7 +28,6 @@ from __future__ import annotations
 import errno
 import os
 from collections.abc import Iterable, Mapping
-from pathlib import Path
 from typing import Final
 
 from corepin.core.cpuset import CPUSet
@@ -166,7 +165,7 @@ def _read_text(path: str) -> str:
 class CgroupDriver:
     """Common part of the v1 and v2 drivers. Subclasses set the file names and the roots."""
 
-    root: Path
+    root: str
     #: number of successful writes since creation (steady-state reconcile must keep it at 0)
     writes: int = field(default=0, init=False)
     #: every write as (absolute file path, value), in order, when `record` is True
@@ -174,8 +173,8 @@ class CgroupDriver:
     record: bool = field(default=False, init=False)
     #: a plain directory tree standing in for cgroupfs (tests, benchmarks): writes create files
     fake_tree: bool = field(default=False, kw_only=True)
-    _dirs: dict[tuple[str, Path | None], str] = field(default_factory=dict, init=False, repr=False)
-    _files: dict[tuple[str, str, Path | None], str] = field(
+    _dirs: dict[tuple[str, str | None], str] = field(default_factory=dict, init=False, repr=False)
+    _files: dict[tuple[str, str, str | None], str] = field(
         default_factory=dict, init=False, repr=False
     )
 
@@ -188,7 +187,7 @@ class CgroupDriver:
         """Canonical form of a relative cgroup path (validated)."""
         return "/".join(split_cgroup_path(path))
 
-    def dir(self, path: str, root: Path | None = None) -> str:
+    def dir(self, path: str, root: str | None = None) -> str:
         """Absolute directory of the group `path` (validated once, then cached)."""
         key = (path, root)
         got = self._dirs.get(key)
@@ -200,7 +199,7 @@ class CgroupDriver:
             self._dirs[key] = got
         return got
 
-    def _file(self, path: str, name: str, root: Path | None) -> str:
+    def _file(self, path: str, name: str, root: str | None) -> str:
         key = (path, name, root)
         got = self._files.get(key)
         if got is None:
@@ -233,7 +232,7 @@ class CgroupDriver:
         return [f"{prefix}/{n}" if prefix else n for n in names]
 
     # ------------------------------------------------------------------ raw io
-    def read_file(self, path: str, name: str, root: Path | None = None) -> str:
+    def read_file(self, path: str, name: str, root: str | None = None) -> str:
         file = self._file(path, name, root)
         try:
             return _read_text(file).strip()
@@ -242,7 +241,7 @@ class CgroupDriver:
         except OSError as err:
             raise CgroupError(file, f"cannot read: {err.strerror or err}") from err
 
-    def write_file(self, path: str, name: str, value: str, root: Path | None = None) -> None:
+    def write_file(self, path: str, name: str, value: str, root: str | None = None) -> None:
         file = os.path.join(self.dir(path, root), name)
         if self.fake_tree:
             problem = self._fake_kernel_check(path, name, value)
@@ -349,7 +348,7 @@ class CgroupDriver:
         """Move process `pid` (all its threads) into the group."""
         self.write_file(path, "cgroup.procs", str(validate_pid(pid)))
 
-    def _mkdir(self, path: str, root: Path | None) -> bool:
+    def _mkdir(self, path: str, root: str | None) -> bool:
         target = self.dir(path, root)
         try:
             os.mkdir(target)
@@ -362,7 +361,7 @@ class CgroupDriver:
             ) from err
         return True
 
-    def _rmdir(self, path: str, root: Path | None) -> None:
+    def _rmdir(self, path: str, root: str | None) -> None:
         target = self.dir(path, root)
         if self.fake_tree and os.path.isdir(target):
             # a kernel group "is empty" without children and tasks, whatever files it shows
@@ -397,13 +396,13 @@ class CgroupV1(CgroupDriver):
     not managed. File names follow the mount: `cpuset.cpus`, or `cpus` with `noprefix`.
     """
 
-    cpu_root: Path | None = None
+    cpu_root: str | None = None
 
     def __post_init__(self) -> None:
         self.version = 1
-        self.root = Path(self.root)
+        self.root = os.fspath(self.root)
         if self.cpu_root is not None:
-            self.cpu_root = Path(self.cpu_root)
+            self.cpu_root = os.fspath(self.cpu_root)
         if not os.path.exists(os.path.join(self.root, "cpuset.cpus")) and os.path.exists(
             os.path.join(self.root, "cpus")
         ):
@@ -418,7 +417,7 @@ class CgroupV1(CgroupDriver):
     def has_cpu_controller(self) -> bool:
         return self.cpu_root is not None
 
-    def _cpu_root(self, path: str) -> Path:
+    def _cpu_root(self, path: str) -> str:
         if self.cpu_root is None:
             raise CgroupError(
                 self.dir(path), "no cpu controller mount is configured", reason="no_cpu_controller"
@@ -577,7 +576,7 @@ class CgroupV2(CgroupDriver):
 
     def __post_init__(self) -> None:
         self.version = 2
-        self.root = Path(self.root)
+        self.root = os.fspath(self.root)
 
     def effective_cpus(self, path: str) -> CPUSet:
         return self._read_set(path, "cpuset.cpus.effective")
@@ -659,8 +658,8 @@ class CgroupV2(CgroupDriver):
 class CgroupMounts:
     """Where the cgroup hierarchies are mounted: v1 controller -> mount point, and v2."""
 
-    v1: Mapping[str, Path]
-    unified: Path | None
+    v1: Mapping[str, str]
+    unified: str | None
     unified_controllers: frozenset[str] = frozenset()
 
     @property
@@ -675,14 +674,14 @@ class CgroupMounts:
 
 def detect_mounts(mountinfo: str | os.PathLike[str] = "/proc/self/mountinfo") -> CgroupMounts:
     """Find the cgroup mounts listed in a mountinfo file (first mount of each controller)."""
-    v1: dict[str, Path] = {}
-    unified: Path | None = None
+    v1: dict[str, str] = {}
+    unified: str | None = None
     for mount in read_mountinfo(mountinfo):
         if mount.fstype == "cgroup2" and unified is None:
-            unified = Path(mount.mount_point)
+            unified = mount.mount_point
         elif mount.fstype == "cgroup":
             for controller in mount.cgroup_controllers:
-                v1.setdefault(controller, Path(mount.mount_point))
+                v1.setdefault(controller, mount.mount_point)
     controllers: frozenset[str] = frozenset()
     if unified is not None:
         try:
@@ -741,4 +740,4 @@ def open_cpuset_hierarchy(
     if root == DEFAULT_CGROUP_ROOT:
         return open_cgroups()
     cpuset = os.path.join(root, "cpuset")
-    return CgroupV1(Path(cpuset), fake_tree=os.path.isdir(cpuset) and not is_cgroup_mount(cpuset))
+    return CgroupV1(cpuset, fake_tree=os.path.isdir(cpuset) and not is_cgroup_mount(cpuset))

@@ -43,7 +43,7 @@ def make_fake_v1(
     _write(cpu_root / "cpu.cfs_period_us", "100000")
     if separate_cpu_mount:
         _write(cpu_root / "cgroup.procs", "")
-    return CgroupV1(root, cpu_root, fake_tree=True)
+    return CgroupV1(os.fspath(root), os.fspath(cpu_root), fake_tree=True)
 
 
 def make_fake_v2(base: str | os.PathLike[str], *, cpus: CPUSet, mems: CPUSet) -> CgroupV2:
@@ -55,4 +55,4 @@ def make_fake_v2(base: str | os.PathLike[str], *, cpus: CPUSet, mems: CPUSet) ->
     _write(root / "cpuset.cpus.effective", str(cpus))
     _write(root / "cpuset.mems.effective", str(mems))
     _write(root / "cgroup.procs", "")
-    return CgroupV2(root, fake_tree=True)
+    return CgroupV2(os.fspath(root), fake_tree=True)
