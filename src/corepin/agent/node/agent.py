@@ -1,0 +1,963 @@
+"""The Kubernetes node agent (`corepin agent`): pods of one node in, pinned containers out.
+
+Threads and data flow:
+- informers (list + watch from the list's resourceVersion, relist on 410 Gone, reconnect with
+  bounded backoff; `corepin.kube.informer`) for the node's pods (field selector
+  `spec.nodeName`), the node itself (reservation annotation) and PodCPUBindings; their handlers
+  only put keys on the work queue;
+- one worker takes keys off the queue, so every decision is made in order, one at a time: for
+  a pod it plans (`plan.py`), decides in one state transaction (`sync.py`, the node's one pool
+  model and checkpoint shared with host mode), writes the container cgroups (`enforce.py`,
+  re-pinning every shared container when the pool changed) and publishes (pod annotation
+  `corepin.io/cpus`, one PodCPUBinding per pinned container, Events, the node's
+  NodeCPUTopology and NodeResourceTopology);
+- a timer puts a heartbeat key every `heartbeat_period` and a resync key every
+  `resync_period` (every pod again, every cgroup checked for drift - zero writes when none).
+
+Restart: the checkpoint is validated against the live topology, assignments of pods that are
+gone are released, and the agent's own PodCPUBindings fill in what a lost checkpoint forgot, all
+before the first pod is looked at - a CPU is never handed out twice across a restart.
+
+The agent refuses to start next to the kubelet's static CPU manager (its cpu_manager_state
+names policy `static`) unless `kubelet_compat`, which imports the kubelet's assignments and
+leaves them alone.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import queue
+import threading
+import time
+from collections.abc import Callable, Iterable, Mapping
+from typing import TYPE_CHECKING, Any, Final
+
+from corepin.agent.node.plan import PodPlan, plan_pod
+from corepin.agent.node.sync import (
+    KUBELET_POLICY,
+    Note,
+    SyncContext,
+    forget_pod,
+    pod_assignments,
+    shared_pool_users,
+    sync_pod,
+)
+from corepin.core.cpuset import CPUSet
+from corepin.core.errors import CorepinError, EnvironmentProblem
+
+if TYPE_CHECKING:
+    from corepin.agent.node.enforce import ContainerCgroups
+    from corepin.agent.node.settings import NodeSettings
+    from corepin.allocation.types import Policy
+    from corepin.enforcement.cgroups import CpuQuota
+    from corepin.kube.client import KubeClient, Resource
+    from corepin.kube.events import EventRecorder
+    from corepin.kube.informer import Informer
+    from corepin.state.model import Assignment, HostState
+    from corepin.topology.model import Topology
+
+log = logging.getLogger("corepin.agent.node")
+
+#: labels of the PodCPUBindings the agent writes (one per pinned container)
+MANAGED_BY: Final = "app.kubernetes.io/managed-by"
+AGENT: Final = "corepin-agent"
+NODE_LABEL: Final = "corepin.io/node"
+POD_UID_LABEL: Final = "corepin.io/pod-uid"
+CONTAINER_LABEL: Final = "corepin.io/container"
+POLICY_ANNOTATION: Final = "corepin.io/cpu-policy"
+
+Key = tuple[str, ...]
+
+
+class Hooks:
+    """What the agent reports as it works (metrics); every method is optional to override."""
+
+    def decided(self, seconds: float) -> None: ...
+
+    def pinning(self, ok: bool, reason: str = "") -> None: ...
+
+    def cgroup_writes(self, count: int) -> None: ...
+
+    def reconciled(self, seconds: float) -> None: ...
+
+    def pinned_after(self, seconds: float) -> None: ...
+
+    def state(self, state: HostState, topology: Topology) -> None: ...
+
+
+class NodeAgent:
+    """One node's agent. `start()` returns once the first full sync is done; `stop()` ends it."""
+
+    def __init__(
+        self,
+        settings: NodeSettings,
+        client: KubeClient,
+        topology: Topology,
+        cgroups: ContainerCgroups,
+        *,
+        hooks: Hooks | None = None,
+        clock: Callable[[], float] = time.time,
+    ) -> None:
+        from corepin.allocation.policies import get_policy
+        from corepin.kube.events import EventRecorder
+
+        self.settings = settings
+        self.client = client
+        self.topology = topology
+        self.cgroups = cgroups
+        self.hooks = hooks or Hooks()
+        self.clock = clock
+        self.policy: Policy = get_policy(settings.policy)
+        self.events: EventRecorder = EventRecorder(client, "corepin-agent", host=settings.node_name)
+        self._queue: queue.Queue[Key | None] = queue.Queue()
+        self._queued: set[Key] = set()
+        self._lock = threading.Lock()
+        self._stop = threading.Event()
+        self._threads: list[threading.Thread] = []
+        self._informers: list[Informer] = []
+        self._uids: dict[tuple[str, str], str] = {}  # (namespace, pod) -> uid of what we saw
+        self._told: dict[tuple[str, str, str], str] = {}  # (uid, container, reason) -> message
+        self._annotated: dict[str, str] = {}  # pod uid -> corepin.io/cpus we last wrote
+        self._bindings: dict[tuple[str, str], str] = {}  # (uid, container) -> spec we wrote
+        self._seen_running: dict[tuple[str, str], float] = {}  # (uid, cid) -> first seen
+        self._nrt = True
+        self._ncpt_created = False
+        self._state: HostState | None = None
+        self._idle = threading.Event()
+        self.synced = threading.Event()
+        self.errors = 0
+
+    # ------------------------------------------------------------------ resources
+    @property
+    def ncpt(self) -> Resource:
+        from corepin.kube.client import Resource
+        from corepin.kube.models import GROUP, NCPT_KIND, NCPT_PLURAL, VERSION
+
+        return Resource(GROUP, VERSION, NCPT_PLURAL, False, NCPT_KIND)
+
+    @property
+    def pcb(self) -> Resource:
+        from corepin.kube.client import Resource
+        from corepin.kube.models import GROUP, PCB_KIND, PCB_PLURAL, VERSION
+
+        return Resource(GROUP, VERSION, PCB_PLURAL, True, PCB_KIND)
+
+    @property
+    def nrt(self) -> Resource:
+        from corepin.kube.client import Resource
+        from corepin.kube.models import NRT_GROUP, NRT_KIND, NRT_PLURAL
+
+        return Resource(NRT_GROUP, "v1alpha2", NRT_PLURAL, False, NRT_KIND)
+
+    # ------------------------------------------------------------------ lifecycle
+    def start(self, sync_timeout: float = 60.0) -> None:
+        """Check the node, restore the state, start watching and syncing (see the module
+        docstring). EnvironmentProblem (exit 4) when the node cannot be managed."""
+        from corepin.kube.informer import Informer
+        from corepin.kube.resources import NODES, PODS
+
+        self.client.check()
+        imported = self._kubelet_assignments()
+        self._restore(imported)
+        node = self.settings.node_name
+        pods = Informer(self.client, PODS, field_selector=f"spec.nodeName={node}", name="pods")
+        nodes = Informer(self.client, NODES, field_selector=f"metadata.name={node}", name="node")
+        bindings = Informer(self.client, self.pcb, name="bindings")
+        pods.add_handlers(
+            on_add=lambda o: self._enqueue_pod(o),
+            on_update=lambda old, new: self._pod_updated(old, new),
+            on_delete=lambda o: self._enqueue_pod(o),
+        )
+        nodes.add_handlers(
+            on_add=lambda o: self._enqueue(("node",)),
+            on_update=lambda old, new: self._node_updated(old, new),
+        )
+        bindings.add_handlers(
+            on_add=lambda o: self._binding_changed(o),
+            on_update=lambda old, new: self._binding_changed(new),
+            on_delete=lambda o: self._binding_changed(o),
+        )
+        self._pods, self._nodes, self._bindings_informer = pods, nodes, bindings
+        self._informers = [pods, nodes, bindings]
+        self.events.start()
+        for informer in self._informers:
+            informer.start()
+        deadline = time.monotonic() + sync_timeout
+        for informer in self._informers:
+            if not informer.wait_for_sync(max(0.1, deadline - time.monotonic())):
+                self.stop()
+                raise EnvironmentProblem(
+                    f"the API did not answer the {informer.name} list within {sync_timeout:g} s",
+                    reason="api_sync_timeout",
+                )
+        self._spawn(self._work, "agent-worker")
+        self._enqueue(("node",))
+        self._enqueue(("orphans",))
+        for pod in pods.cache.list():
+            self._enqueue_pod(pod)
+        self._enqueue(("heartbeat",))
+        self._spawn(self._timer, "agent-timer")
+        self.wait_idle(sync_timeout)
+        self.synced.set()
+
+    def stop(self, timeout: float = 5.0) -> None:
+        """Stop watching and working within about `timeout` seconds."""
+        self._stop.set()
+        self._queue.put(None)
+        for informer in self._informers:
+            informer.stop(timeout / 2)
+        for thread in self._threads:
+            thread.join(timeout / 2)
+        self.events.stop(timeout / 2)
+
+    def wait_idle(self, timeout: float = 30.0) -> bool:
+        """Wait until the work queue is empty and the worker rests (tests, start-up)."""
+        deadline = time.monotonic() + timeout
+        while time.monotonic() < deadline:
+            with self._lock:
+                empty = not self._queued
+            if empty and self._idle.wait(0.02):
+                with self._lock:
+                    if not self._queued:
+                        return True
+            time.sleep(0.005)
+        return False
+
+    @property
+    def state(self) -> HostState | None:
+        """The node state as last committed (read-only snapshot)."""
+        return self._state
+
+    def _spawn(self, target: Callable[[], None], name: str) -> None:
+        thread = threading.Thread(target=target, name=name, daemon=True)
+        thread.start()
+        self._threads.append(thread)
+
+    # ------------------------------------------------------------------ queue
+    def _enqueue(self, key: Key) -> None:
+        with self._lock:
+            if key in self._queued:
+                return
+            self._queued.add(key)
+            self._idle.clear()
+        self._queue.put(key)
+
+    def _enqueue_pod(self, pod: Mapping[str, Any]) -> None:
+        meta = pod.get("metadata") or {}
+        ns, name = str(meta.get("namespace") or "default"), str(meta.get("name") or "")
+        uid = meta.get("uid")
+        if isinstance(uid, str) and uid:
+            self._uids[(ns, name)] = uid
+        self._enqueue(("pod", ns, name))
+
+    def _pod_updated(self, old: Mapping[str, Any], new: Mapping[str, Any]) -> None:
+        now = time.monotonic()
+        before = _running_ids(old)
+        meta = new.get("metadata") or {}
+        uid = str(meta.get("uid") or "")
+        for cid in _running_ids(new) - before:
+            self._seen_running.setdefault((uid, cid), now)
+        self._enqueue_pod(new)
+
+    def _node_updated(self, old: Mapping[str, Any], new: Mapping[str, Any]) -> None:
+        if (old.get("metadata") or {}).get("annotations") != (new.get("metadata") or {}).get(
+            "annotations"
+        ):
+            self._enqueue(("node",))
+
+    def _binding_changed(self, binding: Mapping[str, Any]) -> None:
+        meta = binding.get("metadata") or {}
+        if (meta.get("labels") or {}).get(MANAGED_BY) == AGENT:
+            return  # our own record of a pin
+        spec = binding.get("spec") or {}
+        pod = spec.get("podName")
+        if isinstance(pod, str):
+            self._enqueue(("pod", str(meta.get("namespace") or "default"), pod))
+
+    def _timer(self) -> None:
+        next_beat = time.monotonic() + self.settings.heartbeat_period
+        next_sync = time.monotonic() + self.settings.resync_period
+        while not self._stop.wait(0.2):
+            now = time.monotonic()
+            if now >= next_beat:
+                self._enqueue(("heartbeat",))
+                next_beat = now + self.settings.heartbeat_period
+            if now >= next_sync:
+                self._enqueue(("resync",))
+                next_sync = now + self.settings.resync_period
+
+    def _work(self) -> None:
+        while True:
+            with self._lock:
+                if not self._queued:
+                    self._idle.set()
+            key = self._queue.get()
+            if key is None or self._stop.is_set():
+                return
+            with self._lock:
+                self._queued.discard(key)
+            try:
+                self._handle(key)
+            except CorepinError as exc:
+                self.errors += 1
+                log.warning("event=sync_failed key=%s error=%s", "/".join(key), exc)
+            except Exception:  # a bug: keep the agent alive, say what happened
+                self.errors += 1
+                log.exception("event=sync_crashed key=%s", "/".join(key))
+
+    def _handle(self, key: Key) -> None:
+        kind = key[0]
+        if kind == "pod":
+            self._sync_pod(key[1], key[2])
+        elif kind == "node":
+            self._sync_node()
+        elif kind == "orphans":
+            self._release_orphans()
+        elif kind == "resync":
+            self._resync()
+        elif kind == "heartbeat":
+            self._publish_topology()
+
+    # ------------------------------------------------------------------ state
+    def _transaction(self) -> Any:
+        from corepin.agent.settings import HostSettings
+        from corepin.agent.store import open_transaction
+
+        host = HostSettings(state_dir=self.settings.state_dir, cgroups="off")
+        return open_transaction(host, self.topology)
+
+    def _commit(self, txn: Any, state: HostState) -> HostState:
+        written: HostState = txn.commit(state) if state != txn.state else txn.state
+        self._state = written
+        self.hooks.state(written, self.topology)
+        return written
+
+    def _kubelet_assignments(self) -> HostState | None:
+        """The kubelet static CPU manager's assignments when it is active and we are asked to
+        coexist; EnvironmentProblem when it is active and we are not."""
+        import os
+
+        from corepin.state.kubelet import read_kubelet_state
+
+        path = self.settings.kubelet_state
+        if not os.path.exists(path):
+            return None
+        try:
+            checkpoint = read_kubelet_state(path)
+        except CorepinError as exc:
+            log.warning("event=kubelet_state_unreadable path=%s error=%s", path, exc)
+            return None
+        if checkpoint.policy_name != "static":
+            return None
+        if not self.settings.kubelet_compat:
+            raise EnvironmentProblem(
+                f"the kubelet's static CPU manager is active on this node ({path} names policy "
+                "'static'): corepin would fight it. Set the kubelet's --cpu-manager-policy=none "
+                "(and remove its state file), or run the agent with --kubelet-compat to import "
+                "the kubelet's assignments and leave them alone",
+                reason="kubelet_static_active",
+            )
+        from corepin.agent.migrate import convert
+
+        state, _ = convert(checkpoint, self.topology, created=self.clock())
+        return state
+
+    def _restore(self, imported: HostState | None) -> None:
+        """The checkpoint (validated), the kubelet's assignments (compat), and what our own
+        PodCPUBindings say we hold when the checkpoint forgot it."""
+        with self._transaction() as txn:
+            state = txn.state
+            if imported is not None:
+                for a in imported:
+                    if a.id not in state:
+                        try:
+                            state = state.add(a.evolve(policy=KUBELET_POLICY))
+                        except CorepinError as exc:
+                            log.warning("event=kubelet_import_skipped id=%s error=%s", a.id, exc)
+            state = self._from_bindings(state)
+            self._commit(txn, state)
+
+    def _from_bindings(self, state: HostState) -> HostState:
+        from corepin.allocation.levels import withheld_for
+        from corepin.kube.models import PodCPUBinding
+        from corepin.state.model import Assignment
+        from corepin.state.owners import ContainerOwner
+
+        selector = f"{MANAGED_BY}={AGENT},{NODE_LABEL}={self.settings.node_name}"
+        items, _ = self.client.list_all(self.pcb, label_selector=selector)
+        for raw in items:
+            try:
+                binding = PodCPUBinding.from_dict(raw)
+            except CorepinError:
+                continue
+            meta = raw.get("metadata") or {}
+            labels = meta.get("labels") or {}
+            uid = labels.get(POD_UID_LABEL, "")
+            container = labels.get(CONTAINER_LABEL, "")
+            kind = (meta.get("annotations") or {}).get(POLICY_ANNOTATION, "exclusive")
+            status = binding.status
+            if not uid or not container or status is None or not status.cpus:
+                continue
+            ident = f"pod/{uid}/{container}"
+            if ident in state or kind not in ("exclusive", "share"):
+                continue
+            level = binding.spec.level
+            owner = ContainerOwner(
+                pod_uid=uid,
+                container=container,
+                namespace=binding.namespace,
+                pod=binding.spec.pod_name,
+            )
+            try:
+                state = state.add(
+                    Assignment(
+                        ident,
+                        kind,
+                        status.cpus,
+                        withheld_for(self.topology, level, status.cpus),
+                        self.topology.mems_of(status.cpus),
+                        level,
+                        owner,
+                        self.clock(),
+                        "restored",
+                    )
+                )
+                log.info("event=restored_from_binding id=%s cpus=%s", ident, status.cpus)
+            except CorepinError as exc:
+                log.warning("event=binding_not_restored id=%s error=%s", ident, exc)
+        return state
+
+    # ------------------------------------------------------------------ pods
+    def _user_binding(self, namespace: str, pod: str) -> Mapping[str, Any] | None:
+        for b in self._bindings_informer.cache.list():
+            meta = b.get("metadata") or {}
+            if (meta.get("labels") or {}).get(MANAGED_BY) == AGENT:
+                continue
+            if meta.get("namespace") == namespace and (b.get("spec") or {}).get("podName") == pod:
+                phase = (b.get("status") or {}).get("phase")
+                if phase != "Failed":
+                    return b
+        return None
+
+    def _sync_pod(self, namespace: str, name: str) -> None:
+        pod = self._pods.cache.get(name, namespace)
+        if pod is None:
+            uid = self._uids.pop((namespace, name), None)
+            if uid is not None:
+                self._forget(uid)
+            return
+        started = time.monotonic()
+        plan = plan_pod(pod, self._user_binding(namespace, name))
+        ctx = SyncContext(self.topology, self.policy, self.clock())
+        with self._transaction() as txn:
+            before = txn.state
+            stale = self._uids_gone(before, namespace, name, plan.uid)
+            state = before
+            for uid in stale:
+                state, _ = forget_pod(state, uid)
+            state, notes = sync_pod(state, plan, ctx)
+            self.hooks.decided(time.monotonic() - started)
+            state = self._attach_cgroups(state, plan)
+            state = self._commit(txn, state)
+            changed_pool = state.shared_pool != before.shared_pool
+            targets = pod_assignments(state, plan.uid)
+            if changed_pool:
+                targets = _unique([*targets, *shared_pool_users(state)])
+            self._enforce(state, targets, self._quotas(state, plan, pod))
+        self._observe_latency(plan)
+        self._tell(pod, plan, notes)
+        self._publish_pod(pod, plan, state)
+        if state.held != before.held or stale:
+            self._publish_topology()
+        if len(state.free) > len(before.free):
+            self._retry_pending(state)
+
+    def _uids_gone(self, state: HostState, namespace: str, name: str, uid: str) -> list[str]:
+        """Uids of older pods with this name (deleted and created again) still in the state."""
+        out = []
+        for a in state:
+            owner = a.container
+            if (
+                owner is not None
+                and owner.namespace == namespace
+                and owner.pod == name
+                and owner.pod_uid != uid
+            ):
+                out.append(owner.pod_uid)
+        return sorted(set(out))
+
+    def _forget(self, uid: str) -> None:
+        with self._transaction() as txn:
+            before = txn.state
+            state, gone = forget_pod(before, uid)
+            if not gone:
+                return
+            state = self._commit(txn, state)
+            if state.shared_pool != before.shared_pool:
+                self._enforce(state, shared_pool_users(state), {})
+        self._delete_bindings(uid, keep=())
+        self._annotated.pop(uid, None)
+        self._publish_topology()
+        self._retry_pending(state)
+
+    def _release_orphans(self) -> None:
+        """Release assignments of pods that no longer exist (checked at start-up)."""
+        live = {str((p.get("metadata") or {}).get("uid")) for p in self._pods.cache.list()}
+        with self._transaction() as txn:
+            state = txn.state
+            gone = sorted(
+                {
+                    a.container.pod_uid
+                    for a in state
+                    if a.container is not None and a.container.pod_uid not in live
+                }
+            )
+            for uid in gone:
+                state, released = forget_pod(state, uid)
+                for a in released:
+                    log.info("event=released_orphan id=%s cpus=%s", a.id, a.withheld or "-")
+            if gone:
+                self._commit(txn, state)
+        for uid in gone:
+            self._delete_bindings(uid, keep=())
+
+    def _retry_pending(self, state: HostState) -> None:
+        """Pods with a container that asked for CPUs but runs on the shared pool: try again."""
+        for p in self._pods.cache.list():
+            meta = p.get("metadata") or {}
+            uid = str(meta.get("uid") or "")
+            for a in pod_assignments(state, uid):
+                owner = a.container
+                if (
+                    a.kind == "shared"
+                    and owner is not None
+                    and (uid, owner.container, "CPUPinFailed") in self._told
+                ):
+                    self._enqueue_pod(p)
+                    break
+
+    def _attach_cgroups(self, state: HostState, plan: PodPlan) -> HostState:
+        """The pod's assignments with the cgroup path of their current container."""
+        from corepin.core.record import replace
+
+        for a in pod_assignments(state, plan.uid):
+            owner = a.container
+            if owner is None or not owner.container_id or a.policy == KUBELET_POLICY:
+                continue
+            path = self.cgroups.container_path(
+                plan.qos, plan.uid, owner.runtime or "containerd", owner.container_id
+            )
+            if path != owner.cgroup:
+                state = state.replace_assignment(a.evolve(owner=replace(owner, cgroup=path)))
+        return state
+
+    def _quotas(
+        self, state: HostState, plan: PodPlan, pod: Mapping[str, Any]
+    ) -> dict[str, CpuQuota | None]:
+        """CFS quota per cgroup: none for exclusive containers (and their pod when every app
+        container is exclusive), the kubelet's limit x period for the others."""
+        from corepin.enforcement.cgroups import CpuQuota
+        from corepin.kube.models import parse_quantity
+
+        limits: dict[str, float] = {}
+        for c in (pod.get("spec") or {}).get("containers") or []:
+            raw = ((c.get("resources") or {}).get("limits") or {}).get("cpu")
+            if raw is not None:
+                try:
+                    limits[c.get("name")] = float(parse_quantity(raw))
+                except CorepinError:
+                    continue
+        out: dict[str, CpuQuota | None] = {}
+        exclusive = 0
+        for a in pod_assignments(state, plan.uid):
+            owner = a.container
+            if owner is None or a.cgroup is None or a.policy == KUBELET_POLICY:
+                continue
+            if plan.container(owner.container) is None:
+                continue  # an init container: the kubelet's quota stays
+            if a.kind == "exclusive":
+                out[a.cgroup] = CpuQuota.unlimited()
+                exclusive += 1
+            elif owner.container in limits:
+                out[a.cgroup] = CpuQuota.for_cpus(limits[owner.container])
+        if plan.containers and exclusive == len(plan.containers):
+            out[self.cgroups.pod_path(plan.qos, plan.uid)] = CpuQuota.unlimited()
+        elif exclusive == 0 and len(limits) == len(plan.containers) and plan.containers:
+            pod_path = self.cgroups.pod_path(plan.qos, plan.uid)
+            try:
+                current = self.cgroups.driver.read_quota(pod_path)
+            except CorepinError:
+                current = None
+            if current is not None and current.is_unlimited:
+                out[pod_path] = CpuQuota.for_cpus(sum(limits.values()))
+        return out
+
+    def _enforce(
+        self,
+        state: HostState,
+        assignments: Iterable[Assignment],
+        quotas: Mapping[str, CpuQuota | None],
+    ) -> None:
+        chosen = [a for a in assignments if a.policy != KUBELET_POLICY]
+        targets = self.cgroups.targets(state, chosen, quotas)
+        if not targets:
+            return
+        report = self.cgroups.apply(targets)
+        self.hooks.cgroup_writes(report.writes)
+        for err in report.errors:
+            self.hooks.pinning(False, err.reason)
+            log.warning("event=cgroup_write_failed error=%s", err)
+        if report.writes and not report.errors:
+            self.hooks.pinning(True)
+
+    def _observe_latency(self, plan: PodPlan) -> None:
+        now = time.monotonic()
+        for c in plan.containers:
+            first = self._seen_running.pop((plan.uid, c.container_id), None)
+            if first is not None:
+                self.hooks.pinned_after(now - first)
+
+    # ------------------------------------------------------------------ node
+    def _sync_node(self) -> None:
+        from corepin.allocation.pools import select_reserved
+        from corepin.kube.models import parse_node_reservation
+        from corepin.state.model import STRICT_RESERVATION
+
+        node = self._nodes.cache.get(self.settings.node_name)
+        annotations = ((node or {}).get("metadata") or {}).get("annotations") or {}
+        reserved = self.settings.reserved_cpus or CPUSet()
+        try:
+            reservation = parse_node_reservation(annotations)
+            if reservation is not None:
+                reserved = select_reserved(self.topology, reservation.count, reservation.cpus)
+        except CorepinError as exc:
+            self._node_event("Warning", "ReservationIgnored", exc.message)
+        options = {k: v for k, v in self.settings.options.items() if k == STRICT_RESERVATION}
+        with self._transaction() as txn:
+            before = txn.state
+            state = before.evolve(reserved=reserved, options={**before.options, **options})
+            clash = [a.id for a in state if a.holds and a.withheld & reserved]
+            if clash:
+                self._node_event(
+                    "Warning",
+                    "ReservationIgnored",
+                    f"reserved CPUs {reserved} overlap CPUs held by {', '.join(clash)}; keeping "
+                    f"reserved CPUs {before.reserved or 'none'} until they are released",
+                )
+                return
+            state = self._commit(txn, state)
+            if state.shared_pool != before.shared_pool:
+                self._enforce(state, shared_pool_users(state), {})
+        if state.reserved != before.reserved:
+            log.info("event=reserved_changed old=%s new=%s", before.reserved, state.reserved)
+            self._publish_topology()
+
+    def _node_event(self, kind: str, reason: str, message: str) -> None:
+        node = self._nodes.cache.get(self.settings.node_name)
+        if node is not None:
+            self.events.event(node, kind, reason, message)
+
+    # ------------------------------------------------------------------ resync
+    def _resync(self) -> None:
+        """Every pod again, every cgroup checked (drift repaired, zero writes when none)."""
+        started = time.monotonic()
+        for pod in self._pods.cache.list():
+            self._enqueue_pod(pod)
+        state = self._state
+        if state is not None:
+            self._enforce(state, [a for a in state if a.container is not None], {})
+        self.hooks.reconciled(time.monotonic() - started)
+
+    # ------------------------------------------------------------------ publishing
+    def _tell(self, pod: Mapping[str, Any], plan: PodPlan, notes: list[Note]) -> None:
+        for note in notes:
+            key = (plan.uid, note.container, note.reason)
+            if (
+                note.reason in ("CPUPolicyIgnored", "CPUPinFailed")
+                and self._told.get(key) == note.message
+            ):
+                continue
+            self._told[key] = note.message
+            self.events.event(pod, note.type, note.reason, note.message)
+            if note.reason == "CPUPinFailed":
+                self.hooks.pinning(False, "not_enough_cpus")
+        pinned = {n.container for n in notes if n.reason in ("CPUPinned", "CPUMoved")}
+        for name in pinned:
+            self._told.pop((plan.uid, name, "CPUPinFailed"), None)
+
+    def _publish_pod(self, pod: Mapping[str, Any], plan: PodPlan, state: HostState) -> None:
+        from corepin.kube.models import ANN_CPUS, format_cpus_annotation
+        from corepin.kube.resources import PODS
+
+        mine = {
+            a.container.container: a.affinity(state.shared_pool)
+            for a in pod_assignments(state, plan.uid)
+            if a.container is not None and plan.container(a.container.container) is not None
+        }
+        text = format_cpus_annotation(mine) if mine else None
+        current = ((pod.get("metadata") or {}).get("annotations") or {}).get(ANN_CPUS)
+        if text is not None and text != current and self._annotated.get(plan.uid) != text:
+            try:
+                self.client.patch(
+                    PODS, plan.name, {"metadata": {"annotations": {ANN_CPUS: text}}}, plan.namespace
+                )
+                self._annotated[plan.uid] = text
+            except CorepinError as exc:
+                log.warning("event=annotate_failed pod=%s error=%s", plan.key, exc)
+        holds = [
+            a for a in pod_assignments(state, plan.uid) if a.holds and a.policy != KUBELET_POLICY
+        ]
+        for a in holds:
+            self._write_binding(pod, plan, a)
+        self._delete_bindings(plan.uid, keep={a.container.container for a in holds if a.container})
+
+    def _binding_name(self, pod: str, container: str) -> str:
+        name = f"{pod}-{container}".lower()
+        if len(name) <= 253:
+            return name
+        from corepin.agent.settings import state_dir_key
+
+        return f"{name[:230]}-{state_dir_key(name)[3:]}"
+
+    def _write_binding(self, pod: Mapping[str, Any], plan: PodPlan, a: Assignment) -> None:
+        from corepin.kube.models import crd_level, format_time, pod_owner
+
+        owner = a.container
+        assert owner is not None
+        name = self._binding_name(plan.name, owner.container)
+        spec = {
+            "podName": plan.name,
+            "exclusivenessLevel": crd_level(a.level),
+            "containers": [{"name": owner.container, "cpuSet": [{"cpuID": c} for c in a.cpus]}],
+        }
+        status = {
+            "nodeName": self.settings.node_name,
+            "phase": "Applied",
+            "cpus": str(a.cpus),
+            "mems": str(a.mems),
+            "message": f"{a.kind} CPUs of container {owner.container!r}",
+        }
+        fingerprint = json.dumps([spec, status, a.kind], sort_keys=True)
+        if self._bindings.get((plan.uid, owner.container)) == fingerprint:
+            return
+        meta_uid = str((pod.get("metadata") or {}).get("uid") or "")
+        labels = {
+            MANAGED_BY: AGENT,
+            NODE_LABEL: self.settings.node_name,
+            POD_UID_LABEL: plan.uid,
+            CONTAINER_LABEL: owner.container,
+        }
+        annotations = {POLICY_ANNOTATION: a.kind}
+        body: dict[str, Any] = {
+            "apiVersion": self.pcb.api_version,
+            "kind": "PodCPUBinding",
+            "metadata": {
+                "name": name,
+                "namespace": plan.namespace,
+                "labels": labels,
+                "annotations": annotations,
+                "ownerReferences": [pod_owner(plan.name, meta_uid).to_dict()],
+            },
+            "spec": spec,
+        }
+        from corepin.core.errors import ApiAlreadyExists
+
+        try:
+            try:
+                self.client.create(self.pcb, body, plan.namespace)
+            except ApiAlreadyExists:
+                self.client.patch(
+                    self.pcb,
+                    name,
+                    {"metadata": {"labels": labels, "annotations": annotations}, "spec": spec},
+                    plan.namespace,
+                )
+            condition = {
+                "type": "Ready",
+                "status": "True",
+                "reason": "Applied",
+                "message": status["message"],
+                "lastTransitionTime": format_time(_utc_now(self.clock)),
+            }
+            self.client.patch_status(
+                self.pcb, name, {"status": {**status, "conditions": [condition]}}, plan.namespace
+            )
+            self._bindings[(plan.uid, owner.container)] = fingerprint
+        except CorepinError as exc:
+            log.warning("event=binding_write_failed binding=%s error=%s", name, exc)
+
+    def _delete_bindings(self, uid: str, *, keep: Iterable[str]) -> None:
+        from corepin.core.errors import ApiNotFound
+
+        keep = set(keep)
+        stale = [k for k in self._bindings if k[0] == uid and k[1] not in keep]
+        selector = f"{MANAGED_BY}={AGENT},{POD_UID_LABEL}={uid}"
+        existing = [
+            b
+            for b in self._bindings_informer.cache.list()
+            if all(
+                ((b.get("metadata") or {}).get("labels") or {}).get(k) == v
+                for k, v in (s.split("=", 1) for s in selector.split(","))
+            )
+        ]
+        for b in existing:
+            meta = b.get("metadata") or {}
+            if (meta.get("labels") or {}).get(CONTAINER_LABEL) in keep:
+                continue
+            try:
+                self.client.delete(self.pcb, str(meta.get("name")), str(meta.get("namespace")))
+            except ApiNotFound:
+                pass
+            except CorepinError as exc:
+                log.warning(
+                    "event=binding_delete_failed binding=%s error=%s", meta.get("name"), exc
+                )
+        for k in stale:
+            self._bindings.pop(k, None)
+
+    def _publish_topology(self) -> None:
+        """The node's NodeCPUTopology (spec and status with a heartbeat) and, when its CRD is
+        served, its NodeResourceTopology."""
+        from corepin.core.errors import ApiAlreadyExists, ApiNotFound
+        from corepin.kube.models import format_time
+
+        state = self._state
+        if state is None:
+            return
+        node = self.settings.node_name
+        spec = {
+            "topology": self.topology.to_json(),
+            "policy": self.settings.policy,
+            "options": dict(self.settings.options),
+            "reservedCPUs": str(state.reserved),
+        }
+        now = format_time(_utc_now(self.clock))
+        status = node_status(state, self.topology, now)
+        try:
+            if not self._ncpt_created:
+                meta: dict[str, Any] = {"name": node, "labels": {MANAGED_BY: AGENT}}
+                owner = self._node_owner()
+                if owner is not None:
+                    meta["ownerReferences"] = [owner]
+                body = {
+                    "apiVersion": self.ncpt.api_version,
+                    "kind": "NodeCPUTopology",
+                    "metadata": meta,
+                    "spec": spec,
+                }
+                try:
+                    self.client.create(self.ncpt, body)
+                except ApiAlreadyExists:
+                    self.client.patch(self.ncpt, node, {"spec": spec})
+                self._ncpt_created = True
+            else:
+                self._ncpt_spec(spec)
+            self.client.patch_status(self.ncpt, node, {"status": status})
+        except ApiNotFound:
+            self._ncpt_created = False
+        except CorepinError as exc:
+            log.warning("event=topology_publish_failed node=%s error=%s", node, exc)
+        if self._nrt:
+            self._publish_nrt(state)
+
+    def _ncpt_spec(self, spec: Mapping[str, Any]) -> None:
+        if spec.get("reservedCPUs") != getattr(self, "_last_reserved", None):
+            self.client.patch(self.ncpt, self.settings.node_name, {"spec": dict(spec)})
+            self._last_reserved = spec.get("reservedCPUs")
+
+    def _node_owner(self) -> dict[str, Any] | None:
+        from corepin.kube.models import node_owner
+
+        node = self._nodes.cache.get(self.settings.node_name)
+        uid = ((node or {}).get("metadata") or {}).get("uid")
+        return node_owner(self.settings.node_name, uid).to_dict() if uid else None
+
+    def _publish_nrt(self, state: HostState) -> None:
+        from corepin.core.errors import ApiAlreadyExists, ApiNotFound
+        from corepin.kube.models import node_resource_topology
+
+        body = node_resource_topology(
+            self.settings.node_name, self.topology, free=state.free, reserved=state.reserved
+        )
+        try:
+            try:
+                self.client.create(self.nrt, body)
+            except ApiAlreadyExists:
+                current = self.client.get(self.nrt, self.settings.node_name)
+                body["metadata"]["resourceVersion"] = (current.get("metadata") or {}).get(
+                    "resourceVersion"
+                )
+                self.client.replace(self.nrt, body)
+        except ApiNotFound:
+            self._nrt = False  # the NodeResourceTopology CRD is not served: never mind
+        except CorepinError as exc:
+            log.warning("event=nrt_publish_failed error=%s", exc)
+
+
+def node_status(state: HostState, topology: Topology, heartbeat: str) -> dict[str, Any]:
+    """`NodeCPUTopology.status` of a node state (CONTRACTS 7.2)."""
+    free = state.free
+    allocations = []
+    for a in state:
+        owner = a.container
+        if owner is None or not a.holds:
+            continue
+        allocations.append(
+            {
+                "namespace": owner.namespace,
+                "pod": owner.pod,
+                "podUID": owner.pod_uid,
+                "container": owner.container,
+                "cpus": str(a.cpus),
+                "mems": str(a.mems),
+                "policy": "share" if a.kind == "share" else "exclusive",
+                "level": a.level,
+            }
+        )
+    return {
+        "sharedPool": str(state.shared_pool),
+        "reservedCPUs": str(state.reserved),
+        "isolatedCPUs": str(state.isolated),
+        "free": str(free),
+        "freeByNUMA": {
+            str(n): str(free & topology.cpus_in_numa_nodes(n)) for n in topology.numa_node_ids()
+        },
+        "freeByL3": {str(c): str(free & topology.cpus_in_l3s(c)) for c in topology.l3_ids()},
+        "allocations": allocations,
+        "heartbeatTime": heartbeat,
+        "conditions": [
+            {
+                "type": "Ready",
+                "status": "True",
+                "reason": "AgentRunning",
+                "message": "the node agent publishes this node's CPUs",
+                "lastTransitionTime": heartbeat,
+            }
+        ],
+    }
+
+
+def _running_ids(pod: Mapping[str, Any]) -> set[str]:
+    out = set()
+    for row in (pod.get("status") or {}).get("containerStatuses") or []:
+        if isinstance(row, Mapping) and isinstance(
+            (row.get("state") or {}).get("running"), Mapping
+        ):
+            cid = row.get("containerID")
+            if isinstance(cid, str) and "://" in cid:
+                out.add(cid.split("://", 1)[1])
+    return out
+
+
+def _unique(items: Iterable[Assignment]) -> list[Assignment]:
+    seen: dict[str, Assignment] = {}
+    for a in items:
+        seen.setdefault(a.id, a)
+    return list(seen.values())
+
+
+def _utc_now(clock: Callable[[], float]) -> Any:
+    import datetime as dt
+
+    return dt.datetime.fromtimestamp(clock(), dt.UTC).replace(microsecond=0)

@@ -1,0 +1,66 @@
+"""Settings of the Kubernetes node agent (`corepin agent`, CONTRACTS.md 7.1).
+
+The CLI builds one `NodeSettings` from its flags and the environment (`NODE_NAME` stands for
+`--node-name`); nothing below the agent reads the environment.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from typing import Final
+
+from corepin.core.cpuset import CPUSet
+from corepin.core.errors import InputError
+from corepin.core.record import field, record
+
+DEFAULT_STATE_DIR: Final = "/var/lib/corepin"
+DEFAULT_KUBELET_STATE: Final = "/var/lib/kubelet/cpu_manager_state"
+DEFAULT_GRPC_SOCKET: Final = "/run/corepin/corepin.sock"
+DEFAULT_METRICS_ADDRESS: Final = ":9464"
+CGROUP_DRIVERS: Final = ("auto", "cgroupfs", "systemd")
+
+
+@record
+class NodeSettings:
+    """Everything the node agent needs to know about where things are and what to do."""
+
+    node_name: str
+    state_dir: str = DEFAULT_STATE_DIR
+    sysfs_root: str = "/"
+    proc_root: str = "/proc"
+    cgroup_root: str = "/sys/fs/cgroup"
+    kubelet_cgroup_root: str = "/"
+    cgroup_driver: str = "auto"
+    policy: str = "topology-aware"
+    options: Mapping[str, str] = field(default_factory=dict)
+    reserved_cpus: CPUSet | None = None
+    resync_period: float = 30.0
+    heartbeat_period: float = 10.0
+    kubelet_compat: bool = False
+    kubelet_state: str = DEFAULT_KUBELET_STATE
+    grpc_socket: str = DEFAULT_GRPC_SOCKET
+    metrics_address: str = DEFAULT_METRICS_ADDRESS
+
+    def __post_init__(self) -> None:
+        from corepin.core.ids import validate_component
+
+        if not self.node_name:
+            raise InputError(
+                "the agent needs its node's name: pass --node-name NAME or set NODE_NAME",
+                reason="missing_node_name",
+            )
+        validate_component(self.node_name, "node name")
+        if self.cgroup_driver not in CGROUP_DRIVERS:
+            raise InputError(
+                f"unknown cgroup driver {self.cgroup_driver!r} (choose from "
+                f"{', '.join(CGROUP_DRIVERS)})",
+                reason="bad_cgroup_driver",
+            )
+        if not self.resync_period > 0 or not self.heartbeat_period > 0:
+            raise InputError(
+                f"periods must be positive seconds, got resync {self.resync_period!r} and "
+                f"heartbeat {self.heartbeat_period!r}",
+                reason="bad_period",
+            )
+        if not self.state_dir:
+            raise InputError("the state directory must not be empty", reason="bad_state_dir")

@@ -1,0 +1,389 @@
+"""The node agent's decisions: a pod's plan applied to the node state (pure: no I/O).
+
+`sync_pod(state, plan, ctx)` returns the next `HostState` and the notes (future Events) for one
+pod; `forget_pod(state, uid)` releases everything a pod held. Both work on the same state model
+and pool model as host mode (`corepin.state.model.HostState`, `corepin.allocation.pools`), so a
+node's processes and containers share one account of its CPUs.
+
+Per app container, with identity pod uid + container name (`ContainerOwner`):
+- not running yet: nothing is allocated (an existing assignment is kept through a restart);
+- terminated, or the pod is being deleted: its assignment is released;
+- `none`: a `shared` assignment (the container runs on the shared pool, re-pinned whenever the
+  pool changes);
+- `share` / `exclusive`: CPUs of its own from the free set (never leaving the shared pool
+  empty), at its exclusiveness level; explicit CPUs of a PodCPUBinding are taken as given when
+  they are free. An unchanged request keeps its CPUs across container restarts (a new container
+  id only updates the owner). A changed CPU count (in-place resize) grows or shrinks the set
+  around the CPUs it already holds: kept CPUs never move, added ones come from the same L3,
+  then NUMA node, then socket. A changed kind or level is a new allocation;
+- when CPUs are short the container runs on the shared pool (`shared`) and the note says
+  `CPUPinFailed`; the next sync tries again, so it is upgraded once CPUs free up.
+Init containers run on the shared pool while they run. Assignments imported from the kubelet
+(`--kubelet-compat`, policy `kubelet-static`) are left as they are until their pod is gone.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Iterable
+from typing import TYPE_CHECKING, Final
+
+from corepin.agent.node.plan import ContainerPlan, PodPlan
+from corepin.core.cpuset import CPUSet
+from corepin.core.errors import AllocationError, CorepinError
+from corepin.core.record import record
+
+if TYPE_CHECKING:
+    from corepin.allocation.types import Policy
+    from corepin.state.model import Assignment, HostState
+    from corepin.state.owners import ContainerOwner
+    from corepin.topology.model import Topology
+
+#: the policy recorded on assignments imported from the kubelet's checkpoint
+KUBELET_POLICY: Final = "kubelet-static"
+#: assignment kind per container policy
+KIND_OF: Final = {"none": "shared", "share": "share", "exclusive": "exclusive"}
+
+
+@record
+class Note:
+    """Something to tell about a pod (an Event): `type` Normal or Warning."""
+
+    type: str
+    reason: str
+    message: str
+    container: str = ""
+
+
+@record
+class SyncContext:
+    """What a sync needs besides the state: the machine, the policy, the clock."""
+
+    topology: Topology
+    policy: Policy
+    now: float = 0.0
+
+
+def assignment_id(uid: str, container: str) -> str:
+    """The state id of a container's assignment (stable across container restarts)."""
+    return f"pod/{uid}/{container}"
+
+
+def _owner(plan: PodPlan, c: ContainerPlan, cgroup: str | None) -> ContainerOwner:
+    from corepin.state.owners import ContainerOwner
+
+    return ContainerOwner(
+        pod_uid=plan.uid,
+        container=c.name,
+        namespace=plan.namespace,
+        pod=plan.name,
+        container_id=c.container_id,
+        qos=plan.qos,
+        runtime=c.runtime,
+        cgroup=cgroup,
+    )
+
+
+def pod_assignments(state: HostState, uid: str) -> list[Assignment]:
+    """Every assignment of the pod with this uid."""
+    return [a for a in state if a.container is not None and a.container.pod_uid == uid]
+
+
+def forget_pod(state: HostState, uid: str) -> tuple[HostState, list[Assignment]]:
+    """`state` without the pod's assignments, and what was released."""
+    gone = pod_assignments(state, uid)
+    return state.remove_many(a.id for a in gone), gone
+
+
+def sync_pod(state: HostState, plan: PodPlan, ctx: SyncContext) -> tuple[HostState, list[Note]]:
+    """Apply one pod's plan (see the module docstring)."""
+    notes: list[Note] = []
+    if plan.deleting:
+        state, _ = forget_pod(state, plan.uid)
+        return state, notes
+    names = {c.name for c in plan.containers} | {c.name for c in plan.init_containers}
+    for a in pod_assignments(state, plan.uid):
+        owner = a.container
+        if owner is not None and owner.container not in names:
+            state = state.remove(a.id)
+    for c in plan.init_containers:
+        state = _sync_container(state, plan, c, ctx, notes, init=True)
+    for c in plan.containers:
+        state = _sync_container(state, plan, c, ctx, notes, init=False)
+    return state, notes
+
+
+def _sync_container(
+    state: HostState,
+    plan: PodPlan,
+    c: ContainerPlan,
+    ctx: SyncContext,
+    notes: list[Note],
+    *,
+    init: bool,
+) -> HostState:
+    ident = assignment_id(plan.uid, c.name)
+    existing = state.get(ident)
+    if existing is not None and existing.policy == KUBELET_POLICY:
+        return state  # the kubelet's own assignment (--kubelet-compat): left alone
+    if c.terminated and not c.running:
+        return state.remove(ident, missing_ok=True)
+    if not c.running:
+        return state  # not started yet, or between restarts: keep what it holds
+    if c.problem and not init:
+        notes.append(Note("Warning", "CPUPolicyIgnored", c.problem, c.name))
+    same_container = (
+        existing is not None
+        and existing.container is not None
+        and (existing.container.container_id == c.container_id)
+    )
+    owner = _owner(plan, c, existing.cgroup if existing is not None and same_container else None)
+    kind = "shared" if init else KIND_OF[c.policy]
+    if kind == "shared":
+        if existing is not None and existing.kind == "shared":
+            return _with_owner(state, existing, owner)
+        return _place(state, ident, "shared", CPUSet(), CPUSet(), c, owner, ctx, existing, notes)
+    if (
+        existing is not None
+        and existing.kind == kind
+        and existing.level == c.level
+        and (c.cpus is None or existing.cpus == c.cpus)
+    ):
+        if len(existing.cpus) == c.count:
+            return _with_owner(state, existing, owner)
+        return _resize(state, existing, c, owner, ctx, notes)
+    return _allocate(state, ident, kind, c, owner, ctx, existing, notes)
+
+
+def _with_owner(state: HostState, a: Assignment, owner: ContainerOwner) -> HostState:
+    if a.owner == owner:
+        return state
+    return state.replace_assignment(a.evolve(owner=owner))
+
+
+def _place(
+    state: HostState,
+    ident: str,
+    kind: str,
+    cpus: CPUSet,
+    withheld: CPUSet,
+    c: ContainerPlan,
+    owner: ContainerOwner,
+    ctx: SyncContext,
+    existing: Assignment | None,
+    notes: list[Note],
+    *,
+    policy: str = "",
+) -> HostState:
+    from corepin.state.model import Assignment
+
+    new = Assignment(
+        id=ident,
+        kind=kind,
+        cpus=cpus,
+        withheld=withheld,
+        mems=ctx.topology.mems_of(cpus) if cpus else CPUSet(),
+        level=c.level if kind != "shared" else "cpu",
+        owner=owner,
+        created=existing.created if existing is not None else ctx.now,
+        policy=policy or (existing.policy if existing is not None else ""),
+        workload=c.workload,
+    )
+    state = state.remove(ident, missing_ok=True).add(new)
+    before = existing.cpus if existing is not None and existing.holds else CPUSet()
+    if cpus and not before:
+        notes.append(
+            Note("Normal", "CPUPinned", f"container {c.name!r}: CPUs {cpus} ({kind})", c.name)
+        )
+    elif before and before != cpus:
+        where = f"CPUs {cpus} ({kind})" if cpus else "the shared pool"
+        notes.append(
+            Note("Normal", "CPUMoved", f"container {c.name!r}: CPUs {before} -> {where}", c.name)
+        )
+    return state
+
+
+def _allocate(
+    state: HostState,
+    ident: str,
+    kind: str,
+    c: ContainerPlan,
+    owner: ContainerOwner,
+    ctx: SyncContext,
+    existing: Assignment | None,
+    notes: list[Note],
+) -> HostState:
+    """A new allocation of `kind` for the container; the shared pool when there is none."""
+    from corepin.allocation.levels import withheld_for
+    from corepin.allocation.pools import decide
+    from corepin.allocation.types import Request
+
+    base = state.remove(ident, missing_ok=True)
+    try:
+        if c.cpus is not None:
+            cpus = c.cpus
+            withheld = withheld_for(ctx.topology, c.level, cpus)
+            base.pools.check_hold(kind, withheld)
+            if not base.pools.keeps_shared_pool(withheld if kind == "exclusive" else CPUSet()):
+                raise AllocationError(
+                    f"CPUs {cpus} would leave no CPU in the shared pool",
+                    reason="shared_pool_exhausted",
+                )
+            policy_name = "binding"
+        else:
+            request = Request(c.count, level=c.level, workload=c.workload)
+            decision = decide(
+                base.pools, ctx.topology, request, ctx.policy, kind=kind, keep_shared=True
+            )
+            cpus, withheld, policy_name = (
+                decision.cpus,
+                decision.withheld | decision.cpus,
+                (decision.policy),
+            )
+    except CorepinError as exc:
+        notes.append(
+            Note(
+                "Warning",
+                "CPUPinFailed",
+                f"container {c.name!r}: {c.count} {kind} CPU(s) not available ({exc.message}); "
+                "it runs on the shared pool until CPUs free up",
+                c.name,
+            )
+        )
+        if existing is not None and existing.kind == "shared":
+            return _with_owner(state, existing, owner)
+        return _place(state, ident, "shared", CPUSet(), CPUSet(), c, owner, ctx, existing, notes)
+    return _place(
+        state, ident, kind, cpus, withheld, c, owner, ctx, existing, notes, policy=policy_name
+    )
+
+
+def _resize(
+    state: HostState,
+    existing: Assignment,
+    c: ContainerPlan,
+    owner: ContainerOwner,
+    ctx: SyncContext,
+    notes: list[Note],
+) -> HostState:
+    """Grow or shrink a container's CPUs around those it keeps (in-place pod resize)."""
+    from corepin.allocation.levels import withheld_for
+
+    kept = existing.cpus
+    if c.count < len(kept):
+        cpus = shrink(ctx.topology, kept, len(kept) - c.count)
+    else:
+        base = state.remove(existing.id)
+        try:
+            added = grow(ctx.topology, kept, c.count - len(kept), base.pools.free, ctx.policy, c)
+        except CorepinError as exc:
+            notes.append(
+                Note(
+                    "Warning",
+                    "CPUPinFailed",
+                    f"container {c.name!r}: cannot grow CPUs {kept} to {c.count} "
+                    f"({exc.message}); it keeps its {len(kept)} CPU(s)",
+                    c.name,
+                )
+            )
+            return _with_owner(state, existing, owner)
+        cpus = kept | added
+    withheld = withheld_for(ctx.topology, c.level, cpus)
+    resized = existing.evolve(
+        cpus=cpus, withheld=withheld, mems=ctx.topology.mems_of(cpus), owner=owner
+    )
+    try:
+        state = state.replace_assignment(resized)
+    except CorepinError as exc:
+        notes.append(
+            Note("Warning", "CPUPinFailed", f"container {c.name!r}: {exc.message}", c.name)
+        )
+        return _with_owner(state, existing, owner)
+    notes.append(
+        Note("Normal", "CPUMoved", f"container {c.name!r}: resized CPUs {kept} -> {cpus}", c.name)
+    )
+    return state
+
+
+def grow(
+    topology: Topology,
+    kept: CPUSet,
+    extra: int,
+    free: CPUSet,
+    policy: Policy,
+    c: ContainerPlan,
+) -> CPUSet:
+    """`extra` free CPUs chosen next to `kept`: in the L3s of the kept CPUs if they hold
+    enough, else their NUMA nodes, else their sockets, else anywhere free."""
+    from corepin.allocation.types import Request
+
+    near: list[CPUSet] = [
+        topology.cpus_in_l3s(*topology.l3s_in(kept)),
+        topology.cpus_in_numa_nodes(*topology.numa_nodes_in(kept)),
+        topology.cpus_in_sockets(*topology.sockets_in(kept)),
+        topology.online_cpus,
+    ]
+    request = Request(extra, workload=c.workload)
+    last: CorepinError | None = None
+    for area in near:
+        pool = free & area
+        if len(pool) < extra:
+            continue
+        try:
+            return policy.decide(topology, request, pool).cpus
+        except CorepinError as exc:
+            last = exc
+    if last is not None:
+        raise last
+    raise AllocationError(
+        f"only {len(free)} free CPU(s) ({free or 'none'}) for {extra} more",
+        reason="not_enough_cpus",
+    )
+
+
+def shrink(topology: Topology, kept: CPUSet, drop: int) -> CPUSet:
+    """`kept` without `drop` CPUs: first from the L3 holding the fewest of them (so the set
+    stays in as few caches as it can), within it from partly used cores, highest id first."""
+    l3_size: dict[int | None, int] = {}
+    for cpu in kept:
+        l3 = topology.l3_of(cpu)
+        l3_size[l3] = l3_size.get(l3, 0) + 1
+
+    def order(cpu: int) -> tuple[int, int, int]:
+        siblings = topology.siblings_of(cpu) & kept
+        return (l3_size[topology.l3_of(cpu)], len(siblings), -cpu)
+
+    dropped = sorted(kept, key=order)[:drop]
+    return kept - CPUSet(dropped)
+
+
+def shared_pool_users(state: HostState) -> list[Assignment]:
+    """Container assignments that run on the shared pool (re-pinned when it changes)."""
+    return [a for a in state if a.container is not None and a.with_shared]
+
+
+def pending_upgrades(state: HostState, wanted: Callable[[str, str], str | None]) -> Iterable[str]:
+    """Pod uids with a container on the shared pool that asked for CPUs of its own
+    (`wanted(uid, container)` is the kind it asked for)."""
+    seen: set[str] = set()
+    for a in state:
+        owner = a.container
+        if owner is None or a.kind != "shared" or owner.pod_uid in seen:
+            continue
+        if wanted(owner.pod_uid, owner.container) in ("share", "exclusive"):
+            seen.add(owner.pod_uid)
+            yield owner.pod_uid
+
+
+__all__ = [
+    "KUBELET_POLICY",
+    "Note",
+    "SyncContext",
+    "assignment_id",
+    "forget_pod",
+    "grow",
+    "pending_upgrades",
+    "pod_assignments",
+    "shared_pool_users",
+    "shrink",
+    "sync_pod",
+]

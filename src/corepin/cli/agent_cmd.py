@@ -1,0 +1,144 @@
+"""`corepin agent`: the Kubernetes node agent (CONTRACTS.md 7.1, 7.3, 7.4).
+
+Argument parsing and wiring only; the agent itself is `corepin.agent.node.agent.NodeAgent`.
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+from typing import Any
+
+
+def _seconds(text: str) -> float:
+    try:
+        value = float(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"expected a number of seconds, got {text!r}") from None
+    if not value > 0:
+        raise argparse.ArgumentTypeError(f"expected a positive number of seconds, got {text!r}")
+    return value
+
+
+def add_arguments(parser: argparse.ArgumentParser, name: str) -> None:
+    parser.description = (
+        "Run the node agent: watch this node's pods, give their containers the CPUs their "
+        "annotations ask for (corepin.io/cpu-policy: none|share|exclusive), enforce them "
+        "through the container cgroups, and publish the node's CPUs as a NodeCPUTopology."
+    )
+    parser.add_argument("--node-name", metavar="NAME", help="this node (default: $NODE_NAME)")
+    parser.add_argument(
+        "--kubeconfig", metavar="FILE", help="default: $KUBECONFIG, else in-cluster"
+    )
+    parser.add_argument("--sysfs-root", metavar="DIR", default="/", help="default: /")
+    parser.add_argument("--proc-root", metavar="DIR", default="/proc", help="default: /proc")
+    parser.add_argument(
+        "--cgroup-root",
+        metavar="DIR",
+        default="/sys/fs/cgroup",
+        help="where the cgroup hierarchies are mounted (default: /sys/fs/cgroup)",
+    )
+    parser.add_argument(
+        "--kubelet-cgroup-root",
+        metavar="PATH",
+        default="/",
+        help="the kubelet's own --cgroup-root (default: /)",
+    )
+    parser.add_argument(
+        "--cgroup-driver",
+        choices=("auto", "cgroupfs", "systemd"),
+        default="auto",
+        help="the kubelet's cgroup driver (default: auto, from what exists)",
+    )
+    parser.add_argument("--state-dir", metavar="DIR", default="/var/lib/corepin")
+    parser.add_argument("--policy", metavar="NAME", default="topology-aware")
+    parser.add_argument(
+        "--option", action="append", default=[], metavar="NAME[=VALUE]", help="repeatable"
+    )
+    parser.add_argument(
+        "--reserved-cpus",
+        metavar="CPUSET",
+        help="CPUs never handed out (a node annotation corepin.io/reservation overrides it)",
+    )
+    parser.add_argument("--grpc-socket", metavar="PATH", default="/run/corepin/corepin.sock")
+    parser.add_argument("--metrics-address", metavar="HOST:PORT", default=":9464")
+    parser.add_argument("--resync-period", metavar="SECONDS", type=_seconds, default=30.0)
+    parser.add_argument(
+        "--kubelet-compat",
+        action="store_true",
+        help="run beside the kubelet's static CPU manager: import its assignments, leave them",
+    )
+    parser.add_argument(
+        "--kubelet-state",
+        metavar="FILE",
+        default="/var/lib/kubelet/cpu_manager_state",
+        help="the kubelet's CPU manager checkpoint (default: /var/lib/kubelet/cpu_manager_state)",
+    )
+
+
+def settings_from(args: Any, environ: dict[str, str]) -> Any:
+    """NodeSettings from the parsed arguments (exported for tests)."""
+    from corepin.agent.node.settings import NodeSettings
+    from corepin.allocation.api import parse_options
+    from corepin.core.cpuset import CPUSet
+
+    reserved = CPUSet.parse(args.reserved_cpus) if args.reserved_cpus else None
+    return NodeSettings(
+        node_name=args.node_name or environ.get("NODE_NAME", ""),
+        state_dir=args.state_dir,
+        sysfs_root=args.sysfs_root,
+        proc_root=args.proc_root,
+        cgroup_root=args.cgroup_root,
+        kubelet_cgroup_root=args.kubelet_cgroup_root,
+        cgroup_driver=args.cgroup_driver,
+        policy=args.policy,
+        options=parse_options(args.option),
+        reserved_cpus=reserved,
+        resync_period=args.resync_period,
+        kubelet_compat=bool(args.kubelet_compat),
+        kubelet_state=args.kubelet_state,
+        grpc_socket=args.grpc_socket,
+        metrics_address=args.metrics_address,
+    )
+
+
+def run(args: Any) -> int:
+    import signal
+    import threading
+
+    from corepin.agent.node.agent import NodeAgent
+    from corepin.agent.node.enforce import ContainerCgroups, open_hierarchy
+    from corepin.allocation.policies import get_policy
+    from corepin.kube.client import KubeClient
+    from corepin.kube.config import load_config
+    from corepin.topology.discover import discover
+
+    environ = dict(os.environ)
+    settings = settings_from(args, environ)
+    get_policy(settings.policy)  # an unknown policy is refused before anything starts
+    topology = discover(settings.sysfs_root)
+    driver = open_hierarchy(settings.cgroup_root)
+    cgroups = ContainerCgroups(
+        driver,
+        topology,
+        kubelet_root=settings.kubelet_cgroup_root,
+        layout=settings.cgroup_driver,
+        proc_root=settings.proc_root,
+    )
+    client = KubeClient.from_config(load_config(args.kubeconfig, env=environ))
+    agent = NodeAgent(settings, client, topology, cgroups)
+    done = threading.Event()
+
+    def on_signal(_signum: int, _frame: object) -> None:
+        done.set()
+
+    signal.signal(signal.SIGTERM, on_signal)
+    signal.signal(signal.SIGINT, on_signal)
+    agent.start()
+    try:
+        while not done.wait(0.5):
+            pass
+    finally:
+        agent.stop(timeout=4.0)
+        client.close()
+    return 0
