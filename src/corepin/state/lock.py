@@ -223,6 +223,7 @@ def _timeout(
     holders = []
     for pid in lock_holders(info.st_dev, info.st_ino, proc_root):
         if pid == os.getpid():
+            holders.append(f"pid {pid} (this very process, through another descriptor)")
             continue
         try:
             holders.append(f"pid {pid} ({read_stat(pid, proc_root).comm})")
