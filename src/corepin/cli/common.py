@@ -46,13 +46,20 @@ def add_state_arguments(parser: argparse.ArgumentParser, *, cgroups_help: str) -
 def load_topology(args: argparse.Namespace) -> Topology:
     """The topology named by --topology FILE, else discovered under --sysfs-root (default /)."""
     path = getattr(args, "topology", None)
-    if path:
+    root = getattr(args, "sysfs_root", None)
+    for option, value in (("--topology", path), ("--sysfs-root", root)):
+        if value == "":
+            raise InputError(
+                f"{option} '' names nothing: give a file or directory, or leave the option out",
+                reason="bad_usage",
+            )
+    if path is not None:
         from corepin.topology.model import Topology
 
         return Topology.from_json(read_json_file(path, what="topology file"))
     from corepin.topology.discover import discover
 
-    return discover(args.sysfs_root or "/")
+    return discover(root or "/")
 
 
 def read_json_file(path: str, *, what: str) -> Any:

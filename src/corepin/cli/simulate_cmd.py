@@ -41,7 +41,11 @@ def add_arguments(parser: argparse.ArgumentParser, name: str = "simulate") -> No
         help="write one JSON line per add event and policy: policy, event, id, cpus, reason",
     )
     parser.add_argument(
-        "-o", "--output", choices=("table", "json"), default="table", help="output format"
+        "-o",
+        "--output",
+        choices=("table", "json"),
+        default=None,
+        help="output format of a replay (default: table)",
     )
     gen = parser.add_argument_group("trace generation")
     gen.add_argument(
@@ -49,9 +53,9 @@ def add_arguments(parser: argparse.ArgumentParser, name: str = "simulate") -> No
         action="store_true",
         help="write a generated churn trace for the topology instead of replaying one",
     )
-    gen.add_argument("--seed", type=int, default=0, help="generator seed (default 0)")
+    gen.add_argument("--seed", type=int, default=None, help="generator seed (default 0)")
     gen.add_argument(
-        "--events", type=int, default=2000, help="number of generated events (default 2000)"
+        "--events", type=int, default=None, help="number of generated events (default 2000)"
     )
     gen.add_argument(
         "--out", metavar="FILE", help="write the generated trace here (default: stdout)"
@@ -135,21 +139,45 @@ def _unwritable(path: str, exc: OSError) -> InputError:
 def _generate(args: argparse.Namespace) -> int:
     from corepin.allocation.tracegen import ChurnOptions, generate_trace
 
-    if args.trace:
+    if args.trace is not None:
         raise InputError("--generate writes a trace; do not also give --trace", reason="usage")
-    if args.events < 0:
-        raise InputError(f"--events must be a non-negative integer, got {args.events}")
+    replay_only = _given(args, ("--policy", "policy"), ("--decisions", "decisions"))
+    if args.output is not None:
+        replay_only.append(f"-o {args.output}")
+    if replay_only:
+        raise InputError(
+            f"{', '.join(replay_only)}: replay options, meaningless with --generate (which "
+            "writes a trace): replay the trace in a second run",
+            reason="usage",
+        )
+    events = 2000 if args.events is None else args.events
+    if events < 0:
+        raise InputError(f"--events must be a non-negative integer, got {events}")
     topology = load_topology(args)
-    trace = generate_trace(topology, seed=args.seed, options=ChurnOptions(events=args.events))
+    seed = 0 if args.seed is None else args.seed
+    trace = generate_trace(topology, seed=seed, options=ChurnOptions(events=events))
     write_output(json.dumps(trace, separators=(",", ":")) + "\n", args.out)
     return 0
+
+
+def _given(args: argparse.Namespace, *options: tuple[str, str]) -> list[str]:
+    """The options (flag, attribute) that were given on the command line."""
+    return [flag for flag, attr in options if getattr(args, attr) is not None]
 
 
 def run(args: argparse.Namespace) -> int:
     if args.generate:
         return _generate(args)
+    generate_only = _given(args, ("--out", "out"), ("--seed", "seed"), ("--events", "events"))
+    if generate_only:
+        raise InputError(
+            f"{', '.join(generate_only)}: trace generation options, meaningless without "
+            "--generate (a replay prints its results; --decisions FILE writes them)",
+            reason="usage",
+        )
     if not args.trace:
-        raise InputError("simulate needs --trace TRACE.json (or --generate)", reason="usage")
+        what = "--trace ''" if args.trace == "" else "simulate"
+        raise InputError(f"{what} needs --trace TRACE.json (or --generate)", reason="usage")
     from corepin.allocation.simulate import AlignmentMetrics, parse_trace, replay
 
     trace = parse_trace(read_json_file(args.trace, what="trace file"))
@@ -161,8 +189,9 @@ def run(args: argparse.Namespace) -> int:
             sink = open(args.decisions, "w", encoding="utf-8")  # noqa: SIM115 - closed below
         except OSError as exc:
             raise _unwritable(args.decisions, exc) from exc
+    output = args.output or "table"
     show_progress = (
-        args.output == "table" and len(trace.events) >= PROGRESS_MIN_EVENTS and sys.stderr.isatty()
+        output == "table" and len(trace.events) >= PROGRESS_MIN_EVENTS and sys.stderr.isatty()
     )
     metrics = AlignmentMetrics(topology)
     results: list[PolicyResult] = []
@@ -195,7 +224,7 @@ def run(args: argparse.Namespace) -> int:
                 sink.close()
             except OSError as exc:
                 raise _unwritable(args.decisions, exc) from exc
-    if args.output == "json":
+    if output == "json":
         data: list[dict[str, Any]] = [r.to_json() for r in results]
         write_output(json.dumps(data, indent=2) + "\n", None)
     else:

@@ -54,6 +54,14 @@ def render(topology: Topology, fmt: str, *, title: str | None = None) -> str:
 
 
 def run(args: argparse.Namespace) -> int:
+    if args.title is not None and args.output != "svg":
+        from corepin.core.errors import InputError
+
+        raise InputError(
+            f"--title {args.title!r} heads an svg picture; it does nothing with -o "
+            f"{args.output}: add -o svg or drop --title",
+            reason="bad_usage",
+        )
     topology = load_topology(args)
     write_output(render(topology, args.output, title=args.title), args.out)
     return 0

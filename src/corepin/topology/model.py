@@ -19,7 +19,7 @@ from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
-from corepin.core.cpuset import CPUSet
+from corepin.core.cpuset import MAX_CPUS, CPUSet
 from corepin.core.errors import TopologyError
 
 _EMPTY = CPUSet()
@@ -460,6 +460,8 @@ def _cpu_from_json(i: int, row: Any) -> CPUInfo:
         raise TopologyError(f"{where} must be an object, got {row!r}")
     cpu = _int_field(where, row, "cpu", optional=False)
     assert cpu is not None
+    if cpu >= MAX_CPUS:
+        raise TopologyError(f"{where}: CPU id {cpu} is beyond the limit of {MAX_CPUS - 1}")
     where = f"cpus[{i}] (CPU {cpu})"
     online = row.get("online", True)
     isolated = row.get("isolated", False)
