@@ -129,26 +129,9 @@ def add_arguments(parser: argparse.ArgumentParser, name: str) -> None:
         raise ValueError(f"unknown host subcommand {name!r}")
 
 
-def _setup_logging() -> None:
-    """Host commands keep stderr for their one-line results: corepin's log records (sysfs
-    fallbacks, state repairs) go to stderr only when COREPIN_LOG names a level (info, debug)."""
-    import logging
-
-    level = os.environ.get("COREPIN_LOG", "").upper()
-    logger = logging.getLogger("corepin")
-    if level in ("DEBUG", "INFO", "WARNING", "ERROR"):
-        handler = logging.StreamHandler()
-        handler.setFormatter(logging.Formatter("corepin: %(name)s %(levelname)s %(message)s"))
-        logger.addHandler(handler)
-        logger.setLevel(level)
-    elif not logger.handlers:
-        logger.addHandler(logging.NullHandler())
-
-
 def run(args: Any) -> int:
     from corepin.agent.settings import HostSettings
 
-    _setup_logging()
     settings = HostSettings.from_args(args, os.environ)
     if args.command == "run":
         return _cmd_run(settings, args)
