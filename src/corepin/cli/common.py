@@ -5,6 +5,7 @@ from __future__ import annotations
 import argparse
 import json
 import sys
+from collections.abc import Iterable
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
@@ -87,6 +88,30 @@ def dump(data: Any, fmt: str) -> str:
 
         return str(yaml.safe_dump(data, sort_keys=False, default_flow_style=False))
     raise InputError(f"unknown output format {fmt!r}")
+
+
+def stream_output(pieces: Iterable[str], out: str | None) -> None:
+    """Write `pieces` one after the other to standard output or the file `out` (for output too
+    big to hold as one string); failures as in `write_output`."""
+    if out is None or out == "-":
+        try:
+            for piece in pieces:
+                sys.stdout.write(piece)
+            sys.stdout.flush()
+        except BrokenPipeError:
+            raise
+        except OSError as exc:
+            raise EnvironmentProblem(
+                f"cannot write to standard output: {exc.strerror or exc}",
+                reason="stdout_unwritable",
+            ) from exc
+        return
+    try:
+        with open(out, "w", encoding="utf-8") as handle:
+            for piece in pieces:
+                handle.write(piece)
+    except OSError as exc:
+        raise InputError(f"cannot write output file {out!r}: {exc}", reason="unwritable") from exc
 
 
 def write_output(text: str, out: str | None) -> None:

@@ -4,21 +4,37 @@ corepin simulate --topology FILE|--sysfs-root DIR --trace TRACE.json [--policy N
                  [--decisions FILE] [-o table|json]
 corepin simulate --generate --topology FILE|--sysfs-root DIR [--seed N] [--events N]
                  [--out FILE]
+
+Traces of any length run in bounded memory: `--generate` writes the events as the generator
+yields them, and a replay streams the trace file (`corepin.allocation.tracestream`) once to
+check it whole and count it (a bad trace is refused before any policy runs), then once per
+policy. A trace that cannot be read twice (a pipe) is read into memory once instead. The
+seconds of a result leave out the time spent reading the trace.
 """
 
 from __future__ import annotations
 
 import argparse
+import itertools
 import json
+import os
+import stat
 import sys
 import time
+from collections.abc import Iterable, Iterator
 from typing import IO, TYPE_CHECKING, Any
 
-from corepin.cli.common import add_topology_source, load_topology, read_json_file, write_output
+from corepin.cli.common import (
+    add_topology_source,
+    load_topology,
+    read_json_file,
+    stream_output,
+    write_output,
+)
 from corepin.core.errors import InputError
 
 if TYPE_CHECKING:
-    from corepin.allocation.simulate import DecisionRecord, PolicyResult
+    from corepin.allocation.simulate import DecisionRecord, PolicyResult, TraceEvent
     from corepin.allocation.types import Policy
 
 #: Traces with at least this many events get a progress bar (when stderr is a terminal).
@@ -137,7 +153,7 @@ def _unwritable(path: str, exc: OSError) -> InputError:
 
 
 def _generate(args: argparse.Namespace) -> int:
-    from corepin.allocation.tracegen import ChurnOptions, generate_trace
+    from corepin.allocation.tracegen import ChurnOptions, iter_trace_events
 
     if args.trace is not None:
         raise InputError("--generate writes a trace; do not also give --trace", reason="usage")
@@ -155,9 +171,76 @@ def _generate(args: argparse.Namespace) -> int:
         raise InputError(f"--events must be a non-negative integer, got {events}")
     topology = load_topology(args)
     seed = 0 if args.seed is None else args.seed
-    trace = generate_trace(topology, seed=seed, options=ChurnOptions(events=events))
-    write_output(json.dumps(trace, separators=(",", ":")) + "\n", args.out)
+    stream = iter_trace_events(topology, seed=seed, options=ChurnOptions(events=events))
+    stream_output(_trace_text(stream), args.out)
     return 0
+
+
+def _trace_text(events: Iterator[dict[str, Any]], batch: int = 4096) -> Iterator[str]:
+    """The text of `json.dumps({"events": [...]}, separators=(",", ":")) + "\n"`, in pieces of
+    `batch` events (the whole trace is never one string; each piece is one C-encoded list)."""
+    encode = json.JSONEncoder(separators=(",", ":")).encode
+    yield '{"events":['
+    sep = ""
+    while True:
+        pieces = list(itertools.islice(events, batch))
+        if not pieces:
+            break
+        yield sep + encode(pieces)[1:-1]
+        sep = ","
+    yield "]}\n"
+
+
+def _trace_chunks(path: str, size: int = 1 << 18) -> Iterator[str]:
+    """The text of the trace file `path`, `size` characters at a time."""
+    try:
+        handle = open(path, encoding="utf-8")  # noqa: SIM115 - closed below
+    except FileNotFoundError:
+        raise InputError(f"trace file {path!r} does not exist", reason="no_such_file") from None
+    except OSError as exc:
+        raise _unreadable(path, exc) from exc
+    with handle:
+        while True:
+            try:
+                chunk = handle.read(size)
+            except (OSError, UnicodeDecodeError) as exc:
+                raise _unreadable(path, exc) from exc
+            if not chunk:
+                return
+            yield chunk
+
+
+def _unreadable(path: str, exc: Exception) -> InputError:
+    return InputError(f"cannot read trace file {path!r}: {exc}", reason="unreadable_file")
+
+
+def _replayable(path: str) -> bool:
+    """Whether the trace can be read once per policy (a regular file: streamed each time);
+    a pipe or a terminal is read once, into memory."""
+    try:
+        return stat.S_ISREG(os.stat(path).st_mode)
+    except OSError:
+        return True  # let the first read report the problem
+
+
+class _ReadClock:
+    """An event stream that adds up the time spent reading it: a replay's seconds leave it
+    out, so they measure the policy (as when the whole trace was read beforehand)."""
+
+    def __init__(self, events: Iterable[TraceEvent]) -> None:
+        self._events = events
+        self.seconds = 0.0
+
+    def __iter__(self) -> Iterator[TraceEvent]:
+        clock = time.perf_counter
+        stream = iter(self._events)
+        while True:
+            start = clock()
+            event = next(stream, None)
+            self.seconds += clock() - start
+            if event is None:
+                return
+            yield event
 
 
 def _given(args: argparse.Namespace, *options: tuple[str, str]) -> list[str]:
@@ -175,12 +258,26 @@ def run(args: argparse.Namespace) -> int:
             "--generate (a replay prints its results; --decisions FILE writes them)",
             reason="usage",
         )
-    if not args.trace:
-        what = "--trace ''" if args.trace == "" else "simulate"
-        raise InputError(f"{what} needs --trace TRACE.json (or --generate)", reason="usage")
+    if args.trace == "":
+        raise InputError("--trace '' names no file: give TRACE.json", reason="usage")
+    if args.trace is None:
+        raise InputError("simulate needs --trace TRACE.json (or --generate)", reason="usage")
     from corepin.allocation.simulate import AlignmentMetrics, parse_trace, replay
+    from corepin.allocation.tracestream import stream_trace
 
-    trace = parse_trace(read_json_file(args.trace, what="trace file"))
+    # Read the trace as a stream, once to check it whole and count its events (a bad trace is
+    # refused before any policy runs or any decision is written), then once per policy.
+    path = args.trace
+    kept: tuple[TraceEvent, ...] | None = None
+    if _replayable(path):
+        total = sum(1 for _ in stream_trace(_trace_chunks(path)))
+    else:
+        kept = parse_trace(read_json_file(path, what="trace file")).events
+        total = len(kept)
+
+    def events() -> Iterable[TraceEvent]:
+        return kept if kept is not None else stream_trace(_trace_chunks(path))
+
     topology = load_topology(args)
     policies = _policies(args.policy)
     sink: IO[str] | None = None
@@ -190,9 +287,7 @@ def run(args: argparse.Namespace) -> int:
         except OSError as exc:
             raise _unwritable(args.decisions, exc) from exc
     output = args.output or "table"
-    show_progress = (
-        output == "table" and len(trace.events) >= PROGRESS_MIN_EVENTS and sys.stderr.isatty()
-    )
+    show_progress = output == "table" and total >= PROGRESS_MIN_EVENTS and sys.stderr.isatty()
     metrics = AlignmentMetrics(topology)
     results: list[PolicyResult] = []
     try:
@@ -208,16 +303,25 @@ def run(args: argparse.Namespace) -> int:
                         raise _unwritable(args.decisions, exc) from exc
 
             progress = _ProgressBar(sys.stderr, policy.name) if show_progress else None
+            reading = _ReadClock(events())
             start = time.perf_counter()
             result = replay(
                 topology,
-                trace,
+                reading,
                 policy,
                 on_decision=on_decision,
                 progress=progress,
                 metrics=metrics,
+                total=total,
             )
-            results.append(result.with_seconds(time.perf_counter() - start))
+            if result.events != total:
+                raise InputError(
+                    f"trace file {path!r} changed while it was replayed ({total} events, then "
+                    f"{result.events})",
+                    reason="trace_changed",
+                )
+            elapsed = time.perf_counter() - start
+            results.append(result.with_seconds(max(0.0, elapsed - reading.seconds)))
     finally:
         if sink is not None:
             try:
