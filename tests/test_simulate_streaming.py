@@ -151,6 +151,24 @@ def test_a_streamed_replay_gives_the_results_of_a_replay_from_memory(
     assert [json.loads(line) for line in decisions.read_text().splitlines()] == records
 
 
+@pytest.mark.parametrize("decisions", [False, True], ids=["results only", "with --decisions"])
+def test_a_trace_bad_at_its_end_is_refused_with_nothing_written(
+    decisions: bool, tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    topo_file = tmp_path / "topo.json"
+    topo_file.write_text(json.dumps(dual_socket_ht().to_json()))
+    data = generate_trace(dual_socket_ht(), seed=2, options=ChurnOptions(events=3000))
+    data["events"].append({"op": "add", "id": "late/bad/c", "cpus": -1})
+    trace_file = tmp_path / "trace.json"
+    trace_file.write_text(json.dumps(data))
+    out = tmp_path / "decisions.jsonl"
+    argv = ["simulate", "--topology", str(topo_file), "--trace", str(trace_file)]
+    assert main([*argv, *(["--decisions", str(out)] if decisions else [])]) == 2
+    captured = capsys.readouterr()
+    assert captured.out == "" and "trace event 3000 field 'cpus'" in captured.err
+    assert not out.exists()
+
+
 def test_a_trace_from_a_pipe_is_read_once_and_replayed_by_every_policy(tmp_path: Path) -> None:
     topo_file = tmp_path / "topo.json"
     topo_file.write_text(json.dumps(single_socket_ht().to_json()))

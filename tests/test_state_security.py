@@ -249,3 +249,25 @@ def test_migrate_into_an_unresolvable_state_dir_exits_4(tmp_path: Path) -> None:
         "migrate", "--from-kubelet", str(kubelet), "--state-dir", str(_loop(tmp_path) / "s")
     )
     assert_refused(out, 4, "symbolic links", "--state-dir")
+
+
+@needs_root
+def test_a_report_reads_a_safe_state_dir_on_a_read_only_mount_and_run_is_refused(
+    tmp_path: Path,
+) -> None:
+    state = tmp_path / "ro"
+    state.mkdir(mode=0o700)
+    mounted = subprocess.run(
+        ["mount", "-t", "tmpfs", "-o", "size=64k,mode=0700", "tmpfs", str(state)],
+        capture_output=True,
+    )
+    if mounted.returncode != 0:
+        pytest.skip(f"cannot mount a tmpfs: {mounted.stderr!r}")
+    try:
+        assert corepin(state, "run", "--exclusive", "1", "--", "true").returncode == 0
+        subprocess.run(["mount", "-o", "remount,ro", str(state)], check=True)
+        out = corepin(state, "report", "-o", "json")
+        assert out.returncode == 0, out.stderr
+        assert_refused(corepin(state, *COMMANDS["run"]), 4, str(state))
+    finally:
+        subprocess.run(["umount", str(state)], check=False)

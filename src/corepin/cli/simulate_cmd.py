@@ -6,10 +6,10 @@ corepin simulate --generate --topology FILE|--sysfs-root DIR [--seed N] [--event
                  [--out FILE]
 
 Traces of any length run in bounded memory: `--generate` writes the events as the generator
-yields them, and a replay streams the trace file (`corepin.allocation.tracestream`) once to
-check it whole and count it (a bad trace is refused before any policy runs), then once per
-policy. A trace that cannot be read twice (a pipe) is read into memory once instead. The
-seconds of a result leave out the time spent reading the trace.
+yields them, and a replay streams the trace file (`corepin.allocation.tracestream`) once per
+policy (plus a first pass that checks and counts it when --decisions or a progress bar needs
+that). A trace that cannot be read twice (a pipe) is read into memory once instead. The seconds
+of a result leave out the time spent reading the trace.
 """
 
 from __future__ import annotations
@@ -265,15 +265,20 @@ def run(args: argparse.Namespace) -> int:
     from corepin.allocation.simulate import AlignmentMetrics, parse_trace, replay
     from corepin.allocation.tracestream import stream_trace
 
-    # Read the trace as a stream, once to check it whole and count its events (a bad trace is
-    # refused before any policy runs or any decision is written), then once per policy.
+    # The trace is streamed once per policy. When decisions are written as they come, or a
+    # progress bar needs the length, a first pass checks it whole and counts it, so a bad trace
+    # is refused before any decision is written; otherwise the first replay checks it (the
+    # results are printed only at the end, so a bad trace still prints nothing but the error).
     path = args.trace
+    output = args.output or "table"
+    bar = output == "table" and sys.stderr.isatty()
     kept: tuple[TraceEvent, ...] | None = None
-    if _replayable(path):
-        total = sum(1 for _ in stream_trace(_trace_chunks(path)))
-    else:
+    total: int | None = None
+    if not _replayable(path):
         kept = parse_trace(read_json_file(path, what="trace file")).events
         total = len(kept)
+    elif args.decisions or bar:
+        total = sum(1 for _ in stream_trace(_trace_chunks(path)))
 
     def events() -> Iterable[TraceEvent]:
         return kept if kept is not None else stream_trace(_trace_chunks(path))
@@ -286,8 +291,7 @@ def run(args: argparse.Namespace) -> int:
             sink = open(args.decisions, "w", encoding="utf-8")  # noqa: SIM115 - closed below
         except OSError as exc:
             raise _unwritable(args.decisions, exc) from exc
-    output = args.output or "table"
-    show_progress = output == "table" and total >= PROGRESS_MIN_EVENTS and sys.stderr.isatty()
+    show_progress = bar and total is not None and total >= PROGRESS_MIN_EVENTS
     metrics = AlignmentMetrics(topology)
     results: list[PolicyResult] = []
     try:
@@ -314,7 +318,9 @@ def run(args: argparse.Namespace) -> int:
                 metrics=metrics,
                 total=total,
             )
-            if result.events != total:
+            if total is None:
+                total = result.events
+            elif result.events != total:
                 raise InputError(
                     f"trace file {path!r} changed while it was replayed ({total} events, then "
                     f"{result.events})",

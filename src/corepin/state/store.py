@@ -149,9 +149,10 @@ class StateStore:
         assert fd is not None
         os.close(fd)
 
-    def _open(self, *, create: bool) -> int | None:
+    def _open(self, *, create: bool, write: bool = True) -> int | None:
         """A checked descriptor of the directory (the caller closes it); None when it does not
-        exist and `create` is false."""
+        exist and `create` is false. `write=False` (lock-free reads) does not ask for write
+        permission: a report may read a state on a read-only mount."""
         try:
             fd = os.open(self.directory, _DIR_FLAGS)
         except FileNotFoundError:
@@ -165,7 +166,7 @@ class StateStore:
         except OSError as exc:
             raise self._dir_error(exc) from None
         try:
-            self._check(fd)
+            self._check(fd, write)
         except BaseException:
             os.close(fd)
             raise
@@ -216,9 +217,9 @@ class StateStore:
             )
         return os_error(self.directory, exc, "open the state directory")
 
-    def _check(self, fd: int) -> None:
+    def _check(self, fd: int, write: bool) -> None:
         """StateError unless the open directory belongs to the effective user, is not
-        writable by group or others, and is readable and writable."""
+        writable by group or others, and is readable (and writable, with `write`)."""
         info = os.fstat(fd)
         euid = os.geteuid()
         if info.st_uid != euid:
@@ -239,7 +240,7 @@ class StateStore:
                 "COREPIN_STATE_DIR)",
                 reason="state_dir_unsafe",
             )
-        if not os.access(".", os.R_OK | os.W_OK | os.X_OK, dir_fd=fd):
+        if not os.access(".", os.R_OK | os.X_OK | (os.W_OK if write else 0), dir_fd=fd):
             raise StateError(
                 f"{self.directory}: the state directory is not readable and writable by uid "
                 f"{euid}; " + _WHAT_TO_DO,
@@ -252,7 +253,7 @@ class StateStore:
 
         StateFormatError when the checkpoint is corrupt (the file is left untouched).
         """
-        fd = self._open(create=False)
+        fd = self._open(create=False, write=False)
         if fd is None:
             return None
         try:
@@ -261,7 +262,7 @@ class StateStore:
             os.close(fd)
 
     def exists(self) -> bool:
-        fd = self._open(create=False)
+        fd = self._open(create=False, write=False)
         if fd is None:
             return False
         try:
