@@ -56,9 +56,10 @@ def acquire(dir_fd: int, directory: str, timeout: float, *, proc_root: str = "/p
     Returns the descriptor of the lock file: closing it releases the lock. StateError with
     reason `lock_timeout` after `timeout` seconds of waiting."""
     lock_path = os.path.join(directory, LOCK_FILE)
+    queue_path = os.path.join(directory, QUEUE_DIR)
     lock_fd = _open_lock(dir_fd, lock_path)
     try:
-        queue_fd = _open_queue(dir_fd, os.path.join(directory, QUEUE_DIR))
+        queue_fd = _open_queue(dir_fd, queue_path)
         try:
             if not _tickets(queue_fd):
                 with contextlib.suppress(BlockingIOError):
@@ -66,6 +67,8 @@ def acquire(dir_fd: int, directory: str, timeout: float, *, proc_root: str = "/p
                     return lock_fd
             _wait_in_line(queue_fd, lock_fd, lock_path, timeout, proc_root)
             return lock_fd
+        except OSError as exc:  # the queue directory failed under us (EIO, EMFILE, ...)
+            raise os_error(queue_path, exc, "queue for the state lock") from None
         finally:
             os.close(queue_fd)
     except BaseException:
