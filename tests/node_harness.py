@@ -115,7 +115,11 @@ class FakeNode:
         body = {
             "apiVersion": "v1",
             "kind": "Pod",
-            "metadata": {"name": name, "namespace": namespace, "annotations": dict(annotations or {})},
+            "metadata": {
+                "name": name,
+                "namespace": namespace,
+                "annotations": dict(annotations or {}),
+            },
             "spec": {"nodeName": node, "containers": list(containers) or [container("app", "1")]},
         }
         return self.client.create(PODS, body, namespace)
@@ -185,7 +189,9 @@ class FakeNode:
 
     def annotate(self, pod: Mapping[str, Any], annotations: Mapping[str, str | None]) -> None:
         meta = pod["metadata"]
-        self.client.patch(PODS, meta["name"], {"metadata": {"annotations": dict(annotations)}}, meta["namespace"])
+        self.client.patch(
+            PODS, meta["name"], {"metadata": {"annotations": dict(annotations)}}, meta["namespace"]
+        )
 
     # ------------------------------------------------------------------ reading back
     def cid(self, pod: Mapping[str, Any], name: str) -> str:
@@ -197,11 +203,15 @@ class FakeNode:
 
     def cpus(self, pod: Mapping[str, Any], name: str) -> CPUSet:
         pod = self.get(pod)
-        return CPUSet.parse(self.driver.read_cpus_text(self.container_path(pod, self.cid(pod, name))))
+        return CPUSet.parse(
+            self.driver.read_cpus_text(self.container_path(pod, self.cid(pod, name)))
+        )
 
     def mems(self, pod: Mapping[str, Any], name: str) -> CPUSet:
         pod = self.get(pod)
-        return CPUSet.parse(self.driver.read_mems_text(self.container_path(pod, self.cid(pod, name))))
+        return CPUSet.parse(
+            self.driver.read_mems_text(self.container_path(pod, self.cid(pod, name)))
+        )
 
     def quota(self, pod: Mapping[str, Any], name: str | None = None) -> int | None:
         pod = self.get(pod)

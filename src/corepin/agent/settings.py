@@ -11,6 +11,7 @@ Environment variables (command-line options win):
   `on` (require it; exit 4 when unusable) or `off` (affinity only).
 - `COREPIN_CGROUP_ROOT`: the cgroup mount root (default `/sys/fs/cgroup`).
 - `COREPIN_POLICY`: allocation policy for exclusive runs (default `topology-aware`).
+- `COREPIN_LOCK_TIMEOUT`: seconds to wait for the state lock before giving up (default 10).
 - `COREPIN_FORCE_MEMBIND=1` (testing): bind the memory of runs without a cpuset cgroup to their
   NUMA nodes even on a machine with a single NUMA node (normally done only with two or more).
 """
@@ -27,6 +28,7 @@ from corepin.core.record import record
 DEFAULT_STATE_DIR: Final = "/var/lib/corepin"
 DEFAULT_CGROUP_ROOT: Final = "/sys/fs/cgroup"
 DEFAULT_POLICY: Final = "topology-aware"
+DEFAULT_LOCK_TIMEOUT: Final = 10.0
 CGROUP_MODES: Final = ("auto", "on", "off")
 #: corepin's own cgroup under the cpuset hierarchy. Each state directory gets a group of its own
 #: below it (`<root>/cpuset/corepin/<state dir key>/<run id>`), so runs of two state directories
@@ -59,6 +61,8 @@ class HostSettings:
     cgroup_parent: str = ""
     #: bind memory (set_mempolicy) of runs outside a cpuset cgroup even with one NUMA node
     force_membind: bool = False
+    #: seconds to wait for the state lock
+    lock_timeout: float = DEFAULT_LOCK_TIMEOUT
 
     def __post_init__(self) -> None:
         if self.cgroups not in CGROUP_MODES:
@@ -79,16 +83,47 @@ class HostSettings:
 
         def pick(attr: str, env: str, default: str) -> str:
             value = getattr(args, attr, None)
+            if value == "":
+                option = "--" + attr.replace("_", "-")
+                raise InputError(
+                    f"{option} '' names nothing: give a value, or leave the option out for "
+                    f"${env} or {default!r}",
+                    reason="bad_usage",
+                )
             if value:
                 return str(value)
             return environ.get(env) or default
 
+        sysfs_root = getattr(args, "sysfs_root", None)
+        if sysfs_root == "":
+            raise InputError(
+                "--sysfs-root '' names no directory: give one, or leave the option out for /",
+                reason="bad_usage",
+            )
+
         return cls(
             state_dir=pick("state_dir", "COREPIN_STATE_DIR", DEFAULT_STATE_DIR),
-            sysfs_root=getattr(args, "sysfs_root", None) or "/",
+            sysfs_root=sysfs_root or "/",
             proc_root=getattr(args, "proc_root", None) or "/proc",
             cgroup_root=pick("cgroup_root", "COREPIN_CGROUP_ROOT", DEFAULT_CGROUP_ROOT),
             cgroups=pick("cgroups", "COREPIN_CGROUPS", "auto"),
             policy=pick("policy", "COREPIN_POLICY", DEFAULT_POLICY),
             force_membind=environ.get("COREPIN_FORCE_MEMBIND", "") == "1",
+            lock_timeout=_seconds(environ.get("COREPIN_LOCK_TIMEOUT"), "COREPIN_LOCK_TIMEOUT"),
         )
+
+
+def _seconds(text: str | None, name: str) -> float:
+    """A positive number of seconds from the environment variable `name` (unset or empty:
+    the default)."""
+    if not text:
+        return DEFAULT_LOCK_TIMEOUT
+    try:
+        value = float(text)
+    except ValueError:
+        value = float("nan")
+    if not 0 < value < float("inf"):
+        raise InputError(
+            f"{name}={text!r} is not a positive number of seconds", reason="bad_lock_timeout"
+        )
+    return value

@@ -74,8 +74,8 @@ def open_transaction(
 ) -> Iterator[HostTransaction]:
     from corepin.state.store import StateStore
 
-    store = StateStore(settings.state_dir)
-    with store.transaction() as tx:
+    store = StateStore(settings.state_dir, proc_root=settings.proc_root)
+    with store.transaction(settings.lock_timeout) as tx:
         yield HostTransaction(tx, adopt(tx.state, topology, store.path, dead_ids))
 
 
@@ -88,6 +88,6 @@ def read_state(
     from corepin.state.model import HostState
     from corepin.state.store import StateStore
 
-    store = StateStore(settings.state_dir)
+    store = StateStore(settings.state_dir, proc_root=settings.proc_root)
     state = store.read()
     return adopt(state or HostState(), topology, store.path, dead_ids)

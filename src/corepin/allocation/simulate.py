@@ -32,7 +32,7 @@ The three ratios are over admitted exclusive allocations (None when there were n
 
 from __future__ import annotations
 
-from collections.abc import Callable, Iterable, Mapping, Sequence
+from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
 from dataclasses import dataclass, field, replace
 from typing import Any, Final
 
@@ -158,8 +158,13 @@ def parse_trace(data: Any) -> Trace:
     raw_events = data.get("events")
     if not isinstance(raw_events, list):
         raise TraceError(None, "events", f"events must be a list, got {type(raw_events).__name__}")
+    return Trace(tuple(iter_events(raw_events)))
+
+
+def iter_events(raw_events: Iterable[Any]) -> Iterator[TraceEvent]:
+    """The events of a trace's "events" list, checked one at a time as `parse_trace` checks
+    them (a live-id set is all it keeps: memory follows the live ids, not the trace length)."""
     live: set[str] = set()
-    events: list[TraceEvent] = []
     for index, raw in enumerate(raw_events):
         event = _parse_event(index, raw)
         if event.op == "add":
@@ -168,8 +173,7 @@ def parse_trace(data: Any) -> Trace:
             live.add(event.id)
         else:
             live.discard(event.id)
-        events.append(event)
-    return Trace(tuple(events))
+        yield event
 
 
 # ---------------------------------------------------------------------------------- metrics
@@ -344,7 +348,7 @@ class PolicyResult:
 # ---------------------------------------------------------------------------------- replay
 def replay(
     topology: Topology,
-    trace: Trace | Sequence[TraceEvent],
+    trace: Trace | Iterable[TraceEvent],
     policy: Policy,
     *,
     on_decision: Callable[[DecisionRecord], None] | None = None,
@@ -352,6 +356,7 @@ def replay(
     progress_every: int = 256,
     metrics: AlignmentMetrics | None = None,
     options: Mapping[str, str] | None = None,
+    total: int | None = None,
 ) -> PolicyResult:
     """Replay `trace` through `policy` on `topology`; the result has seconds = 0 (time it).
 
@@ -359,9 +364,14 @@ def replay(
     every `progress_every` events and once at the end. `options` (policy options such as
     {"full-pcpus-only": "true"}) go into every exclusive request. Raises SimulationError when
     the policy hands out a CPU that is not available or the wrong number of CPUs.
+
+    `trace` may also be any iterable of events, consumed once (a stream read from a file:
+    replay keeps only the live assignments); `total` is then its length for `progress`.
     """
-    events = trace.events if isinstance(trace, Trace) else tuple(trace)
-    total = len(events)
+    events = trace.events if isinstance(trace, Trace) else trace
+    if isinstance(events, Sequence):
+        total = len(events)
+    count = 0
     scorer = metrics if metrics is not None else AlignmentMetrics(topology)
     name = policy.name
     pools = NodePools.for_topology(topology)
@@ -374,8 +384,9 @@ def replay(
     reasons: dict[str, int] = {}
     request_cache: dict[tuple[int, str, str | None, bool], Request] = {}
     for index, event in enumerate(events):
+        count = index + 1
         if progress is not None and index % progress_every == 0 and index:
-            progress(index, total)
+            progress(index, total or 0)
         if event.op == "remove":
             freed = live_exclusive.pop(event.id, None)
             if freed is not None:
@@ -452,10 +463,10 @@ def replay(
         if on_decision is not None:
             on_decision(DecisionRecord(name, index, event.id, cpus, None))
     if progress is not None:
-        progress(total, total)
+        progress(count, total or count)
     return PolicyResult(
         policy=name,
-        events=total,
+        events=count,
         admitted=admitted,
         rejected=rejected,
         admitted_exclusive=admitted_exclusive,

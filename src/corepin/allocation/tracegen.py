@@ -15,12 +15,19 @@ fragmented, nearly full machine.
 - Arrivals and departures: every add draws a lifetime (exponential, in events); departures
   happen when due. While the load is under the band only arrivals happen; above it, the
   soonest-due workload leaves early.
+
+`iter_trace_events` yields the events one at a time and keeps only the live workloads, so a
+trace of any length is generated in the memory of one machine's worth of workloads;
+`generate_trace` collects them into the JSON form.
 """
 
 from __future__ import annotations
 
+import bisect
 import heapq
+import itertools
 import random
+from collections.abc import Iterator
 from dataclasses import dataclass
 from typing import Any, Final
 
@@ -62,21 +69,49 @@ class ChurnOptions:
             raise InputError(f"shared fraction {self.shared_fraction} must be in [0, 1)")
 
 
-def _pick(rng: random.Random, table: tuple[tuple[Any, int], ...]) -> Any:
-    values = [v for v, _ in table]
-    weights = [w for _, w in table]
-    return rng.choices(values, weights)[0]
+class _Weighted:
+    """`rng.choices(values, weights)[0]` with the cumulative weights computed once: the same
+    draw from the same random number (as `random.choices` does it), without rebuilding the
+    tables for every event of a long trace."""
+
+    __slots__ = ("_cum", "_hi", "_total", "_values")
+
+    def __init__(self, values: list[Any], weights: list[int]) -> None:
+        self._values = values
+        self._cum = list(itertools.accumulate(weights))
+        self._total = self._cum[-1] + 0.0
+        self._hi = len(self._cum) - 1
+
+    def pick(self, rng: random.Random) -> Any:
+        return self._values[bisect.bisect(self._cum, rng.random() * self._total, 0, self._hi)]
+
+
+def _table(table: tuple[tuple[Any, int], ...]) -> _Weighted:
+    return _Weighted([v for v, _ in table], [w for _, w in table])
 
 
 def generate_trace(
     topology: Topology, *, seed: int = 0, options: ChurnOptions | None = None
 ) -> dict[str, Any]:
     """A churn trace (its JSON form, ready for `parse_trace` or `json.dump`)."""
+    return {"events": list(iter_trace_events(topology, seed=seed, options=options))}
+
+
+def iter_trace_events(
+    topology: Topology, *, seed: int = 0, options: ChurnOptions | None = None
+) -> Iterator[dict[str, Any]]:
+    """The events of `generate_trace`, one at a time (the same events, in bounded memory).
+
+    The options and the topology are checked now; the events come as the iterator is read."""
     opts = options or ChurnOptions()
     opts.check()
     capacity = len(topology.online_cpus)
     if capacity == 0:
         raise InputError("the topology has no online CPUs to generate a trace for")
+    return _churn(capacity, seed, opts)
+
+
+def _churn(capacity: int, seed: int, opts: ChurnOptions) -> Iterator[dict[str, Any]]:
     rng = random.Random(seed)
     limit = max(1, capacity // 2)
     sizes = [s for s in SIZES if s <= limit] or [1]
@@ -86,20 +121,23 @@ def generate_trace(
     # live for roughly twice that many events so that arrivals and departures balance.
     mean_lifetime = opts.mean_lifetime or max(8.0, 2.0 * 0.9 * capacity / mean_size)
     low, high = opts.low * capacity, opts.high * capacity
+    size_table = _Weighted(sizes, weights)
+    level_table, workload_table = _table(_LEVELS), _table(_WORKLOADS)
 
-    events: list[dict[str, Any]] = []
     due: list[tuple[int, int, str]] = []  # (due step, serial, id) of live workloads
     size_of: dict[str, int] = {}  # live id -> notional exclusive CPUs (0 for shared)
     load = 0
     serial = 0
     step = 0
-    while len(events) < opts.events:
+    emitted = 0
+    while emitted < opts.events:
         step += 1
+        emitted += 1
         departing = bool(due) and ((due[0][0] <= step and load >= low) or load > high)
         if departing:
             _, _, ident = heapq.heappop(due)
             load -= size_of.pop(ident)
-            events.append({"op": "remove", "id": ident})
+            yield {"op": "remove", "id": ident}
             continue
         serial += 1
         ident = f"{_NAMESPACES[serial % len(_NAMESPACES)]}/pod-{serial}/ctr-{rng.randrange(3)}"
@@ -109,20 +147,19 @@ def generate_trace(
             event["shared"] = True
             notional = 0
         else:
-            cpus = rng.choices(sizes, weights)[0]
+            cpus = size_table.pick(rng)
             event["cpus"] = cpus
-            level = _pick(rng, _LEVELS)
+            level = level_table.pick(rng)
             if (level in ("numa", "socket") and cpus < 8) or not opts.levels:
                 level = "cpu"
             if level != "cpu":
                 event["level"] = level
             notional = cpus
-        workload = _pick(rng, _WORKLOADS)
+        workload = workload_table.pick(rng)
         if workload is not None:
             event["workload"] = workload
         lifetime = 1 + int(rng.expovariate(1.0 / mean_lifetime))
         heapq.heappush(due, (step + lifetime, serial, ident))
         size_of[ident] = notional
         load += notional
-        events.append(event)
-    return {"events": events}
+        yield event

@@ -60,11 +60,50 @@ def parse_count(text: str) -> int:
     return value
 
 
+#: Request options that only shape exclusive requests (a shared one gets the whole pool).
+EXCLUSIVE_ONLY = ("level", "smt", "numa", "workload", "prefer-isolated")
+
+
+def refuse_ignored_options(options: list[str], policy: str) -> None:
+    """RequestError (exit 2) for request options the decision would silently ignore: shaping
+    options on a shared request, `workload` for a policy other than workload-aware and
+    `prefer-isolated` for kubelet-static (which knows no isolated CPUs)."""
+    from corepin.allocation.api import parse_options
+    from corepin.allocation.types import option_flag
+
+    opts = parse_options(options)
+    if option_flag(opts, "shared"):
+        ignored = [
+            f"{k}={opts[k]}"
+            for k in EXCLUSIVE_ONLY
+            if k in opts and (k, opts[k]) != ("level", "cpu")
+        ]
+        if ignored:
+            raise RequestError(
+                f"option {', '.join(ignored)} shapes exclusive requests only; a shared request "
+                "runs on the whole shared pool: drop it, or drop the shared option",
+                reason="ignored_option",
+            )
+    if "workload" in opts and policy != "workload-aware":
+        raise RequestError(
+            f"option workload={opts['workload']} is used by policy workload-aware only; "
+            f"policy {policy!r} would ignore it: add --policy workload-aware, or drop it",
+            reason="ignored_option",
+        )
+    if "prefer-isolated" in opts and policy == "kubelet-static":
+        raise RequestError(
+            f"option prefer-isolated={opts['prefer-isolated']} means nothing to policy "
+            "'kubelet-static' (the kubelet does not tell isolated CPUs apart): drop it",
+            reason="ignored_option",
+        )
+
+
 def run(args: argparse.Namespace) -> int:
     from corepin.allocation.api import decide
     from corepin.core.cpuset import CPUSet
 
     count = parse_count(args.count)
+    refuse_ignored_options(args.option, args.policy)
     available = CPUSet.parse(args.available) if args.available is not None else None
     topology = load_topology(args)
     try:

@@ -5,7 +5,7 @@ from __future__ import annotations
 import argparse
 import json
 import sys
-from collections.abc import Mapping
+from collections.abc import Iterable
 from typing import TYPE_CHECKING, Any
 
 from corepin.core.errors import EnvironmentProblem, InputError, TopologyError
@@ -43,34 +43,23 @@ def add_state_arguments(parser: argparse.ArgumentParser, *, cgroups_help: str) -
     parser.add_argument("--cgroup-root", metavar="DIR", help=argparse.SUPPRESS)
 
 
-def setup_logging(environ: Mapping[str, str], *, silent: bool) -> None:
-    """When COREPIN_LOG names a level (debug, info, warning, error), corepin's log records at
-    that level and above go to stderr - e.g. COREPIN_LOG=info shows how discovery read sysfs
-    files that disagree. Otherwise `silent` commands drop them all, the others leave Python's
-    default (warnings, such as sysfs fallbacks, on stderr)."""
-    import logging
-
-    level = environ.get("COREPIN_LOG", "").upper()
-    logger = logging.getLogger("corepin")
-    if level in ("DEBUG", "INFO", "WARNING", "ERROR"):
-        handler = logging.StreamHandler()
-        handler.setFormatter(logging.Formatter("corepin: %(name)s %(levelname)s %(message)s"))
-        logger.addHandler(handler)
-        logger.setLevel(level)
-    elif silent and not logger.handlers:
-        logger.addHandler(logging.NullHandler())
-
-
 def load_topology(args: argparse.Namespace) -> Topology:
     """The topology named by --topology FILE, else discovered under --sysfs-root (default /)."""
     path = getattr(args, "topology", None)
-    if path:
+    root = getattr(args, "sysfs_root", None)
+    for option, value in (("--topology", path), ("--sysfs-root", root)):
+        if value == "":
+            raise InputError(
+                f"{option} '' names nothing: give a file or directory, or leave the option out",
+                reason="bad_usage",
+            )
+    if path is not None:
         from corepin.topology.model import Topology
 
         return Topology.from_json(read_json_file(path, what="topology file"))
     from corepin.topology.discover import discover
 
-    return discover(args.sysfs_root or "/")
+    return discover(root or "/")
 
 
 def read_json_file(path: str, *, what: str) -> Any:
@@ -99,6 +88,30 @@ def dump(data: Any, fmt: str) -> str:
 
         return str(yaml.safe_dump(data, sort_keys=False, default_flow_style=False))
     raise InputError(f"unknown output format {fmt!r}")
+
+
+def stream_output(pieces: Iterable[str], out: str | None) -> None:
+    """Write `pieces` one after the other to standard output or the file `out` (for output too
+    big to hold as one string); failures as in `write_output`."""
+    if out is None or out == "-":
+        try:
+            for piece in pieces:
+                sys.stdout.write(piece)
+            sys.stdout.flush()
+        except BrokenPipeError:
+            raise
+        except OSError as exc:
+            raise EnvironmentProblem(
+                f"cannot write to standard output: {exc.strerror or exc}",
+                reason="stdout_unwritable",
+            ) from exc
+        return
+    try:
+        with open(out, "w", encoding="utf-8") as handle:
+            for piece in pieces:
+                handle.write(piece)
+    except OSError as exc:
+        raise InputError(f"cannot write output file {out!r}: {exc}", reason="unwritable") from exc
 
 
 def write_output(text: str, out: str | None) -> None:

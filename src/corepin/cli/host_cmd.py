@@ -139,9 +139,9 @@ def add_arguments(parser: argparse.ArgumentParser, name: str) -> None:
         parser.add_argument(
             "--interval",
             type=_positive_float,
-            default=10.0,
+            default=None,
             metavar="SECONDS",
-            help="seconds between passes in loop mode (default: 10)",
+            help="seconds between passes in loop mode (default: 10; not with --once)",
         )
         parser.add_argument(
             "-o",
@@ -155,18 +155,9 @@ def add_arguments(parser: argparse.ArgumentParser, name: str) -> None:
         raise ValueError(f"unknown host subcommand {name!r}")
 
 
-def _setup_logging() -> None:
-    """Host commands keep stderr for their one-line results: corepin's log records (sysfs
-    fallbacks, state repairs) go to stderr only when COREPIN_LOG names a level (info, debug)."""
-    from corepin.cli.common import setup_logging
-
-    setup_logging(os.environ, silent=True)
-
-
 def run(args: Any) -> int:
     from corepin.agent.settings import HostSettings
 
-    _setup_logging()
     settings = HostSettings.from_args(args, os.environ)
     if args.command == "run":
         return _cmd_run(settings, args)
@@ -303,6 +294,7 @@ def _cmd_release(settings: HostSettings, args: Any) -> int:
 def _cmd_reconcile(settings: HostSettings, args: Any) -> int:
     import json
     import signal
+    import sys
     import time
 
     from corepin.agent.host import Change, HostAgent
@@ -319,8 +311,19 @@ def _cmd_reconcile(settings: HostSettings, args: Any) -> int:
             print("nothing to do", flush=True)
 
     if args.once:
+        if args.interval is not None:
+            from corepin.core.errors import InputError
+
+            raise InputError(
+                f"--once runs one pass; --interval {args.interval:g} is for loop mode: give "
+                "one or the other",
+                reason="bad_usage",
+            )
         show(agent.reconcile_once())
         return 0
+    from corepin.core.errors import StateError
+
+    interval = 10.0 if args.interval is None else args.interval
     stop = False
 
     def on_signal(_signum: int, _frame: object) -> None:
@@ -330,8 +333,18 @@ def _cmd_reconcile(settings: HostSettings, args: Any) -> int:
     signal.signal(signal.SIGTERM, on_signal)
     signal.signal(signal.SIGINT, on_signal)
     while not stop:
-        show(agent.reconcile_once())
-        deadline = time.monotonic() + args.interval
+        try:
+            show(agent.reconcile_once())
+        except StateError as exc:
+            if exc.reason != "lock_timeout":
+                raise
+            # busy is not broken: an operator may hold the lock for a while
+            print(
+                f"corepin reconcile: warning: {exc}; trying again in {interval:g} s",
+                file=sys.stderr,
+                flush=True,
+            )
+        deadline = time.monotonic() + interval
         while not stop and time.monotonic() < deadline:
             time.sleep(min(0.2, max(0.0, deadline - time.monotonic())))
     return 0

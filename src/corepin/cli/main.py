@@ -3,18 +3,25 @@
 Each subcommand lives in its own module with two functions:
 `add_arguments(parser)` (cheap: no heavy imports at module level) and `run(args) -> int`.
 Modules are only imported for the subcommand that runs (and to build `--help`).
+
+This is also the one place that sets up logging, for every subcommand alike. corepin's log
+records are informational notes (sysfs fallbacks on old kernels, state repairs, ...): by
+default they print nothing, so that stdout and stderr carry only the command's own output and
+one-line errors. `-v` (INFO) or `-vv` (DEBUG), before or after the subcommand, or
+`COREPIN_LOG=debug|info|warning|error` show them on stderr; the more verbose of the two wins.
 """
 
 from __future__ import annotations
 
 import argparse
+import contextlib
 import importlib
 import os
 import sys
-from collections.abc import Sequence
+from collections.abc import Iterator, Mapping, Sequence
 from typing import Any, NoReturn
 
-from corepin.core.errors import EXIT_INPUT, EXIT_INTERNAL, CorepinError
+from corepin.core.errors import EXIT_INPUT, EXIT_INTERNAL, CorepinError, InputError
 
 #: subcommand -> (module, one-line help). The order is the order of `corepin --help`.
 COMMANDS: dict[str, tuple[str, str]] = {
@@ -77,6 +84,7 @@ def build_parser(only: str | None = None) -> argparse.ArgumentParser:
     from corepin import __version__
 
     parser.add_argument("--version", action="version", version=f"corepin {__version__}")
+    _add_verbose(parser, "verbose")
     sub = parser.add_subparsers(dest="command", metavar="COMMAND", parser_class=_Parser)
     for name, (module_name, help_text) in COMMANDS.items():
         if only is not None and name != only:
@@ -85,6 +93,7 @@ def build_parser(only: str | None = None) -> argparse.ArgumentParser:
         module = importlib.import_module(module_name)
         cmd = sub.add_parser(name, help=help_text, description=help_text)
         module.add_arguments(cmd, name)
+        _add_verbose(cmd, "sub_verbose")
         cmd.set_defaults(_module=module)
     return parser
 
@@ -102,6 +111,68 @@ def interrupted(exc: BaseException) -> bool:
     return False
 
 
+def _add_verbose(parser: argparse.ArgumentParser, dest: str) -> None:
+    # The subcommand counts into its own dest: argparse would otherwise let the subparser's
+    # default overwrite a -v given before the subcommand.
+    parser.add_argument(
+        "-v",
+        "--verbose",
+        action="count",
+        default=0,
+        dest=dest,
+        help="show corepin's informational notes on stderr (-vv: debug detail too); "
+        "also COREPIN_LOG=info|debug",
+    )
+
+
+#: COREPIN_LOG values and -v counts, as logging levels (numbers of the logging module).
+LOG_LEVELS: dict[str, int] = {"debug": 10, "info": 20, "warning": 30, "error": 40}
+
+
+def log_level(verbosity: int, environ: Mapping[str, str]) -> int | None:
+    """The level to show corepin's log records at, or None to show nothing: the more verbose
+    of `-v` (1 INFO, 2+ DEBUG) and COREPIN_LOG (empty counts as unset; other values are an
+    InputError)."""
+    levels = []
+    if verbosity > 0:
+        levels.append(LOG_LEVELS["info"] if verbosity == 1 else LOG_LEVELS["debug"])
+    name = environ.get("COREPIN_LOG", "").strip().lower()
+    if name:
+        if name not in LOG_LEVELS:
+            raise InputError(
+                f"COREPIN_LOG={environ['COREPIN_LOG']!r} is not a log level (choose from "
+                f"{', '.join(LOG_LEVELS)})",
+                reason="bad_log_level",
+            )
+        levels.append(LOG_LEVELS[name])
+    return min(levels) if levels else None
+
+
+@contextlib.contextmanager
+def logging_for(level: int | None) -> Iterator[None]:
+    """corepin's loggers print at `level` (None: nothing at all) while the command runs; the
+    previous configuration is restored afterwards (main() may run inside a bigger program)."""
+    import logging
+
+    logger = logging.getLogger("corepin")
+    saved = (logger.level, logger.propagate, list(logger.handlers))
+    handler: logging.Handler
+    if level is None:
+        handler = logging.NullHandler()  # no handler would mean logging's "last resort" prints
+    else:
+        handler = logging.StreamHandler(sys.stderr)
+        handler.setFormatter(logging.Formatter("corepin: %(name)s %(levelname)s %(message)s"))
+    logger.handlers = [handler]
+    logger.setLevel(logging.CRITICAL + 1 if level is None else level)
+    logger.propagate = False
+    try:
+        yield
+    finally:
+        logger.setLevel(saved[0])
+        logger.propagate = saved[1]
+        logger.handlers = saved[2]
+
+
 def main(argv: Sequence[str] | None = None) -> int:
     argv = list(sys.argv[1:] if argv is None else argv)
     first = next((a for a in argv if not a.startswith("-")), None)
@@ -116,7 +187,9 @@ def main(argv: Sequence[str] | None = None) -> int:
         parser.print_help(sys.stderr)
         return EXIT_INPUT
     try:
-        code: int = args._module.run(args)
+        level = log_level(args.verbose + args.sub_verbose, os.environ)
+        with logging_for(level):
+            code: int = args._module.run(args)
         return code
     except CorepinError as exc:
         print(f"corepin {args.command}: {exc}", file=sys.stderr)

@@ -81,9 +81,21 @@ def run(args: Any) -> int:
         from corepin.agent.migrate import quarantine
         from corepin.core.errors import InputError
 
-        if args.topology or args.sysfs_root or args.dry_run:
+        given = [
+            option
+            for option, value in (
+                ("--topology", args.topology),
+                ("--sysfs-root", args.sysfs_root),
+                ("--dry-run", args.dry_run or None),
+                ("--cgroups", args.cgroups),
+                ("--cgroup-root", args.cgroup_root),
+            )
+            if value is not None
+        ]
+        if given:
             raise InputError(
-                "--quarantine takes only --state-dir, --force and -o", reason="bad_usage"
+                f"--quarantine takes only --state-dir, --force and -o, not {', '.join(given)}",
+                reason="bad_usage",
             )
         moved = quarantine(settings, force=args.force)
         text = dump(moved.to_json(), "json") if args.output == "json" else _quarantine_text(moved)

@@ -4,21 +4,37 @@ corepin simulate --topology FILE|--sysfs-root DIR --trace TRACE.json [--policy N
                  [--decisions FILE] [-o table|json]
 corepin simulate --generate --topology FILE|--sysfs-root DIR [--seed N] [--events N]
                  [--out FILE]
+
+Traces of any length run in bounded memory: `--generate` writes the events as the generator
+yields them, and a replay streams the trace file (`corepin.allocation.tracestream`) once per
+policy (plus a first pass that checks and counts it when --decisions or a progress bar needs
+that). A trace that cannot be read twice (a pipe) is read into memory once instead. The seconds
+of a result leave out the time spent reading the trace.
 """
 
 from __future__ import annotations
 
 import argparse
+import itertools
 import json
+import os
+import stat
 import sys
 import time
+from collections.abc import Iterable, Iterator
 from typing import IO, TYPE_CHECKING, Any
 
-from corepin.cli.common import add_topology_source, load_topology, read_json_file, write_output
+from corepin.cli.common import (
+    add_topology_source,
+    load_topology,
+    read_json_file,
+    stream_output,
+    write_output,
+)
 from corepin.core.errors import InputError
 
 if TYPE_CHECKING:
-    from corepin.allocation.simulate import DecisionRecord, PolicyResult
+    from corepin.allocation.simulate import DecisionRecord, PolicyResult, TraceEvent
     from corepin.allocation.types import Policy
 
 #: Traces with at least this many events get a progress bar (when stderr is a terminal).
@@ -41,7 +57,11 @@ def add_arguments(parser: argparse.ArgumentParser, name: str = "simulate") -> No
         help="write one JSON line per add event and policy: policy, event, id, cpus, reason",
     )
     parser.add_argument(
-        "-o", "--output", choices=("table", "json"), default="table", help="output format"
+        "-o",
+        "--output",
+        choices=("table", "json"),
+        default=None,
+        help="output format of a replay (default: table)",
     )
     gen = parser.add_argument_group("trace generation")
     gen.add_argument(
@@ -49,9 +69,9 @@ def add_arguments(parser: argparse.ArgumentParser, name: str = "simulate") -> No
         action="store_true",
         help="write a generated churn trace for the topology instead of replaying one",
     )
-    gen.add_argument("--seed", type=int, default=0, help="generator seed (default 0)")
+    gen.add_argument("--seed", type=int, default=None, help="generator seed (default 0)")
     gen.add_argument(
-        "--events", type=int, default=2000, help="number of generated events (default 2000)"
+        "--events", type=int, default=None, help="number of generated events (default 2000)"
     )
     gen.add_argument(
         "--out", metavar="FILE", help="write the generated trace here (default: stdout)"
@@ -133,26 +153,136 @@ def _unwritable(path: str, exc: OSError) -> InputError:
 
 
 def _generate(args: argparse.Namespace) -> int:
-    from corepin.allocation.tracegen import ChurnOptions, generate_trace
+    from corepin.allocation.tracegen import ChurnOptions, iter_trace_events
 
-    if args.trace:
+    if args.trace is not None:
         raise InputError("--generate writes a trace; do not also give --trace", reason="usage")
-    if args.events < 0:
-        raise InputError(f"--events must be a non-negative integer, got {args.events}")
+    replay_only = _given(args, ("--policy", "policy"), ("--decisions", "decisions"))
+    if args.output is not None:
+        replay_only.append(f"-o {args.output}")
+    if replay_only:
+        raise InputError(
+            f"{', '.join(replay_only)}: replay options, meaningless with --generate (which "
+            "writes a trace): replay the trace in a second run",
+            reason="usage",
+        )
+    events = 2000 if args.events is None else args.events
+    if events < 0:
+        raise InputError(f"--events must be a non-negative integer, got {events}")
     topology = load_topology(args)
-    trace = generate_trace(topology, seed=args.seed, options=ChurnOptions(events=args.events))
-    write_output(json.dumps(trace, separators=(",", ":")) + "\n", args.out)
+    seed = 0 if args.seed is None else args.seed
+    stream = iter_trace_events(topology, seed=seed, options=ChurnOptions(events=events))
+    stream_output(_trace_text(stream), args.out)
     return 0
+
+
+def _trace_text(events: Iterator[dict[str, Any]], batch: int = 4096) -> Iterator[str]:
+    """The text of `json.dumps({"events": [...]}, separators=(",", ":")) + "\n"`, in pieces of
+    `batch` events (the whole trace is never one string; each piece is one C-encoded list)."""
+    encode = json.JSONEncoder(separators=(",", ":")).encode
+    yield '{"events":['
+    sep = ""
+    while True:
+        pieces = list(itertools.islice(events, batch))
+        if not pieces:
+            break
+        yield sep + encode(pieces)[1:-1]
+        sep = ","
+    yield "]}\n"
+
+
+def _trace_chunks(path: str, size: int = 1 << 18) -> Iterator[str]:
+    """The text of the trace file `path`, `size` characters at a time."""
+    try:
+        handle = open(path, encoding="utf-8")  # noqa: SIM115 - closed below
+    except FileNotFoundError:
+        raise InputError(f"trace file {path!r} does not exist", reason="no_such_file") from None
+    except OSError as exc:
+        raise _unreadable(path, exc) from exc
+    with handle:
+        while True:
+            try:
+                chunk = handle.read(size)
+            except (OSError, UnicodeDecodeError) as exc:
+                raise _unreadable(path, exc) from exc
+            if not chunk:
+                return
+            yield chunk
+
+
+def _unreadable(path: str, exc: Exception) -> InputError:
+    return InputError(f"cannot read trace file {path!r}: {exc}", reason="unreadable_file")
+
+
+def _replayable(path: str) -> bool:
+    """Whether the trace can be read once per policy (a regular file: streamed each time);
+    a pipe or a terminal is read once, into memory."""
+    try:
+        return stat.S_ISREG(os.stat(path).st_mode)
+    except OSError:
+        return True  # let the first read report the problem
+
+
+class _ReadClock:
+    """An event stream that adds up the time spent reading it: a replay's seconds leave it
+    out, so they measure the policy (as when the whole trace was read beforehand)."""
+
+    def __init__(self, events: Iterable[TraceEvent]) -> None:
+        self._events = events
+        self.seconds = 0.0
+
+    def __iter__(self) -> Iterator[TraceEvent]:
+        clock = time.perf_counter
+        stream = iter(self._events)
+        while True:
+            start = clock()
+            event = next(stream, None)
+            self.seconds += clock() - start
+            if event is None:
+                return
+            yield event
+
+
+def _given(args: argparse.Namespace, *options: tuple[str, str]) -> list[str]:
+    """The options (flag, attribute) that were given on the command line."""
+    return [flag for flag, attr in options if getattr(args, attr) is not None]
 
 
 def run(args: argparse.Namespace) -> int:
     if args.generate:
         return _generate(args)
-    if not args.trace:
+    generate_only = _given(args, ("--out", "out"), ("--seed", "seed"), ("--events", "events"))
+    if generate_only:
+        raise InputError(
+            f"{', '.join(generate_only)}: trace generation options, meaningless without "
+            "--generate (a replay prints its results; --decisions FILE writes them)",
+            reason="usage",
+        )
+    if args.trace == "":
+        raise InputError("--trace '' names no file: give TRACE.json", reason="usage")
+    if args.trace is None:
         raise InputError("simulate needs --trace TRACE.json (or --generate)", reason="usage")
     from corepin.allocation.simulate import AlignmentMetrics, parse_trace, replay
+    from corepin.allocation.tracestream import stream_trace
 
-    trace = parse_trace(read_json_file(args.trace, what="trace file"))
+    # The trace is streamed once per policy. When decisions are written as they come, or a
+    # progress bar needs the length, a first pass checks it whole and counts it, so a bad trace
+    # is refused before any decision is written; otherwise the first replay checks it (the
+    # results are printed only at the end, so a bad trace still prints nothing but the error).
+    path = args.trace
+    output = args.output or "table"
+    bar = output == "table" and sys.stderr.isatty()
+    kept: tuple[TraceEvent, ...] | None = None
+    total: int | None = None
+    if not _replayable(path):
+        kept = parse_trace(read_json_file(path, what="trace file")).events
+        total = len(kept)
+    elif args.decisions or bar:
+        total = sum(1 for _ in stream_trace(_trace_chunks(path)))
+
+    def events() -> Iterable[TraceEvent]:
+        return kept if kept is not None else stream_trace(_trace_chunks(path))
+
     topology = load_topology(args)
     policies = _policies(args.policy)
     sink: IO[str] | None = None
@@ -161,9 +291,7 @@ def run(args: argparse.Namespace) -> int:
             sink = open(args.decisions, "w", encoding="utf-8")  # noqa: SIM115 - closed below
         except OSError as exc:
             raise _unwritable(args.decisions, exc) from exc
-    show_progress = (
-        args.output == "table" and len(trace.events) >= PROGRESS_MIN_EVENTS and sys.stderr.isatty()
-    )
+    show_progress = bar and total is not None and total >= PROGRESS_MIN_EVENTS
     metrics = AlignmentMetrics(topology)
     results: list[PolicyResult] = []
     try:
@@ -179,23 +307,34 @@ def run(args: argparse.Namespace) -> int:
                         raise _unwritable(args.decisions, exc) from exc
 
             progress = _ProgressBar(sys.stderr, policy.name) if show_progress else None
+            reading = _ReadClock(events())
             start = time.perf_counter()
             result = replay(
                 topology,
-                trace,
+                reading,
                 policy,
                 on_decision=on_decision,
                 progress=progress,
                 metrics=metrics,
+                total=total,
             )
-            results.append(result.with_seconds(time.perf_counter() - start))
+            if total is None:
+                total = result.events
+            elif result.events != total:
+                raise InputError(
+                    f"trace file {path!r} changed while it was replayed ({total} events, then "
+                    f"{result.events})",
+                    reason="trace_changed",
+                )
+            elapsed = time.perf_counter() - start
+            results.append(result.with_seconds(max(0.0, elapsed - reading.seconds)))
     finally:
         if sink is not None:
             try:
                 sink.close()
             except OSError as exc:
                 raise _unwritable(args.decisions, exc) from exc
-    if args.output == "json":
+    if output == "json":
         data: list[dict[str, Any]] = [r.to_json() for r in results]
         write_output(json.dumps(data, indent=2) + "\n", None)
     else:

@@ -1,20 +1,18 @@
 """`corepin topology`: what the machine looks like (CONTRACTS.md section 2).
 
-Sysfs fallbacks (missing files) are warnings on stderr; how discovery read files that disagree
-with each other (AMD compute units, caches over several packages, ...) is logged at INFO and
-shown with COREPIN_LOG=info."""
+Sysfs fallbacks (missing files) and how discovery read files that disagree with each other (AMD
+compute units, caches over several packages, ...) are logged, and shown with `corepin -v` or
+COREPIN_LOG=info."""
 
 from __future__ import annotations
 
 import argparse
-import os
 from typing import TYPE_CHECKING
 
 from corepin.cli.common import (
     add_topology_source,
     dump,
     load_topology,
-    setup_logging,
     write_output,
 )
 
@@ -65,7 +63,14 @@ def render(topology: Topology, fmt: str, *, title: str | None = None) -> str:
 
 
 def run(args: argparse.Namespace) -> int:
-    setup_logging(os.environ, silent=False)
+    if args.title is not None and args.output != "svg":
+        from corepin.core.errors import InputError
+
+        raise InputError(
+            f"--title {args.title!r} heads an svg picture; it does nothing with -o "
+            f"{args.output}: add -o svg or drop --title",
+            reason="bad_usage",
+        )
     topology = load_topology(args)
     write_output(render(topology, args.output, title=args.title), args.out)
     return 0

@@ -4,7 +4,8 @@
   pool model `corepin.allocation.pools.NodePools`);
 - `owners`: `ProcessOwner`, `ContainerOwner` (who an assignment belongs to);
 - `checkpoint`: versioned, checksummed JSON checkpoint, atomic writer, migrations;
-- `store`: `StateStore` (state directory, flock, transactions, quarantine);
+- `store`: `StateStore` (state directory and its safety checks, transactions, quarantine);
+- `lock`: the state lock (an flock granted in arrival order);
 - `validate`: restored state against the live topology (repair or refuse);
 - `kubelet`: import of the kubelet's cpu_manager_state (loaded on first use).
 """

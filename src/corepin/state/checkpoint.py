@@ -47,14 +47,16 @@ file and the problem; it is never replaced silently (see `quarantine`).
 from __future__ import annotations
 
 import contextlib
+import errno
 import json
 import os
+import stat
 from collections.abc import Callable, Mapping
 from typing import Any, Final
 
 from corepin.allocation.pools import KINDS
 from corepin.core.cpuset import CPUSet
-from corepin.core.errors import CorepinError, StateError, StateFormatError
+from corepin.core.errors import CorepinError, InputError, StateError, StateFormatError
 from corepin.state.model import Assignment, HostState
 from corepin.state.owners import owner_from_json
 
@@ -464,55 +466,123 @@ def encode_legacy(payload: Mapping[str, Any], version: int) -> bytes:
 
 
 # ---------------------------------------------------------------------- files
+#
+# Every function below takes the file's `path` (for messages) and, optionally, `dir_fd`: a
+# descriptor of the directory that holds it. With `dir_fd` the file is reached by its base name
+# relative to that descriptor (openat and friends), so a directory that was checked once
+# (`corepin.state.store`) cannot be swapped for another between the check and the use. No
+# function follows a symbolic link in the last component of a name (O_NOFOLLOW): a link
+# planted as `state.json` or as a temp file is refused, never read or written through.
+
+#: Flags of every open of a file in the state directory: no links, no hanging on a FIFO.
+OPEN_FLAGS: Final = os.O_NOFOLLOW | os.O_CLOEXEC | os.O_NONBLOCK
 
 
-def read_checkpoint(path: str) -> HostState | None:
-    """The state in `path`, or None when there is no checkpoint yet."""
+def os_error(path: str, exc: OSError, doing: str) -> CorepinError:
+    """The corepin error for an OSError met while `doing` something with `path` in the state
+    directory: StateError (exit 4) saying what to do, or InputError (exit 2) for a name the
+    system refuses as too long. Never a bare OSError (exit 1)."""
+    what = exc.strerror or str(exc)
+    if isinstance(exc, PermissionError):
+        return StateError(
+            f"{path}: cannot {doing} ({what}); run corepin as the user that owns the state "
+            "directory (usually root) or pass --state-dir DIR (or set COREPIN_STATE_DIR)",
+            reason="state_permission",
+        )
+    if exc.errno == errno.ELOOP:
+        if _is_link(path):
+            return StateError(
+                f"{path}: is a symbolic link; corepin never follows links in its state "
+                "directory (one planted there could redirect its writes): remove the link, or "
+                "pass another --state-dir",
+                reason="state_symlink",
+            )
+        return StateError(
+            f"{path}: cannot {doing}: too many levels of symbolic links in the path; pass "
+            "--state-dir with a path that resolves",
+            reason="state_dir",
+        )
+    if exc.errno == errno.ENAMETOOLONG:
+        return InputError(
+            f"{path[:80]}...: cannot {doing}: the path is too long for the system ({what}); "
+            "pass a shorter --state-dir",
+            reason="bad_state_dir",
+        )
+    return StateError(f"{path}: cannot {doing}: {what}", reason="state_dir")
+
+
+def _is_link(path: str) -> bool:
     try:
-        with open(path, "rb") as f:
-            data = f.read()
+        return stat.S_ISLNK(os.lstat(path).st_mode)
+    except OSError:
+        return False
+
+
+def _regular(fd: int, path: str) -> None:
+    """StateError unless the open descriptor `fd` (of `path`) is a regular file."""
+    mode = os.fstat(fd).st_mode
+    if stat.S_ISDIR(mode):
+        raise StateFormatError(f"{path}: is a directory, not a state file")
+    if not stat.S_ISREG(mode):
+        raise StateError(
+            f"{path}: is not a regular file (a device, FIFO or socket); remove it, or pass "
+            "another --state-dir",
+            reason="state_not_regular",
+        )
+
+
+def read_checkpoint(path: str, *, dir_fd: int | None = None) -> HostState | None:
+    """The state in `path`, or None when there is no checkpoint yet."""
+    name = os.path.basename(path) if dir_fd is not None else path
+    try:
+        fd = os.open(name, os.O_RDONLY | OPEN_FLAGS, dir_fd=dir_fd)
     except FileNotFoundError:
         return None
-    except IsADirectoryError:
-        raise StateFormatError(f"{path}: is a directory, not a state file") from None
-    except PermissionError as exc:
-        raise StateError(
-            f"{path}: cannot read the state file ({exc.strerror}); run corepin as the user "
-            "that owns the state directory (usually root) or pass --state-dir",
-            reason="state_permission",
-        ) from None
     except OSError as exc:
-        raise StateError(f"{path}: cannot read the state file: {exc.strerror}") from None
-    return decode_checkpoint(data, path)
-
-
-def _fsync_dir(directory: str) -> None:
-    fd = os.open(directory, os.O_RDONLY | os.O_DIRECTORY | os.O_CLOEXEC)
+        raise os_error(path, exc, "read the state file") from None
     try:
-        os.fsync(fd)
+        _regular(fd, path)
+        chunks = []
+        while chunk := os.read(fd, 1 << 20):
+            chunks.append(chunk)
+    except OSError as exc:
+        raise os_error(path, exc, "read the state file") from None
     finally:
         os.close(fd)
+    return decode_checkpoint(b"".join(chunks), path)
 
 
-def write_checkpoint(path: str, state: HostState, *, hook: WriteHook | None = None) -> None:
+def open_directory(directory: str) -> int:
+    """A descriptor of `directory` (for `dir_fd=`); OSError becomes a corepin error."""
+    try:
+        return os.open(directory, os.O_RDONLY | os.O_DIRECTORY | os.O_CLOEXEC)
+    except OSError as exc:
+        raise os_error(directory, exc, "open the state directory") from None
+
+
+def write_checkpoint(
+    path: str, state: HostState, *, hook: WriteHook | None = None, dir_fd: int | None = None
+) -> None:
     """Atomically replace `path` with the checkpoint of `state` (see the module docstring).
 
     `hook`, when given, is called with each name of WRITE_POINTS as the write reaches it.
     OSError becomes StateError naming the path.
     """
+    if dir_fd is None:
+        dfd = open_directory(os.path.dirname(path) or ".")
+        try:
+            write_checkpoint(path, state, hook=hook, dir_fd=dfd)
+        finally:
+            os.close(dfd)
+        return
     data = encode_checkpoint(state)
     directory = os.path.dirname(path) or "."
-    tmp = os.path.join(
-        directory, f".{os.path.basename(path)}{TEMP_MARK}{os.getpid()}-{os.urandom(4).hex()}"
-    )
+    name = os.path.basename(path)
+    tmp = f".{name}{TEMP_MARK}{os.getpid()}-{os.urandom(4).hex()}"
     try:
-        fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_CLOEXEC, 0o600)
+        fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_EXCL | OPEN_FLAGS, 0o600, dir_fd=dir_fd)
     except OSError as exc:
-        raise StateError(
-            f"{directory}: cannot create a file in the state directory ({exc.strerror}); "
-            "make it writable for this user or pass another --state-dir",
-            reason="state_permission" if isinstance(exc, PermissionError) else "state",
-        ) from None
+        raise os_error(directory, exc, "create a file in the state directory") from None
     renamed = False
     try:
         if hook:
@@ -528,11 +598,11 @@ def write_checkpoint(path: str, state: HostState, *, hook: WriteHook | None = No
             hook("fsynced")
         os.close(fd)
         fd = -1
-        os.replace(tmp, path)
+        os.replace(tmp, name, src_dir_fd=dir_fd, dst_dir_fd=dir_fd)
         renamed = True
         if hook:
             hook("renamed")
-        _fsync_dir(directory)
+        os.fsync(dir_fd)
         if hook:
             hook("dir_fsynced")
     except OSError as exc:
@@ -542,23 +612,29 @@ def write_checkpoint(path: str, state: HostState, *, hook: WriteHook | None = No
             os.close(fd)
         if not renamed:
             with contextlib.suppress(OSError):
-                os.unlink(tmp)
+                os.unlink(tmp, dir_fd=dir_fd)
 
 
-def leftover_temp_files(directory: str, name: str = STATE_FILE) -> list[str]:
+def leftover_temp_files(
+    directory: str, name: str = STATE_FILE, *, dir_fd: int | None = None
+) -> list[str]:
     prefix = f".{name}{TEMP_MARK}"
     try:
-        return sorted(n for n in os.listdir(directory) if n.startswith(prefix))
+        names = os.listdir(directory if dir_fd is None else dir_fd)
     except OSError:
         return []
+    return sorted(n for n in names if n.startswith(prefix))
 
 
-def remove_temp_files(directory: str, name: str = STATE_FILE) -> list[str]:
+def remove_temp_files(
+    directory: str, name: str = STATE_FILE, *, dir_fd: int | None = None
+) -> list[str]:
     """Delete temp files left by crashed writers; returns their names. Call under the lock."""
     removed = []
-    for leftover in leftover_temp_files(directory, name):
+    for leftover in leftover_temp_files(directory, name, dir_fd=dir_fd):
+        target = leftover if dir_fd is not None else os.path.join(directory, leftover)
         try:
-            os.unlink(os.path.join(directory, leftover))
+            os.unlink(target, dir_fd=dir_fd)  # unlink never follows a link: it removes it
             removed.append(leftover)
         except FileNotFoundError:
             pass

@@ -8,19 +8,30 @@ with store.transaction(timeout=10.0) as tx:     # exclusive flock on <dir>/state
 state = store.read()                            # lock-free snapshot for reports
 ```
 
-Every read-modify-write holds an exclusive `fcntl.flock` on `state.lock`, so concurrent corepin
-processes serialise; waiting longer than `timeout` raises StateError (reason `lock_timeout`)
-saying who to look for. The lock is released by the kernel when the process dies, so a killed
-corepin never leaves the directory locked. Reads need no lock: the checkpoint is only ever
-replaced by rename, so a reader sees the old or the new file, never a mix.
+Every read-modify-write holds an exclusive `fcntl.flock` on `state.lock`, granted in arrival
+order (`corepin.state.lock`), so concurrent corepin processes serialise; waiting longer than
+`timeout` raises StateError (reason `lock_timeout`) saying how long it waited and who holds the
+lock. The lock is released by the kernel when the process dies, so a killed corepin never
+leaves the directory locked. Reads need no lock: the checkpoint is only ever replaced by
+rename, so a reader sees the old or the new file, never a mix.
+
+The directory is trusted only when it belongs to the effective user and is not writable by
+group or others (CONTRACTS.md section 5): whoever can write it could forge a validly
+checksummed checkpoint or plant `state.lock` as a link to a file that root would then create
+or open. Every operation opens the directory once (O_DIRECTORY), checks it with fstat on that
+descriptor and then reaches each file relative to the descriptor (`dir_fd=`), so the directory
+checked is the directory used; no file in it is opened through a symbolic link (O_NOFOLLOW).
+The directory path itself may be a link (`/var/lib/corepin -> /data/corepin`): what is checked
+is the directory it leads to.
 
 The directory is created (mode 0700) when missing. A directory that cannot be created, read or
-written raises StateError (exit 4) with what to do next.
+written, or that is not safe, raises StateError (exit 4) with what to do next; a path the
+system refuses as too long raises InputError (exit 2).
 """
 
 from __future__ import annotations
 
-import fcntl
+import errno
 import os
 import stat
 import time
@@ -28,37 +39,56 @@ from collections.abc import Iterator
 from contextlib import contextmanager
 from typing import Final
 
-from corepin.core.errors import StateError
+from corepin.core.errors import InputError, StateError
 from corepin.state.checkpoint import (
     STATE_FILE,
     WriteHook,
+    os_error,
     read_checkpoint,
     remove_temp_files,
     write_checkpoint,
 )
+from corepin.state.lock import LOCK_FILE, acquire
 from corepin.state.model import HostState
 
 DEFAULT_STATE_DIR: Final = "/var/lib/corepin"
 STATE_DIR_ENV: Final = "COREPIN_STATE_DIR"
-LOCK_FILE: Final = "state.lock"
 DEFAULT_LOCK_TIMEOUT: Final = 10.0
+__all__ = [
+    "DEFAULT_LOCK_TIMEOUT",
+    "DEFAULT_STATE_DIR",
+    "LOCK_FILE",
+    "STATE_DIR_ENV",
+    "StateStore",
+    "Transaction",
+    "state_dir_from",
+]
 
 _WHAT_TO_DO: Final = (
     "run corepin as root, or pass --state-dir DIR (or set COREPIN_STATE_DIR) to a directory "
     "this user may write"
 )
+_DIR_FLAGS: Final = os.O_RDONLY | os.O_DIRECTORY | os.O_CLOEXEC
 
 
 class Transaction:
     """One locked read-modify-write. Obtain it from `StateStore.transaction()`."""
 
-    __slots__ = ("_committed", "_exists", "_hook", "_path", "_state")
+    __slots__ = ("_committed", "_dir_fd", "_exists", "_hook", "_path", "_state")
 
-    def __init__(self, path: str, state: HostState, exists: bool, hook: WriteHook | None) -> None:
+    def __init__(
+        self,
+        path: str,
+        state: HostState,
+        exists: bool,
+        hook: WriteHook | None,
+        dir_fd: int | None = None,
+    ) -> None:
         self._path = path
         self._state = state
         self._exists = exists
         self._hook = hook
+        self._dir_fd = dir_fd
         self._committed = False
 
     @property
@@ -78,7 +108,7 @@ class Transaction:
     def commit(self, new_state: HostState) -> HostState:
         """Write `new_state` (with the next revision) atomically; returns what was written."""
         written = new_state.evolve(revision=self._state.revision + 1)
-        write_checkpoint(self._path, written, hook=self._hook)
+        write_checkpoint(self._path, written, hook=self._hook, dir_fd=self._dir_fd)
         self._state = written
         self._exists = True
         self._committed = True
@@ -86,17 +116,27 @@ class Transaction:
 
 
 class StateStore:
-    """A state directory. Nothing touches the disk until a method is called."""
+    """A state directory. Nothing touches the disk until a method is called.
+
+    `proc_root` is only read to name the holder of a lock that times out (/proc/locks)."""
 
     def __init__(
         self,
         directory: str | os.PathLike[str],
         *,
         write_hook: WriteHook | None = None,
+        proc_root: str = "/proc",
     ) -> None:
         self.directory = os.fspath(directory)
+        if not self.directory:
+            raise InputError(
+                "the state directory must not be empty: pass --state-dir DIR, or leave the "
+                "option out for $COREPIN_STATE_DIR or /var/lib/corepin",
+                reason="bad_state_dir",
+            )
         self.path = os.path.join(self.directory, STATE_FILE)
         self.lock_path = os.path.join(self.directory, LOCK_FILE)
+        self.proc_root = proc_root
         self._write_hook = write_hook
 
     def __repr__(self) -> str:
@@ -104,47 +144,106 @@ class StateStore:
 
     # ------------------------------------------------------------------ directory
     def ensure_directory(self) -> None:
-        """Create the directory (0700) if missing; StateError when it is not usable."""
+        """Create the directory (0700) if missing; StateError when it is not usable or safe."""
+        fd = self._open(create=True)
+        assert fd is not None
+        os.close(fd)
+
+    def _open(self, *, create: bool, write: bool = True) -> int | None:
+        """A checked descriptor of the directory (the caller closes it); None when it does not
+        exist and `create` is false. `write=False` (lock-free reads) does not ask for write
+        permission: a report may read a state on a read-only mount."""
         try:
-            info = os.stat(self.directory)
+            fd = os.open(self.directory, _DIR_FLAGS)
         except FileNotFoundError:
-            info = None
+            if not create:
+                return None
+            self._create()
+            try:
+                fd = os.open(self.directory, _DIR_FLAGS)
+            except OSError as exc:
+                raise self._dir_error(exc) from None
+        except OSError as exc:
+            raise self._dir_error(exc) from None
+        try:
+            self._check(fd, write)
+        except BaseException:
+            os.close(fd)
+            raise
+        return fd
+
+    def _create(self) -> None:
+        try:
+            os.makedirs(self.directory, mode=0o700, exist_ok=True)
         except PermissionError:
             raise StateError(
-                f"{self.directory}: cannot reach the state directory (permission denied on a "
-                "parent directory); " + _WHAT_TO_DO,
+                f"{self.directory}: cannot create the state directory (permission denied); "
+                + _WHAT_TO_DO,
                 reason="state_permission",
             ) from None
-        except NotADirectoryError:
+        except OSError as exc:
+            if exc.errno in (errno.ELOOP, errno.ENAMETOOLONG, errno.ENOTDIR, errno.EEXIST):
+                raise self._dir_error(exc) from None
             raise StateError(
+                f"{self.directory}: cannot create the state directory ({exc.strerror}); "
+                + _WHAT_TO_DO,
+                reason="state_dir",
+            ) from None
+
+    def _dir_error(self, exc: OSError) -> Exception:
+        if exc.errno in (errno.ENOTDIR, errno.EEXIST):
+            if os.path.lexists(self.directory):
+                return StateError(
+                    f"{self.directory}: exists but is not a directory; pass --state-dir DIR",
+                    reason="state_dir",
+                )
+            return StateError(
                 f"{self.directory}: a parent of the state directory is not a directory; pass "
                 "--state-dir DIR",
                 reason="state_dir",
-            ) from None
-        if info is None:
-            try:
-                os.makedirs(self.directory, mode=0o700, exist_ok=True)
-            except PermissionError:
-                raise StateError(
-                    f"{self.directory}: cannot create the state directory (permission denied); "
-                    + _WHAT_TO_DO,
-                    reason="state_permission",
-                ) from None
-            except OSError as exc:
-                raise StateError(
-                    f"{self.directory}: cannot create the state directory ({exc.strerror}); "
-                    + _WHAT_TO_DO,
-                    reason="state_dir",
-                ) from None
-        elif not stat.S_ISDIR(info.st_mode):
-            raise StateError(
-                f"{self.directory}: exists but is not a directory; pass --state-dir DIR",
+            )
+        if isinstance(exc, PermissionError):
+            return StateError(
+                f"{self.directory}: cannot open the state directory (permission denied on it or "
+                "on a parent directory); " + _WHAT_TO_DO,
+                reason="state_permission",
+            )
+        if exc.errno == errno.ELOOP:
+            return StateError(
+                f"{self.directory}: cannot open the state directory: too many levels of "
+                "symbolic links (a link loop?) in the path; pass --state-dir with a path that "
+                "resolves",
                 reason="state_dir",
             )
-        if not os.access(self.directory, os.R_OK | os.W_OK | os.X_OK):
+        return os_error(self.directory, exc, "open the state directory")
+
+    def _check(self, fd: int, write: bool) -> None:
+        """StateError unless the open directory belongs to the effective user, is not
+        writable by group or others, and is readable (and writable, with `write`)."""
+        info = os.fstat(fd)
+        euid = os.geteuid()
+        if info.st_uid != euid:
+            raise StateError(
+                f"{self.directory}: the state directory belongs to uid {info.st_uid}, not to "
+                f"uid {euid} that runs corepin, and its owner could forge the state or plant "
+                f"links in it; if it is yours, `chown {euid} {self.directory}`, else pass "
+                "another --state-dir (or COREPIN_STATE_DIR)",
+                reason="state_dir_unsafe",
+            )
+        loose = info.st_mode & (stat.S_IWGRP | stat.S_IWOTH)
+        if loose:
+            who = {stat.S_IWGRP: "its group", stat.S_IWOTH: "others"}.get(loose, "group and others")
+            raise StateError(
+                f"{self.directory}: the state directory is writable by {who} (mode "
+                f"{stat.S_IMODE(info.st_mode):04o}), who could forge the state or plant links "
+                f"in it; `chmod go-w {self.directory}`, or pass another --state-dir (or "
+                "COREPIN_STATE_DIR)",
+                reason="state_dir_unsafe",
+            )
+        if not os.access(".", os.R_OK | os.X_OK | (os.W_OK if write else 0), dir_fd=fd):
             raise StateError(
                 f"{self.directory}: the state directory is not readable and writable by uid "
-                f"{os.geteuid()}; " + _WHAT_TO_DO,
+                f"{euid}; " + _WHAT_TO_DO,
                 reason="state_permission",
             )
 
@@ -154,111 +253,113 @@ class StateStore:
 
         StateFormatError when the checkpoint is corrupt (the file is left untouched).
         """
-        if not os.path.isdir(self.directory):
-            if os.path.exists(self.directory):
-                raise StateError(
-                    f"{self.directory}: exists but is not a directory; pass --state-dir DIR",
-                    reason="state_dir",
-                )
+        fd = self._open(create=False, write=False)
+        if fd is None:
             return None
-        return read_checkpoint(self.path)
+        try:
+            return read_checkpoint(self.path, dir_fd=fd)
+        finally:
+            os.close(fd)
 
     def exists(self) -> bool:
-        return os.path.exists(self.path)
+        fd = self._open(create=False, write=False)
+        if fd is None:
+            return False
+        try:
+            os.stat(STATE_FILE, dir_fd=fd, follow_symlinks=False)
+            return True
+        except FileNotFoundError:
+            return False
+        finally:
+            os.close(fd)
 
     # ------------------------------------------------------------------ locking
     @contextmanager
     def lock(self, timeout: float = DEFAULT_LOCK_TIMEOUT) -> Iterator[None]:
         """Hold the exclusive lock of the state directory."""
-        self.ensure_directory()
-        try:
-            fd = os.open(self.lock_path, os.O_RDWR | os.O_CREAT | os.O_CLOEXEC, 0o600)
-        except PermissionError:
-            raise StateError(
-                f"{self.lock_path}: cannot open the lock file (permission denied); " + _WHAT_TO_DO,
-                reason="state_permission",
-            ) from None
-        except OSError as exc:
-            raise StateError(
-                f"{self.lock_path}: cannot open the lock file ({exc.strerror})",
-                reason="state_dir",
-            ) from None
-        try:
-            self._acquire(fd, timeout)
+        with self._locked(timeout):
             yield
-        finally:
-            os.close(fd)  # closing the descriptor releases the flock
 
-    def _acquire(self, fd: int, timeout: float) -> None:
+    @contextmanager
+    def _locked(self, timeout: float) -> Iterator[int]:
+        """Hold the lock; yields the checked descriptor of the directory."""
+        dir_fd = self._open(create=True)
+        assert dir_fd is not None
         try:
-            fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
-            return
-        except BlockingIOError:
-            pass
-        deadline = time.monotonic() + max(0.0, timeout)
-        delay = 0.001
-        while True:
+            lock_fd = self._acquire(dir_fd, timeout)
             try:
-                fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
-                return
-            except BlockingIOError:
-                pass
-            now = time.monotonic()
-            if now >= deadline:
-                raise StateError(
-                    f"{self.lock_path}: another corepin process has held the state lock for "
-                    f"more than {timeout:g} s; find it with `fuser {self.lock_path}` (or lsof) "
-                    "and wait for it or stop it, then retry",
-                    reason="lock_timeout",
-                )
-            time.sleep(min(delay, deadline - now))
-            delay = min(delay * 2, 0.05)
+                yield dir_fd
+            finally:
+                os.close(lock_fd)  # closing the descriptor releases the flock
+        finally:
+            os.close(dir_fd)
+
+    def _acquire(self, dir_fd: int, timeout: float) -> int:
+        return acquire(dir_fd, self.directory, timeout, proc_root=self.proc_root)
 
     @contextmanager
     def transaction(self, timeout: float = DEFAULT_LOCK_TIMEOUT) -> Iterator[Transaction]:
         """Locked read-modify-write. `tx.state` is the checkpoint (or an empty HostState when
         there is none yet); `tx.commit(new)` writes atomically. Without a commit nothing is
         written. A corrupt checkpoint raises StateFormatError and stays untouched."""
-        with self.lock(timeout):
-            self.cleanup()
-            state = read_checkpoint(self.path)
+        with self._locked(timeout) as dir_fd:
+            remove_temp_files(self.directory, dir_fd=dir_fd)
+            state = read_checkpoint(self.path, dir_fd=dir_fd)
             exists = state is not None
-            yield Transaction(self.path, state or HostState(), exists, self._write_hook)
+            yield Transaction(self.path, state or HostState(), exists, self._write_hook, dir_fd)
 
     # ------------------------------------------------------------------ maintenance
     def cleanup(self) -> list[str]:
         """Remove temp files left by crashed writers. Call only while holding the lock."""
-        return remove_temp_files(self.directory)
+        fd = self._open(create=False)
+        if fd is None:
+            return []
+        try:
+            return remove_temp_files(self.directory, dir_fd=fd)
+        finally:
+            os.close(fd)
 
     def quarantine(self) -> str | None:
         """Rename a (corrupt) checkpoint to `state.json.corrupt-<timestamp>` so that corepin can
         start from an empty state. Only on explicit request of the operator. Returns the new
         path, or None when there was no checkpoint."""
-        with self.lock():
-            if not os.path.exists(self.path):
+        with self._locked(DEFAULT_LOCK_TIMEOUT) as dir_fd:
+            if not _entry_exists(STATE_FILE, dir_fd):
                 return None
             stamp = time.strftime("%Y%m%dT%H%M%S", time.gmtime())
-            target = f"{self.path}.corrupt-{stamp}"
+            target = f"{STATE_FILE}.corrupt-{stamp}"
             n = 1
-            while os.path.exists(target):
+            while _entry_exists(target, dir_fd):
                 n += 1
-                target = f"{self.path}.corrupt-{stamp}-{n}"
+                target = f"{STATE_FILE}.corrupt-{stamp}-{n}"
             try:
-                os.rename(self.path, target)
-                dfd = os.open(self.directory, os.O_RDONLY | os.O_DIRECTORY | os.O_CLOEXEC)
-                try:
-                    os.fsync(dfd)
-                finally:
-                    os.close(dfd)
+                os.rename(STATE_FILE, target, src_dir_fd=dir_fd, dst_dir_fd=dir_fd)
+                os.fsync(dir_fd)
             except OSError as exc:
                 raise StateError(f"{self.path}: cannot quarantine: {exc.strerror}") from None
-            return target
+            return os.path.join(self.directory, target)
+
+
+def _entry_exists(name: str, dir_fd: int) -> bool:
+    """Whether `name` exists in the directory (a link counts; it is not followed)."""
+    try:
+        os.stat(name, dir_fd=dir_fd, follow_symlinks=False)
+    except FileNotFoundError:
+        return False
+    return True
 
 
 def state_dir_from(env: dict[str, str] | None = None, override: str | None = None) -> str:
     """The state directory the CLI should use: --state-dir, else COREPIN_STATE_DIR, else
-    /var/lib/corepin. (Only the composition root calls this.)"""
-    if override:
+    /var/lib/corepin. (Only the composition root calls this.) An empty --state-dir is an
+    InputError; an empty COREPIN_STATE_DIR counts as unset."""
+    if override is not None:
+        if not override:
+            raise InputError(
+                "--state-dir '' names no directory: pass a directory, or leave the option out "
+                f"for ${STATE_DIR_ENV} or {DEFAULT_STATE_DIR}",
+                reason="bad_state_dir",
+            )
         return override
     source = os.environ if env is None else env
     return source.get(STATE_DIR_ENV) or DEFAULT_STATE_DIR

@@ -32,9 +32,11 @@ __all__ = [
     "iter_tree_threads",
     "list_pids",
     "list_threads",
+    "lock_holders",
     "mems_allowed_list",
     "parent_map",
     "parse_cgroup",
+    "parse_lock_holders",
     "parse_mountinfo",
     "parse_stat",
     "process_alive",
@@ -459,3 +461,45 @@ def iter_tree_threads(
             continue
         for tid in tids:
             yield p, tid
+
+
+_LOCK_FILE_ID = re.compile(r"^([0-9a-f]+):([0-9a-f]+):(\d+)$")
+
+
+def parse_lock_holders(text: str, device: int, inode: int) -> list[int]:
+    """The pids that hold a lock on the file (`device`, `inode`) in the text of /proc/locks.
+
+    A line reads `1: FLOCK  ADVISORY  WRITE 4242 08:01:1234567 0 EOF` (the device as hex
+    major:minor, the inode in decimal); lines with `->` are waiters, not holders, and are
+    skipped, as are holders the kernel cannot name from this PID namespace (pid -1 or 0)."""
+    major, minor = os.major(device), os.minor(device)
+    pids: list[int] = []
+    for line in text.splitlines():
+        fields = line.split()
+        if len(fields) < 2 or fields[1] == "->":
+            continue
+        for i, token in enumerate(fields):
+            match = _LOCK_FILE_ID.match(token)
+            if match is None or i == 0:
+                continue
+            if (int(match[1], 16), int(match[2], 16), int(match[3])) != (major, minor, inode):
+                break
+            try:
+                pid = int(fields[i - 1])
+            except ValueError:
+                break
+            if pid > 0 and pid not in pids:
+                pids.append(pid)
+            break
+    return pids
+
+
+def lock_holders(device: int, inode: int, proc_root: str | os.PathLike[str] = "/proc") -> list[int]:
+    """The pids holding a lock (flock, POSIX or OFD) on the file (`device`, `inode`), from
+    `<proc_root>/locks`; an empty list when it cannot be read."""
+    try:
+        with open(os.path.join(os.fspath(proc_root), "locks"), encoding="ascii") as handle:
+            text = handle.read()
+    except (OSError, UnicodeDecodeError):
+        return []
+    return parse_lock_holders(text, device, inode)

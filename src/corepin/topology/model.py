@@ -18,7 +18,7 @@ from __future__ import annotations
 from collections.abc import Iterable, Mapping
 from typing import Any
 
-from corepin.core.cpuset import CPUSet
+from corepin.core.cpuset import MAX_CPUS, CPUSet
 from corepin.core.errors import TopologyError
 from corepin.core.record import field, record
 
@@ -496,6 +496,8 @@ def _cpu_from_json(i: int, row: Any) -> CPUInfo:
         raise TopologyError(f"{where} must be an object, got {row!r}")
     cpu = _int_field(where, row, "cpu", optional=False)
     assert cpu is not None
+    if cpu >= MAX_CPUS:
+        raise TopologyError(f"{where}: CPU id {cpu} is beyond the limit of {MAX_CPUS - 1}")
     where = f"cpus[{i}] (CPU {cpu})"
     online = row.get("online", True)
     isolated = row.get("isolated", False)
