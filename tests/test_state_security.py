@@ -20,7 +20,7 @@ import pytest
 
 from corepin.core.cpuset import CPUSet
 from corepin.core.errors import StateError
-from corepin.state import Assignment, HostState, StateStore
+from corepin.state import Assignment, HostState, ProcessOwner, StateStore
 from corepin.state.checkpoint import encode_checkpoint, leftover_temp_files
 from corepin.state.store import LOCK_FILE
 from helpers import run_corepin
@@ -44,7 +44,7 @@ def assert_refused(out: subprocess.CompletedProcess[str], code: int, *needles: s
 def forged_checkpoint() -> bytes:
     """A validly checksummed checkpoint that claims CPU 0 for a process that is not there."""
     state = HostState(online=CPUSet.parse("0")).add(
-        Assignment("forged/1", cpus=CPUSet.of(0), pid=1, start_time=1)
+        Assignment("forged/1", cpus=CPUSet.of(0), owner=ProcessOwner(1, 1))
     )
     return encode_checkpoint(state)
 
