@@ -71,6 +71,7 @@ class FakeNode:
         self.driver.create("kubepods")
         self.state_dir = tmp / "state"
         self.agents: list[NodeAgent] = []
+        self.api: Any = None  # the fake API server, when a test needs its controls
         for name in ("nodecputopologies.yaml", "podcpubindings.yaml"):
             for doc in yaml.safe_load_all((REPO / "deploy" / "crd" / name).read_text()):
                 with contextlib.suppress(Exception):
@@ -94,9 +95,9 @@ class FakeNode:
     def agent(self, *, start: bool = True, **changes: Any) -> NodeAgent:
         cgroups = ContainerCgroups(self.driver, self.topology)
         agent = NodeAgent(self.settings(**changes), self.client, self.topology, cgroups)
-        self.agents.append(agent)
         if start:
             agent.start(sync_timeout=30)
+        self.agents.append(agent)
         return agent
 
     def close(self) -> None:
@@ -182,6 +183,16 @@ class FakeNode:
                 s = {**s, "state": {"terminated": {"exitCode": 0, "reason": "Completed"}}}
             statuses.append(s)
         return self._status(pod, statuses)
+
+    def resize(self, pod: Mapping[str, Any], resources: Mapping[str, Mapping[str, Any]]) -> None:
+        """Report an in-place resize the way the kubelet does once it applied it."""
+        pod = self.get(pod)
+        statuses = []
+        for s in pod["status"]["containerStatuses"]:
+            if s["name"] in resources:
+                s = {**s, "resources": dict(resources[s["name"]])}
+            statuses.append(s)
+        self._status(pod, statuses)
 
     def delete(self, pod: Mapping[str, Any]) -> None:
         meta = pod["metadata"]

@@ -901,8 +901,8 @@ def node_status(state: HostState, topology: Topology, heartbeat: str) -> dict[st
     allocations = []
     for a in state:
         owner = a.container
-        if owner is None or not a.holds:
-            continue
+        if owner is None or not a.holds or not owner.namespace or not owner.pod:
+            continue  # (an imported kubelet entry whose pod was not seen yet: counted, unnamed)
         allocations.append(
             {
                 "namespace": owner.namespace,

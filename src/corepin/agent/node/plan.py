@@ -207,11 +207,16 @@ def plan_pod(pod: Mapping[str, Any], binding: Mapping[str, Any] | None = None) -
         cpus = explicit.get(cname, explicit.get("") if len(containers) == 1 else None)
         if cpus is not None:
             asked = policy = "exclusive"
+        row = statuses.get(cname)
+        applied = row.get("resources") if row is not None else None
+        # an in-place resize counts once the kubelet reports it applied (status resources)
+        sized: Mapping[str, Any] = {"resources": applied} if isinstance(applied, Mapping) else c
+        where = f"status.containerStatuses[{cname}]" if sized is not c else f"spec.containers[{i}]"
         if problem:
             policy = "none"
         elif policy != "none":
             try:
-                eligible = container_eligibility(c, f"spec.containers[{i}]")
+                eligible = container_eligibility(sized, where)
             except CorepinError as exc:
                 eligible = None
                 why = exc.message

@@ -124,7 +124,9 @@ def _sync_container(
     ident = assignment_id(plan.uid, c.name)
     existing = state.get(ident)
     if existing is not None and existing.policy == KUBELET_POLICY:
-        return state  # the kubelet's own assignment (--kubelet-compat): left alone
+        # the kubelet's own assignment (--kubelet-compat): left alone, only named
+        named = _owner(plan, c, existing.cgroup)
+        return _with_owner(state, existing, named) if c.running else state
     if c.terminated and not c.running:
         return state.remove(ident, missing_ok=True)
     if not c.running:
@@ -272,9 +274,8 @@ def _resize(
     if c.count < len(kept):
         cpus = shrink(ctx.topology, kept, len(kept) - c.count)
     else:
-        base = state.remove(existing.id)
         try:
-            added = grow(ctx.topology, kept, c.count - len(kept), base.pools.free, ctx.policy, c)
+            added = grow(ctx.topology, kept, c.count - len(kept), state.pools.free, ctx.policy, c)
         except CorepinError as exc:
             notes.append(
                 Note(
