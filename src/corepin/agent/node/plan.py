@@ -45,6 +45,7 @@ class ContainerPlan:
     level: str = "cpu"
     workload: str | None = None
     problem: str = ""  # why the request was ignored ("" when it was not)
+    bad_id: str = ""  # why the reported container id cannot be used ("" when it can)
     cpus: CPUSet | None = None  # explicit CPUs from a PodCPUBinding
     runtime: str = ""
     container_id: str = ""  # without the scheme; "" until the container runs
@@ -203,7 +204,7 @@ def plan_pod(pod: Mapping[str, Any], binding: Mapping[str, Any] | None = None) -
         cname = c["name"]
         runtime, ident, running, terminated, id_problem = _live_state(statuses.get(cname))
         asked = wanted.policy_for(cname)
-        policy, count, why = asked, 0, problem or id_problem
+        policy, count, why = asked, 0, problem
         cpus = explicit.get(cname, explicit.get("") if len(containers) == 1 else None)
         if cpus is not None:
             asked = policy = "exclusive"
@@ -237,6 +238,7 @@ def plan_pod(pod: Mapping[str, Any], binding: Mapping[str, Any] | None = None) -
                 level=binding_level if cpus is not None and binding_level else wanted.level,
                 workload=wanted.workload,
                 problem=why if policy != asked or problem else "",
+                bad_id=id_problem,
                 cpus=cpus,
                 runtime=runtime,
                 container_id=ident,

@@ -129,6 +129,8 @@ def _sync_container(
         return _with_owner(state, existing, named) if c.running else state
     if c.terminated and not c.running:
         return state.remove(ident, missing_ok=True)
+    if c.bad_id:
+        notes.append(Note("Warning", "CPUPinFailed", f"container {c.name!r}: {c.bad_id}", c.name))
     if not c.running:
         return state  # not started yet, or between restarts: keep what it holds
     if c.problem and not init:
