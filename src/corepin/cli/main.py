@@ -151,7 +151,18 @@ def log_level(verbosity: int, environ: Mapping[str, str]) -> int | None:
 @contextlib.contextmanager
 def logging_for(level: int | None) -> Iterator[None]:
     """corepin's loggers print at `level` (None: nothing at all) while the command runs; the
-    previous configuration is restored afterwards (main() may run inside a bigger program)."""
+    previous configuration is restored afterwards (main() may run inside a bigger program).
+    With nothing to show, `logging` is not even loaded (`corepin.core.log`) unless a module
+    uses it directly."""
+    from corepin.core import log
+
+    if level is None and "logging" not in sys.modules:
+        previous = log.silence(True)
+        try:
+            yield
+        finally:
+            log.silence(previous)
+        return
     import logging
 
     logger = logging.getLogger("corepin")

@@ -39,11 +39,10 @@ def _cpu_hint(cpus: CPUSet) -> str:
 def _log(changes: list[str]) -> None:
     if not changes:
         return
-    import logging
+    from corepin.core.log import INFO, emit
 
-    log = logging.getLogger("corepin.state")
     for line in changes:
-        log.info(line)
+        emit("corepin.state", INFO, "%s", line)
 
 
 def validate(

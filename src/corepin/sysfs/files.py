@@ -23,17 +23,17 @@ lists are cached by their text: a 1024-CPU tree parses each distinct list once.
 
 from __future__ import annotations
 
-import logging
 import os
 from collections.abc import Callable
 
 from corepin.core.cpuset import CPUSet
 from corepin.core.errors import SysfsError
+from corepin.core.log import INFO, WARNING, emit
 from corepin.core.record import field, record
 
-__all__ = ["Fallbacks", "SysfsFiles", "logger"]
+__all__ = ["Fallbacks", "SysfsFiles", "LOGGER"]
 
-logger = logging.getLogger("corepin.sysfs")
+LOGGER = "corepin.sysfs"
 
 #: Signature of the fallback callback handed to pure code (topology.build).
 FallbackNote = Callable[[str, str, str], None]
@@ -55,7 +55,7 @@ class Fallbacks:
         first = self.seen.get(kind)
         if first is None:
             self.seen[kind] = (path, action, 1)
-            logger.warning("sysfs fallback kind=%s path=%s action=%r", kind, path, action)
+            emit(LOGGER, WARNING, "sysfs fallback kind=%s path=%s action=%r", kind, path, action)
         else:
             self.seen[kind] = (first[0], first[1], first[2] + 1)
 
@@ -65,7 +65,7 @@ class Fallbacks:
         first = self.interpreted.get(kind)
         if first is None:
             self.interpreted[kind] = (path, action, 1)
-            logger.info("sysfs interpretation kind=%s path=%s action=%r", kind, path, action)
+            emit(LOGGER, INFO, "sysfs interpretation kind=%s path=%s action=%r", kind, path, action)
         else:
             self.interpreted[kind] = (first[0], first[1], first[2] + 1)
 
