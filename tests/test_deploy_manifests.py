@@ -391,7 +391,7 @@ def test_topology_keeps_unknown_fields_as_section_2_allows() -> None:
 
 
 # ---------------------------------------------------------------------- custom resources
-EXAMPLES = DEPLOY / "examples"
+EXAMPLES = DEPLOY / "samples"
 
 
 def example(name: str) -> dict[str, Any]:
