@@ -71,10 +71,26 @@ _WHAT_TO_DO: Final = (
 _DIR_FLAGS: Final = os.O_RDONLY | os.O_DIRECTORY | os.O_CLOEXEC
 
 
+#: What identifies one version of the checkpoint file on disk: (inode, mtime ns, size). Every
+#: commit renames a new file into place, so a new version always has a new inode.
+Stamp = tuple[int, int, int]
+
+
+def _stamp(dir_fd: int | None, path: str) -> Stamp | None:
+    try:
+        if dir_fd is None:
+            info = os.stat(path, follow_symlinks=False)
+        else:
+            info = os.stat(os.path.basename(path), dir_fd=dir_fd, follow_symlinks=False)
+    except OSError:
+        return None
+    return (info.st_ino, info.st_mtime_ns, info.st_size)
+
+
 class Transaction:
     """One locked read-modify-write. Obtain it from `StateStore.transaction()`."""
 
-    __slots__ = ("_committed", "_dir_fd", "_exists", "_hook", "_path", "_state")
+    __slots__ = ("_committed", "_dir_fd", "_exists", "_hook", "_path", "_state", "reused", "stamp")
 
     def __init__(
         self,
@@ -83,6 +99,9 @@ class Transaction:
         exists: bool,
         hook: WriteHook | None,
         dir_fd: int | None = None,
+        *,
+        stamp: Stamp | None = None,
+        reused: bool = False,
     ) -> None:
         self._path = path
         self._state = state
@@ -90,6 +109,10 @@ class Transaction:
         self._hook = hook
         self._dir_fd = dir_fd
         self._committed = False
+        #: the checkpoint's version on disk (after a commit: the one written)
+        self.stamp = stamp
+        #: True when `state` is the caller's cached copy (the file had not changed)
+        self.reused = reused
 
     @property
     def state(self) -> HostState:
@@ -112,6 +135,7 @@ class Transaction:
         self._state = written
         self._exists = True
         self._committed = True
+        self.stamp = _stamp(self._dir_fd, self._path)
         return written
 
 
@@ -298,15 +322,32 @@ class StateStore:
         return acquire(dir_fd, self.directory, timeout, proc_root=self.proc_root)
 
     @contextmanager
-    def transaction(self, timeout: float = DEFAULT_LOCK_TIMEOUT) -> Iterator[Transaction]:
+    def transaction(
+        self,
+        timeout: float = DEFAULT_LOCK_TIMEOUT,
+        *,
+        cached: tuple[Stamp, HostState] | None = None,
+    ) -> Iterator[Transaction]:
         """Locked read-modify-write. `tx.state` is the checkpoint (or an empty HostState when
         there is none yet); `tx.commit(new)` writes atomically. Without a commit nothing is
-        written. A corrupt checkpoint raises StateFormatError and stays untouched."""
+        written. A corrupt checkpoint raises StateFormatError and stays untouched.
+
+        `cached` = (stamp, state) of the checkpoint as the caller last read or wrote it (a
+        long-running writer such as the node agent): when the file on disk is still that
+        version, `tx.state` is the cached state and nothing is read (`tx.reused`)."""
         with self._locked(timeout) as dir_fd:
+            stamp = _stamp(dir_fd, self.path)
+            if cached is not None and stamp is not None and cached[0] == stamp:
+                yield Transaction(
+                    self.path, cached[1], True, self._write_hook, dir_fd, stamp=stamp, reused=True
+                )
+                return
             remove_temp_files(self.directory, dir_fd=dir_fd)
             state = read_checkpoint(self.path, dir_fd=dir_fd)
             exists = state is not None
-            yield Transaction(self.path, state or HostState(), exists, self._write_hook, dir_fd)
+            yield Transaction(
+                self.path, state or HostState(), exists, self._write_hook, dir_fd, stamp=stamp
+            )
 
     # ------------------------------------------------------------------ maintenance
     def cleanup(self) -> list[str]:

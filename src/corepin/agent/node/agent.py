@@ -30,7 +30,8 @@ import logging
 import queue
 import threading
 import time
-from collections.abc import Callable, Iterable, Mapping
+from collections.abc import Callable, Iterable, Iterator, Mapping
+from contextlib import contextmanager
 from typing import TYPE_CHECKING, Any, Final
 
 from corepin.agent.node.plan import PodPlan, plan_pod
@@ -45,6 +46,7 @@ from corepin.agent.node.sync import (
 )
 from corepin.core.cpuset import CPUSet
 from corepin.core.errors import CorepinError, EnvironmentProblem
+from corepin.core.record import record
 
 if TYPE_CHECKING:
     from corepin.agent.node.enforce import ContainerCgroups
@@ -55,6 +57,7 @@ if TYPE_CHECKING:
     from corepin.kube.events import EventRecorder
     from corepin.kube.informer import Informer
     from corepin.state.model import Assignment, HostState
+    from corepin.state.store import Stamp, StateStore
     from corepin.topology.model import Topology
 
 log = logging.getLogger("corepin.agent.node")
@@ -68,6 +71,43 @@ CONTAINER_LABEL: Final = "corepin.io/container"
 POLICY_ANNOTATION: Final = "corepin.io/cpu-policy"
 
 Key = tuple[str, ...]
+#: keys handled in one state transaction at most
+BATCH: Final = 256
+
+
+@record(frozen=False)
+class _PodWork:
+    """A pod synced in this batch, with what to tell and publish about it."""
+
+    pod: Mapping[str, Any]
+    plan: PodPlan
+    notes: list[Note]
+
+
+class _NodeTransaction:
+    """The agent's view of one state transaction: `state`, and `commit` (writes only when the
+    state changed)."""
+
+    def __init__(self, tx: Any, state: HostState) -> None:
+        self._tx = tx
+        self.state = state
+        self.written: HostState | None = None
+
+    def commit(self, state: HostState) -> HostState:
+        if state == self.state:
+            return state
+        self.written = self._tx.commit(state)
+        assert self.written is not None
+        self.state = self.written
+        return self.written
+
+
+def _ns(pod: Mapping[str, Any]) -> str:
+    return str((pod.get("metadata") or {}).get("namespace") or "default")
+
+
+def _name(pod: Mapping[str, Any]) -> str:
+    return str((pod.get("metadata") or {}).get("name") or "")
 
 
 class Hooks:
@@ -124,7 +164,14 @@ class NodeAgent:
         self._nrt = True
         self._ncpt_created = False
         self._state: HostState | None = None
+        self._store: StateStore | None = None
+        self._cached: tuple[Stamp, HostState] | None = None
+        self._last_plan: dict[str, tuple[PodPlan, tuple[Assignment, ...]]] = {}
         self._idle = threading.Event()
+        self._pub_queue: queue.Queue[Key | None] = queue.Queue()
+        self._to_publish: dict[Key, Any] = {}
+        self._published = threading.Event()
+        self._published.set()
         self.synced = threading.Event()
         self.errors = 0
 
@@ -192,6 +239,7 @@ class NodeAgent:
                     reason="api_sync_timeout",
                 )
         self._spawn(self._work, "agent-worker")
+        self._spawn(self._publisher, "agent-publisher")
         self._enqueue(("node",))
         self._enqueue(("orphans",))
         for pod in pods.cache.list():
@@ -205,6 +253,7 @@ class NodeAgent:
         """Stop watching and working within about `timeout` seconds."""
         self._stop.set()
         self._queue.put(None)
+        self._pub_queue.put(None)
         for informer in self._informers:
             informer.stop(timeout / 2)
         for thread in self._threads:
@@ -212,14 +261,15 @@ class NodeAgent:
         self.events.stop(timeout / 2)
 
     def wait_idle(self, timeout: float = 30.0) -> bool:
-        """Wait until the work queue is empty and the worker rests (tests, start-up)."""
+        """Wait until the work queue is empty, the worker rests and every API write is done
+        (tests, start-up)."""
         deadline = time.monotonic() + timeout
         while time.monotonic() < deadline:
             with self._lock:
-                empty = not self._queued
-            if empty and self._idle.wait(0.02):
+                empty = not self._queued and not self._to_publish
+            if empty and self._idle.wait(0.02) and self._published.wait(0.02):
                 with self._lock:
-                    if not self._queued:
+                    if not self._queued and not self._to_publish:
                         return True
             time.sleep(0.005)
         return False
@@ -295,43 +345,140 @@ class NodeAgent:
             key = self._queue.get()
             if key is None or self._stop.is_set():
                 return
+            keys = [key]
+            while len(keys) < BATCH:
+                try:
+                    more = self._queue.get_nowait()
+                except queue.Empty:
+                    break
+                if more is None:
+                    self._queue.put(None)
+                    break
+                keys.append(more)
             with self._lock:
-                self._queued.discard(key)
+                self._queued.difference_update(keys)
             try:
-                self._handle(key)
+                self._process(keys)
             except CorepinError as exc:
                 self.errors += 1
-                log.warning("event=sync_failed key=%s error=%s", "/".join(key), exc)
+                log.warning("event=sync_failed keys=%d error=%s", len(keys), exc)
             except Exception:  # a bug: keep the agent alive, say what happened
                 self.errors += 1
-                log.exception("event=sync_crashed key=%s", "/".join(key))
+                log.exception("event=sync_crashed keys=%d", len(keys))
 
-    def _handle(self, key: Key) -> None:
-        kind = key[0]
-        if kind == "pod":
-            self._sync_pod(key[1], key[2])
-        elif kind == "node":
-            self._sync_node()
-        elif kind == "orphans":
-            self._release_orphans()
-        elif kind == "resync":
-            self._resync()
-        elif kind == "heartbeat":
-            self._publish_topology()
+    def _process(self, keys: list[Key]) -> None:
+        """One batch of keys: every decision in one state transaction (one checkpoint write),
+        then the cgroups (one reconcile pass), then the API."""
+        kinds = {k[0] for k in keys}
+        pods = sorted({(k[1], k[2]) for k in keys if k[0] == "pod"})
+        if "resync" in kinds:
+            pods = sorted({*pods, *((_ns(p), _name(p)) for p in self._pods.cache.list())})
+        started = time.monotonic()
+        done: list[_PodWork] = []
+        forgotten: list[str] = []
+        with self._transaction() as txn:
+            before = txn.state
+            state = before
+            if "node" in kinds:
+                state = self._apply_node(state)
+            if "orphans" in kinds:
+                state, gone = self._apply_orphans(state)
+                forgotten.extend(gone)
+            for namespace, name in pods:
+                state, work, gone = self._apply_pod(state, namespace, name, "resync" in kinds)
+                forgotten.extend(gone)
+                if work is not None:
+                    done.append(work)
+            if done:
+                self.hooks.decided((time.monotonic() - started) / len(done))
+            state = txn.commit(state)
+        targets: list[Assignment] = []
+        quotas: dict[str, CpuQuota | None] = {}
+        for work in done:
+            targets.extend(pod_assignments(state, work.plan.uid))
+            quotas.update(self._quotas(state, work.plan, work.pod))
+        if "resync" in kinds:
+            targets.extend(a for a in state if a.container is not None)
+        elif state.shared_pool != before.shared_pool:
+            targets.extend(shared_pool_users(state))
+        self._enforce(state, _unique(targets), quotas)
+        for work in done:
+            self._observe_latency(work.plan)
+            self._tell(work.pod, work.plan, work.notes)
+            self._publish_later(("pod", work.plan.uid), work)
+        for uid in forgotten:
+            self._last_plan.pop(uid, None)
+            self._publish_later(("forget", uid), uid)
+        if "resync" in kinds:
+            self.hooks.reconciled(time.monotonic() - started)
+        if (
+            kinds & {"heartbeat", "node", "orphans"}
+            or state.held != before.held
+            or state.reserved != before.reserved
+        ):
+            self._publish_later(("topology",), None)
+        if len(state.free) > len(before.free):
+            self._retry_pending(state)
+
+    # ------------------------------------------------------------------ publisher
+    def _publish_later(self, key: Key, payload: Any) -> None:
+        """Hand an API write to the publisher thread (the latest payload per key wins), so the
+        worker pins the next container while the API is still being told about the last."""
+        with self._lock:
+            fresh = key not in self._to_publish
+            self._to_publish[key] = payload
+            self._published.clear()
+        if fresh:
+            self._pub_queue.put(key)
+
+    def _publisher(self) -> None:
+        while True:
+            with self._lock:
+                if not self._to_publish:
+                    self._published.set()
+            key = self._pub_queue.get()
+            if key is None:
+                return
+            with self._lock:
+                payload = self._to_publish.pop(key, None)
+            state = self._state
+            try:
+                if key[0] == "pod" and state is not None:
+                    self._publish_pod(payload.pod, payload.plan, state)
+                elif key[0] == "forget":
+                    self._delete_bindings(payload, keep=())
+                    self._annotated.pop(payload, None)
+                elif key[0] == "topology":
+                    self._publish_topology()
+            except CorepinError as exc:
+                log.warning("event=publish_failed key=%s error=%s", "/".join(key), exc)
+            except Exception:
+                log.exception("event=publish_crashed key=%s", "/".join(key))
 
     # ------------------------------------------------------------------ state
-    def _transaction(self) -> Any:
-        from corepin.agent.settings import HostSettings
-        from corepin.agent.store import open_transaction
+    @contextmanager
+    def _transaction(self) -> Iterator[_NodeTransaction]:
+        """The state transaction: locked; the checkpoint read and validated only when it is not
+        the version this agent last read or wrote (another writer, or the first time)."""
+        from corepin.agent.store import adopt
+        from corepin.state.store import StateStore
 
-        host = HostSettings(state_dir=self.settings.state_dir, cgroups="off")
-        return open_transaction(host, self.topology)
-
-    def _commit(self, txn: Any, state: HostState) -> HostState:
-        written: HostState = txn.commit(state) if state != txn.state else txn.state
-        self._state = written
-        self.hooks.state(written, self.topology)
-        return written
+        store = self._store
+        if store is None:
+            store = self._store = StateStore(
+                self.settings.state_dir, proc_root=self.settings.proc_root
+            )
+        with store.transaction(cached=self._cached) as tx:
+            state = tx.state if tx.reused else adopt(tx.state, self.topology, store.path)
+            txn = _NodeTransaction(tx, state)
+            yield txn
+            if txn.written is not None:
+                self._cached = (tx.stamp, txn.written) if tx.stamp is not None else None
+                self._state = txn.written
+                self.hooks.state(txn.written, self.topology)
+            elif self._state is None or tx.reused is False:
+                self._state = state
+                self._cached = (tx.stamp, state) if tx.stamp is not None and tx.existed else None
 
     def _kubelet_assignments(self) -> HostState | None:
         """The kubelet static CPU manager's assignments when it is active and we are asked to
@@ -376,7 +523,7 @@ class NodeAgent:
                         except CorepinError as exc:
                             log.warning("event=kubelet_import_skipped id=%s error=%s", a.id, exc)
             state = self._from_bindings(state)
-            self._commit(txn, state)
+            txn.commit(state)
 
     def _from_bindings(self, state: HostState) -> HostState:
         from corepin.allocation.levels import withheld_for
@@ -440,38 +587,30 @@ class NodeAgent:
                     return b
         return None
 
-    def _sync_pod(self, namespace: str, name: str) -> None:
+    def _apply_pod(
+        self, state: HostState, namespace: str, name: str, resync: bool
+    ) -> tuple[HostState, _PodWork | None, list[str]]:
+        """The state after one pod's plan (None work: nothing to do for it), and the uids of
+        pods it replaced or that are gone."""
         pod = self._pods.cache.get(name, namespace)
         if pod is None:
             uid = self._uids.pop((namespace, name), None)
-            if uid is not None:
-                self._forget(uid)
-            return
-        started = time.monotonic()
+            if uid is None:
+                return state, None, []
+            state, gone = forget_pod(state, uid)
+            return state, None, [uid] if gone else []
         plan = plan_pod(pod, self._user_binding(namespace, name))
+        held = tuple(pod_assignments(state, plan.uid))
+        if self._last_plan.get(plan.uid) == (plan, held):
+            return state, (_PodWork(pod, plan, []) if resync else None), []
+        stale = self._uids_gone(state, namespace, name, plan.uid)
+        for uid in stale:
+            state, _ = forget_pod(state, uid)
         ctx = SyncContext(self.topology, self.policy, self.clock())
-        with self._transaction() as txn:
-            before = txn.state
-            stale = self._uids_gone(before, namespace, name, plan.uid)
-            state = before
-            for uid in stale:
-                state, _ = forget_pod(state, uid)
-            state, notes = sync_pod(state, plan, ctx)
-            self.hooks.decided(time.monotonic() - started)
-            state = self._attach_cgroups(state, plan)
-            state = self._commit(txn, state)
-            changed_pool = state.shared_pool != before.shared_pool
-            targets = pod_assignments(state, plan.uid)
-            if changed_pool:
-                targets = _unique([*targets, *shared_pool_users(state)])
-            self._enforce(state, targets, self._quotas(state, plan, pod))
-        self._observe_latency(plan)
-        self._tell(pod, plan, notes)
-        self._publish_pod(pod, plan, state)
-        if state.held != before.held or stale:
-            self._publish_topology()
-        if len(state.free) > len(before.free):
-            self._retry_pending(state)
+        state, notes = sync_pod(state, plan, ctx)
+        state = self._attach_cgroups(state, plan)
+        self._last_plan[plan.uid] = (plan, tuple(pod_assignments(state, plan.uid)))
+        return state, _PodWork(pod, plan, notes), stale
 
     def _uids_gone(self, state: HostState, namespace: str, name: str, uid: str) -> list[str]:
         """Uids of older pods with this name (deleted and created again) still in the state."""
@@ -487,40 +626,21 @@ class NodeAgent:
                 out.append(owner.pod_uid)
         return sorted(set(out))
 
-    def _forget(self, uid: str) -> None:
-        with self._transaction() as txn:
-            before = txn.state
-            state, gone = forget_pod(before, uid)
-            if not gone:
-                return
-            state = self._commit(txn, state)
-            if state.shared_pool != before.shared_pool:
-                self._enforce(state, shared_pool_users(state), {})
-        self._delete_bindings(uid, keep=())
-        self._annotated.pop(uid, None)
-        self._publish_topology()
-        self._retry_pending(state)
-
-    def _release_orphans(self) -> None:
+    def _apply_orphans(self, state: HostState) -> tuple[HostState, list[str]]:
         """Release assignments of pods that no longer exist (checked at start-up)."""
         live = {str((p.get("metadata") or {}).get("uid")) for p in self._pods.cache.list()}
-        with self._transaction() as txn:
-            state = txn.state
-            gone = sorted(
-                {
-                    a.container.pod_uid
-                    for a in state
-                    if a.container is not None and a.container.pod_uid not in live
-                }
-            )
-            for uid in gone:
-                state, released = forget_pod(state, uid)
-                for a in released:
-                    log.info("event=released_orphan id=%s cpus=%s", a.id, a.withheld or "-")
-            if gone:
-                self._commit(txn, state)
+        gone = sorted(
+            {
+                a.container.pod_uid
+                for a in state
+                if a.container is not None and a.container.pod_uid not in live
+            }
+        )
         for uid in gone:
-            self._delete_bindings(uid, keep=())
+            state, released = forget_pod(state, uid)
+            for a in released:
+                log.info("event=released_orphan id=%s cpus=%s", a.id, a.withheld or "-")
+        return state, gone
 
     def _retry_pending(self, state: HostState) -> None:
         """Pods with a container that asked for CPUs but runs on the shared pool: try again."""
@@ -534,6 +654,7 @@ class NodeAgent:
                     and owner is not None
                     and (uid, owner.container, "CPUPinFailed") in self._told
                 ):
+                    self._last_plan.pop(uid, None)  # same plan, but now CPUs may be there
                     self._enqueue_pod(p)
                     break
 
@@ -619,7 +740,10 @@ class NodeAgent:
                 self.hooks.pinned_after(now - first)
 
     # ------------------------------------------------------------------ node
-    def _sync_node(self) -> None:
+    def _apply_node(self, state: HostState) -> HostState:
+        """The state with the node's reserved CPUs (its reservation annotation, else
+        --reserved-cpus) and strict-reservation option; unchanged when the new reservation
+        would take CPUs someone holds (a Warning Event on the node says so)."""
         from corepin.allocation.pools import select_reserved
         from corepin.kube.models import parse_node_reservation
         from corepin.state.model import STRICT_RESERVATION
@@ -634,40 +758,24 @@ class NodeAgent:
         except CorepinError as exc:
             self._node_event("Warning", "ReservationIgnored", exc.message)
         options = {k: v for k, v in self.settings.options.items() if k == STRICT_RESERVATION}
-        with self._transaction() as txn:
-            before = txn.state
-            state = before.evolve(reserved=reserved, options={**before.options, **options})
-            clash = [a.id for a in state if a.holds and a.withheld & reserved]
-            if clash:
-                self._node_event(
-                    "Warning",
-                    "ReservationIgnored",
-                    f"reserved CPUs {reserved} overlap CPUs held by {', '.join(clash)}; keeping "
-                    f"reserved CPUs {before.reserved or 'none'} until they are released",
-                )
-                return
-            state = self._commit(txn, state)
-            if state.shared_pool != before.shared_pool:
-                self._enforce(state, shared_pool_users(state), {})
-        if state.reserved != before.reserved:
-            log.info("event=reserved_changed old=%s new=%s", before.reserved, state.reserved)
-            self._publish_topology()
+        wanted = state.evolve(reserved=reserved, options={**state.options, **options})
+        clash = [a.id for a in wanted if a.holds and a.withheld & reserved]
+        if clash:
+            self._node_event(
+                "Warning",
+                "ReservationIgnored",
+                f"reserved CPUs {reserved} overlap CPUs held by {', '.join(clash)}; keeping "
+                f"reserved CPUs {state.reserved or 'none'} until they are released",
+            )
+            return state
+        if wanted.reserved != state.reserved:
+            log.info("event=reserved_changed old=%s new=%s", state.reserved, wanted.reserved)
+        return wanted
 
     def _node_event(self, kind: str, reason: str, message: str) -> None:
         node = self._nodes.cache.get(self.settings.node_name)
         if node is not None:
             self.events.event(node, kind, reason, message)
-
-    # ------------------------------------------------------------------ resync
-    def _resync(self) -> None:
-        """Every pod again, every cgroup checked (drift repaired, zero writes when none)."""
-        started = time.monotonic()
-        for pod in self._pods.cache.list():
-            self._enqueue_pod(pod)
-        state = self._state
-        if state is not None:
-            self._enforce(state, [a for a in state if a.container is not None], {})
-        self.hooks.reconciled(time.monotonic() - started)
 
     # ------------------------------------------------------------------ publishing
     def _tell(self, pod: Mapping[str, Any], plan: PodPlan, notes: list[Note]) -> None:
