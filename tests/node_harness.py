@@ -86,6 +86,7 @@ class FakeNode:
             "node_name": NODE,
             "state_dir": str(self.state_dir),
             "kubelet_state": str(self.tmp / "no-kubelet-state"),
+            "assignment_dir": str(self.tmp / "assignments"),
             "resync_period": 3600.0,
             "heartbeat_period": 3600.0,
         }

@@ -37,6 +37,8 @@ def agent_argv(kubeconfig: Path, tmp: Path, *extra: str) -> list[str]:
         str(tmp / "corepin.sock"),
         "--metrics-address",
         "127.0.0.1:0",
+        "--assignment-dir",
+        str(tmp / "assignments"),
         *extra,
     )
 

@@ -75,6 +75,11 @@ def test_an_exclusive_pod_is_pinned_annotated_bound_and_published(node: FakeNode
     assert topo["status"]["conditions"][0]["status"] == "True"
     assert events(node, pod, "CPUPinned")
     assert agent.errors == 0
+    settle(node)
+    assigned = (node.tmp / "assignments" / "default.db.app").read_text().splitlines()
+    assert f"COREPIN_CPUS={cpus}" in assigned and f"COREPIN_CPUS_EXCLUSIVE={cpus}" in assigned
+    node.delete(pod)
+    wait_for(lambda: not (node.tmp / "assignments" / "default.db.app").exists(), what="cleanup")
 
 
 def test_shared_containers_follow_the_shared_pool_as_exclusive_pods_come_and_go(

@@ -62,6 +62,13 @@ def add_arguments(parser: argparse.ArgumentParser, name: str) -> None:
     )
     parser.add_argument("--grpc-socket", metavar="PATH", default="/run/corepin/corepin.sock")
     parser.add_argument("--metrics-address", metavar="HOST:PORT", default=":9464")
+    parser.add_argument(
+        "--assignment-dir",
+        metavar="DIR",
+        default="/run/corepin/assignments",
+        help="one file per container with its CPUs (mounted into pods at /etc/corepin by the "
+        "webhook; '' for none)",
+    )
     parser.add_argument("--resync-period", metavar="SECONDS", type=_seconds, default=30.0)
     parser.add_argument(
         "--kubelet-compat",
@@ -99,6 +106,7 @@ def settings_from(args: Any, environ: dict[str, str]) -> Any:
         kubelet_state=args.kubelet_state,
         grpc_socket=args.grpc_socket,
         metrics_address=args.metrics_address,
+        assignment_dir=args.assignment_dir,
     )
 
 

@@ -31,7 +31,7 @@ from corepin.core.errors import SysfsError
 from corepin.core.log import INFO, WARNING, emit
 from corepin.core.record import field, record
 
-__all__ = ["Fallbacks", "SysfsFiles", "LOGGER"]
+__all__ = ["LOGGER", "Fallbacks", "SysfsFiles"]
 
 LOGGER = "corepin.sysfs"
 

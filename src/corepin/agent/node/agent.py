@@ -160,6 +160,7 @@ class NodeAgent:
         self._told: dict[tuple[str, str, str], str] = {}  # (uid, container, reason) -> message
         self._annotated: dict[str, str] = {}  # pod uid -> corepin.io/cpus we last wrote
         self._bindings: dict[tuple[str, str], str] = {}  # (uid, container) -> spec we wrote
+        self._files: dict[str, set[str]] = {}  # pod uid -> assignment files we wrote
         self._seen_running: dict[tuple[str, str], float] = {}  # (uid, cid) -> first seen
         self._nrt = True
         self._ncpt_created = False
@@ -445,9 +446,11 @@ class NodeAgent:
             try:
                 if key[0] == "pod" and state is not None:
                     self._publish_pod(payload.pod, payload.plan, state)
+                    self._write_assignment_files(payload.plan, state)
                 elif key[0] == "forget":
                     self._delete_bindings(payload, keep=())
                     self._annotated.pop(payload, None)
+                    self._remove_assignment_files(payload)
                 elif key[0] == "topology":
                     self._publish_topology()
             except CorepinError as exc:
@@ -819,6 +822,54 @@ class NodeAgent:
         for a in holds:
             self._write_binding(pod, plan, a)
         self._delete_bindings(plan.uid, keep={a.container.container for a in holds if a.container})
+
+    # ------------------------------------------------------------------ assignment files
+    def _write_assignment_files(self, plan: PodPlan, state: HostState) -> None:
+        """`<assignment dir>/<namespace>.<pod>.<container>`: what the container got, in the
+        form `corepin run` gives a command (COREPIN_CPUS, _EXCLUSIVE, _SHARED, COREPIN_MEMS),
+        written atomically; a container on nothing of its own has no file."""
+        import os
+
+        directory = self.settings.assignment_dir
+        if not directory:
+            return
+        os.makedirs(directory, mode=0o755, exist_ok=True)
+        pool = state.shared_pool
+        wanted: dict[str, str] = {}
+        for a in pod_assignments(state, plan.uid):
+            owner = a.container
+            if owner is None or plan.container(owner.container) is None:
+                continue
+            own = a.cpus if a.holds else CPUSet()
+            shared = pool if a.with_shared else CPUSet()
+            mems = a.mems if a.holds and a.mems else self.topology.mems_of(own | shared)
+            exclusive = own if a.exclusive else CPUSet()
+            wanted[f"{plan.namespace}.{plan.name}.{owner.container}"] = (
+                f"COREPIN_CPUS={own | shared}\nCOREPIN_CPUS_EXCLUSIVE={exclusive}\n"
+                f"COREPIN_CPUS_SHARED={shared}\nCOREPIN_MEMS={mems}\n"
+                f"COREPIN_POLICY={a.kind}\nCOREPIN_POD_UID={plan.uid}\n"
+            )
+        for name, text in wanted.items():
+            path = os.path.join(directory, name)
+            try:
+                with open(path, encoding="ascii") as handle:
+                    if handle.read() == text:
+                        continue
+            except OSError:
+                pass
+            tmp = f"{path}.tmp"
+            with open(tmp, "w", encoding="ascii") as handle:
+                handle.write(text)
+            os.replace(tmp, path)
+        self._files[plan.uid] = set(wanted)
+
+    def _remove_assignment_files(self, uid: str) -> None:
+        import contextlib
+        import os
+
+        for name in self._files.pop(uid, set()):
+            with contextlib.suppress(OSError):
+                os.unlink(os.path.join(self.settings.assignment_dir, name))
 
     def _binding_name(self, pod: str, container: str) -> str:
         name = f"{pod}-{container}".lower()

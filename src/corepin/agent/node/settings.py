@@ -17,6 +17,7 @@ DEFAULT_STATE_DIR: Final = "/var/lib/corepin"
 DEFAULT_KUBELET_STATE: Final = "/var/lib/kubelet/cpu_manager_state"
 DEFAULT_GRPC_SOCKET: Final = "/run/corepin/corepin.sock"
 DEFAULT_METRICS_ADDRESS: Final = ":9464"
+DEFAULT_ASSIGNMENT_DIR: Final = "/run/corepin/assignments"
 CGROUP_DRIVERS: Final = ("auto", "cgroupfs", "systemd")
 
 
@@ -40,6 +41,9 @@ class NodeSettings:
     kubelet_state: str = DEFAULT_KUBELET_STATE
     grpc_socket: str = DEFAULT_GRPC_SOCKET
     metrics_address: str = DEFAULT_METRICS_ADDRESS
+    #: one file per pinned container (CONTRACTS 7.7; the webhook mounts it at /etc/corepin);
+    #: "" writes none
+    assignment_dir: str = DEFAULT_ASSIGNMENT_DIR
 
     def __post_init__(self) -> None:
         from corepin.core.ids import validate_component
