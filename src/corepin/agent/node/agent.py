@@ -158,7 +158,7 @@ class NodeAgent:
         self._informers: list[Informer] = []
         self._uids: dict[tuple[str, str], str] = {}  # (namespace, pod) -> uid of what we saw
         self._told: dict[tuple[str, str, str], str] = {}  # (uid, container, reason) -> message
-        self._annotated: dict[str, str] = {}  # pod uid -> corepin.io/cpus we last wrote
+        self._annotated: dict[str, str | None] = {}  # pod uid -> corepin.io/cpus we last wrote
         self._bindings: dict[tuple[str, str], str] = {}  # (uid, container) -> spec we wrote
         self._files: dict[str, set[str]] = {}  # pod uid -> assignment files we wrote
         self._seen_running: dict[tuple[str, str], float] = {}  # (uid, cid) -> first seen
@@ -402,6 +402,8 @@ class NodeAgent:
             targets.extend(a for a in state if a.container is not None)
         elif state.shared_pool != before.shared_pool:
             targets.extend(shared_pool_users(state))
+        if state.shared_pool != before.shared_pool:
+            self._publish_later(("pool",), None)
         self._enforce(state, _unique(targets), quotas)
         for work in done:
             self._observe_latency(work.plan)
@@ -453,6 +455,8 @@ class NodeAgent:
                     self._remove_assignment_files(payload)
                 elif key[0] == "topology":
                     self._publish_topology()
+                elif key[0] == "pool" and state is not None:
+                    self._refresh_shared_files(state)
             except CorepinError as exc:
                 log.warning("event=publish_failed key=%s error=%s", "/".join(key), exc)
             except Exception:
@@ -801,14 +805,18 @@ class NodeAgent:
         from corepin.kube.models import ANN_CPUS, format_cpus_annotation
         from corepin.kube.resources import PODS
 
+        # the containers with CPUs of their own (exclusive, share): the shared pool of the others
+        # changes with every pin on the node, and rewriting every pod then would flood the API
         mine = {
-            a.container.container: a.affinity(state.shared_pool)
+            a.container.container: a.cpus
             for a in pod_assignments(state, plan.uid)
-            if a.container is not None and plan.container(a.container.container) is not None
+            if a.container is not None
+            and a.holds
+            and plan.container(a.container.container) is not None
         }
         text = format_cpus_annotation(mine) if mine else None
         current = ((pod.get("metadata") or {}).get("annotations") or {}).get(ANN_CPUS)
-        if text is not None and text != current and self._annotated.get(plan.uid) != text:
+        if text != current and self._annotated.get(plan.uid, current) != text:
             try:
                 self.client.patch(
                     PODS, plan.name, {"metadata": {"annotations": {ANN_CPUS: text}}}, plan.namespace
@@ -862,6 +870,14 @@ class NodeAgent:
                 handle.write(text)
             os.replace(tmp, path)
         self._files[plan.uid] = set(wanted)
+
+    def _refresh_shared_files(self, state: HostState) -> None:
+        """Rewrite the files of every pod with a container on the shared pool (it changed)."""
+        uids = {a.container.pod_uid for a in shared_pool_users(state) if a.container is not None}
+        for pod in self._pods.cache.list():
+            meta = pod.get("metadata") or {}
+            if meta.get("uid") in uids:
+                self._write_assignment_files(plan_pod(pod), state)
 
     def _remove_assignment_files(self, uid: str) -> None:
         import contextlib
