@@ -76,8 +76,9 @@ def node_state(ncpt: NodeCPUTopology) -> NodeReport:
             isolated=isolated,
             reserved=reserved,
             options=dict(spec.options),
-            assignments=assignments,
         )
+        for assignment in assignments.values():  # checked: no CPU held twice, none reserved
+            state = state.add(assignment)
     except CorepinError as exc:
         raise InputError(
             f"NodeCPUTopology {ncpt.name!r} does not add up: {exc}", reason="bad_node_topology"
