@@ -647,3 +647,26 @@ def test_report_agent_of_a_missing_socket_exits_4_with_one_line(sock_dir: Path) 
 def test_report_agent_refuses_host_state_options() -> None:
     done = run_corepin("report", "--agent", "/run/x.sock", "--state-dir", "/tmp")
     assert done.returncode == 2 and "--state-dir" in done.stderr
+
+
+@needs_two_cpus
+def test_allocate_calls_count_as_pinning_requests_and_errors_by_reason(
+    backend: HostBackend, sock_dir: Path, sleeper: list[subprocess.Popen[bytes]]
+) -> None:
+    from corepin.api.metrics import AgentMetrics
+
+    metrics = AgentMetrics()
+    p, q = start_sleep(sleeper), start_sleep(sleeper)
+    with (
+        GrpcServer(backend, Listen.unix(str(sock_dir / "m.sock")), metrics=metrics) as srv,
+        AgentClient(srv.endpoint) as c,
+    ):
+        c.allocate(AllocationSpec.build(cpus=1, owner=ProcessRef(p.pid)))
+        with pytest.raises(AllocationError):
+            c.allocate(AllocationSpec.build(cpus=len(ONLINE) + 1, owner=ProcessRef(q.pid)))
+        with pytest.raises(InputError):
+            c.allocate(AllocationSpec.build(cpus=1))
+    sample = metrics.registry.get_sample_value
+    assert sample("corepin_pinning_requests_total") == 3
+    assert sample("corepin_pinning_errors_total", {"reason": "not_enough_cpus"}) == 1
+    assert sample("corepin_pinning_errors_total", {"reason": "no_owner"}) == 1
