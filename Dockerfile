@@ -10,7 +10,8 @@ ENV PYTHONDONTWRITEBYTECODE=1 \
     PYTHONUNBUFFERED=1
 
 WORKDIR /src
-COPY pyproject.toml README.md ./
+COPY pyproject.toml setup.py README.md ./
+COPY proto ./proto
 COPY src ./src
 # Dependencies come from the package's metadata. Bytecode is compiled here because the root
 # filesystem is read-only at run time; the sources are removed once installed.

@@ -25,12 +25,18 @@ $(BIN)/python:
 
 # Bytecode is compiled once here: corepin is on the hot path of `corepin run`, and an environment
 # with PYTHONDONTWRITEBYTECODE would otherwise recompile every module on every start.
-$(VENV)/.installed: $(BIN)/python pyproject.toml
+# setup.py generates the gRPC modules from proto/ on every install (editable: under src/).
+PROTOS := $(wildcard proto/corepin/v1alpha1/*.proto)
+# (a missing generated package - after `git clean`, say - also means: install again)
+GENERATED := src/corepin/api/grpc/gen/__init__.py
+$(GENERATED):
+
+$(VENV)/.installed: $(BIN)/python pyproject.toml setup.py $(PROTOS) $(GENERATED)
 	$(BIN)/python -m pip install --quiet -e .
 	$(BIN)/python -m compileall -q src
 	@touch $@
 
-$(VENV)/.installed-dev: $(BIN)/python pyproject.toml
+$(VENV)/.installed-dev: $(BIN)/python pyproject.toml setup.py $(PROTOS) $(GENERATED)
 	$(BIN)/python -m pip install --quiet -e '.[dev]'
 	$(BIN)/python -m compileall -q src
 	@touch $@ $(VENV)/.installed
@@ -45,7 +51,7 @@ demo: venv
 
 # ---------------------------------------------------------------- tests
 check: dev
-	$(BIN)/ruff check src tests benchmarks
+	$(BIN)/ruff check src tests benchmarks setup.py
 	$(BIN)/mypy
 	$(BIN)/lint-imports
 
@@ -72,5 +78,5 @@ docs: venv
 
 clean:
 	rm -rf $(VENV) $(DEMO_DIR) .corepin-demo dist .pytest_cache .mypy_cache .ruff_cache .hypothesis \
-	  .import_linter_cache src/*.egg-info
+	  .import_linter_cache src/*.egg-info src/corepin/api/grpc/gen
 	find . -name __pycache__ -type d -prune -exec rm -rf {} +

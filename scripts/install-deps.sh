@@ -2,12 +2,13 @@
 # Install the Debian/Ubuntu packages corepin needs (uses sudo when not root).
 #   sh scripts/install-deps.sh          make and Python's venv module (enough for `make demo`)
 #   sh scripts/install-deps.sh --test   also containerd, runc and busybox-static, which the
-#                                       real-container end-to-end tests run (`make test`)
+#                                       real-container end-to-end tests run, and prometheus,
+#                                       which scrapes the metrics server in its test (`make test`)
 set -eu
 packages="make"
 python3 -c 'import ensurepip' 2>/dev/null || packages="$packages python3-venv"
 if [ "${1:-}" = "--test" ]; then
-    packages="$packages containerd runc busybox-static"
+    packages="$packages containerd runc busybox-static prometheus"
 fi
 missing=""
 for p in $packages; do

@@ -246,7 +246,7 @@ def test_shrinking_the_shared_pool_pins_children_forked_during_the_repin(
             for p in session_members(sid):
                 try:
                     allowed = CPUSet.parse(allowed_cpus(p))
-                except (AssertionError, FileNotFoundError):
+                except (AssertionError, FileNotFoundError, ProcessLookupError):
                     continue
                 if allowed & mine:
                     leaked.append((p, str(allowed)))

@@ -26,6 +26,10 @@ FORBIDDEN = (
     "corepin.cli.render",
     "corepin.topology.discover",
     "corepin.topology.build",
+    "corepin.api",
+    "grpc",
+    "google.protobuf",
+    "prometheus_client",
 )
 #: Packages whose submodules (policies, checkpoints, cgroup writers, ...) load only on demand.
 LAZY_PACKAGES = (
@@ -35,6 +39,7 @@ LAZY_PACKAGES = (
     "corepin.enforcement",
     "corepin.kube",
     "corepin.agent",
+    "corepin.api",
 )
 
 PROBE = """
@@ -91,3 +96,41 @@ def test_importing_the_kube_package_alone_loads_no_network_code() -> None:
     )
     assert not [m for m in loaded if m.split(".")[0] in ("http", "ssl", "yaml")]
     assert not [m for m in loaded if m.startswith("corepin.kube.")]
+
+
+#: The surfaces' libraries: only commands that serve or query an agent load them.
+SURFACES = ("corepin.api", "grpc", "google.protobuf", "prometheus_client", "corepin.kube")
+
+RUN_PROBE = """
+import json, sys
+from corepin.cli.main import main
+code = main(sys.argv[1:])
+print(json.dumps({"code": code, "modules": sorted(sys.modules)}))
+"""
+
+
+@pytest.mark.parametrize(
+    "argv",
+    [
+        ["run", "--cgroups", "off", "--", "true"],
+        ["report", "--cgroups", "off", "-o", "json"],
+    ],
+    ids=["corepin run", "corepin report of this host"],
+)
+def test_host_commands_never_load_the_surfaces(tmp_path: object, argv: list[str]) -> None:
+    import os
+
+    state = os.path.join(str(tmp_path), "state")
+    full = [argv[0], "--state-dir", state, *argv[1:]]
+    done = subprocess.run(
+        [sys.executable, "-c", RUN_PROBE, *full],
+        capture_output=True,
+        text=True,
+        check=True,
+        timeout=60,
+    )
+    answer = json.loads(done.stdout.strip().splitlines()[-1])
+    assert answer["code"] == 0, done.stderr
+    loaded = answer["modules"]
+    offenders = [m for m in loaded for s in SURFACES if m == s or m.startswith(s + ".")]
+    assert offenders == [], f"{argv[0]} loads {offenders}"

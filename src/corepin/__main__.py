@@ -17,5 +17,50 @@ def entry() -> int:
     return main()
 
 
+#: Options of `corepin report` that take a value (the plugin must not read it as the node name).
+_REPORT_VALUE_OPTIONS = frozenset({"-o", "--output", "--out", "--kubeconfig"})
+_PLUGIN_USAGE = """\
+usage: kubectl corepin report NODE [-o table|json|yaml|svg] [--out FILE] [--kubeconfig FILE]
+
+Show who holds which CPUs on a Kubernetes node, from its NodeCPUTopology (the same as
+`corepin report --node NODE`).
+"""
+
+
+def plugin_argv(args: list[str]) -> list[str] | None:
+    """The `corepin` command line for `kubectl corepin ARGS` (None: show the usage):
+    `report NODE [OPTIONS]` becomes `report --node NODE [OPTIONS]`."""
+    if not args or args[0] != "report" or any(a in ("-h", "--help") for a in args):
+        return None
+    rest = args[1:]
+    i = 0
+    while i < len(rest):
+        arg = rest[i]
+        if arg in _REPORT_VALUE_OPTIONS:
+            i += 2
+            continue
+        if arg.startswith("-"):
+            i += 1
+            continue
+        return ["report", "--node", arg, *rest[:i], *rest[i + 1 :]]
+    return None
+
+
+def kubectl_plugin() -> int:
+    """The `kubectl-corepin` console script: kubectl runs it for `kubectl corepin ...`."""
+    import sys
+
+    argv = plugin_argv(sys.argv[1:])
+    if argv is None:
+        wanted = any(a in ("-h", "--help") for a in sys.argv[1:])
+        (sys.stdout if wanted else sys.stderr).write(_PLUGIN_USAGE)
+        return 0 if wanted else 2
+    try:
+        from corepin.cli.main import main
+    except KeyboardInterrupt:
+        return 130
+    return main(argv)
+
+
 if __name__ == "__main__":
     raise SystemExit(entry())

@@ -38,7 +38,7 @@ from typing import TYPE_CHECKING, Any, Final
 
 from corepin.agent.settings import HostSettings
 from corepin.core.cpuset import CPUSet
-from corepin.core.errors import CorepinError, InputError
+from corepin.core.errors import CorepinError, EnvironmentProblem, InputError
 from corepin.core.record import record
 from corepin.core.text import printable
 
@@ -548,6 +548,74 @@ class HostAgent:
             self.pinner.apply(assignment, state.shared_pool)
         return assignment
 
+    # ------------------------------------------------------------------ processes
+    def pin_process(
+        self,
+        pid: int,
+        spec: RunSpec,
+        *,
+        kind: str | None = None,
+        name: str | None = None,
+    ) -> Assignment:
+        """Allocate for a process that already runs (the node API's Allocate in host mode) and
+        pin its whole tree by affinity, as `corepin run` pins CMD (no cgroup: a running
+        process is not moved; its memory policy stays its own).
+
+        `kind` defaults to what `spec` asks (`RunSpec.kind`); `share` is accepted too. The
+        process must exist (InputError `no_such_process`) and hold no allocation yet
+        (InputError `already_pinned`)."""
+        from corepin.state.model import Assignment
+        from corepin.state.owners import ProcessOwner
+        from corepin.sysfs.procfs import ProcessGone, process_start_time
+
+        request = spec.request()
+        kind = kind or spec.kind(request)
+        if kind != "shared" and request.workload == "best-effort":
+            kind = "shared"
+        try:
+            start = process_start_time(pid, self.settings.proc_root)
+        except ProcessGone:
+            raise InputError(f"no process {pid}", reason="no_such_process") from None
+        comm, command = _process_labels(pid, self.settings.proc_root)
+        with self.transaction() as txn:
+            state, _ = self.reap(txn.state)
+            for held in state:
+                if held.pid == pid:
+                    raise InputError(
+                        f"process {pid} already holds allocation {held.id}",
+                        reason="already_pinned",
+                    )
+            decision = self.decide(state, request, kind)
+            while True:
+                assignment_id = f"pid-{pid}-{os.urandom(2).hex()}"
+                if assignment_id not in state:
+                    break
+            owned = kind != "shared"
+            assignment = Assignment(
+                id=assignment_id,
+                kind=kind,
+                cpus=decision.cpus if owned or spec.exclusive else CPUSet(),
+                withheld=decision.withheld if owned else CPUSet(),
+                mems=decision.mems if owned else CPUSet(),
+                level=request.level,
+                owner=ProcessOwner(
+                    pid=pid, start_time=start, name=name or comm, command=command[:1024]
+                ),
+                created=time.time(),
+                policy=decision.policy,
+                workload=request.workload,
+            )
+            state = txn.commit(state.add(assignment))
+            failed = [c for c in self.enforce(state, {assignment.id}) if c.action == "failed"]
+            if failed:  # not ours to pin (permission), or gone meanwhile: undo the record
+                txn.commit(state.remove(assignment.id))
+                raise EnvironmentProblem(
+                    f"cannot pin process {pid}: {failed[0].detail}", reason="pin_failed"
+                )
+            if assignment.exclusive:
+                self.repin_shared(state)
+        return assignment
+
     # ------------------------------------------------------------------ reconcile
     def reconcile_once(self) -> list[Change]:
         """Free what died, re-apply drifted pins; steady state: no writes at all."""
@@ -561,47 +629,16 @@ class HostAgent:
         return changes
 
     # ------------------------------------------------------------------ report
-    def report(self, state: HostState) -> dict[str, Any]:
-        pool = state.shared_pool
+    def statuses(self, state: HostState) -> dict[str, str]:
+        """Assignment id -> RUNNING, LINGERING, DEAD or UNKNOWN (one scan of /proc)."""
         table = self._table()
-        allocations = []
-        for a in state:
-            process = a.process
-            status = self.status(a, table)
-            allocations.append(
-                {
-                    "id": a.id,
-                    "pid": a.pid,
-                    "cpus": str(a.affinity(pool)),
-                    "exclusive": a.exclusive,
-                    "kind": a.kind,
-                    "exclusive_cpus": str(a.cpus) if a.holds else "",
-                    "withheld": str(a.withheld),
-                    "mems": str(a.mems),
-                    "level": a.level,
-                    "workload": a.workload,
-                    "name": process.name if process is not None else a.label,
-                    "command": process.command if process is not None else "",
-                    "owner_pid": process.runner_pid if process is not None else None,
-                    "owner": a.owner.to_json() if a.owner is not None else None,
-                    "cgroup": a.cgroup,
-                    "created": a.created,
-                    "policy": a.policy,
-                    "status": status,
-                    "alive": status in (RUNNING, LINGERING),
-                }
-            )
-        return {
-            "allocations": allocations,
-            "shared_pool": str(pool),
-            "free": str(state.free),
-            "online": str(state.online),
-            "isolated": str(state.isolated),
-            "reserved": str(state.reserved),
-            "exclusive": str(state.exclusive_cpus),
-            "held": str(state.held),
-            "revision": state.revision,
-        }
+        return {a.id: self.status(a, table) for a in state}
+
+    def report(self, state: HostState) -> dict[str, Any]:
+        """What `corepin report -o json` prints (`corepin.state.report.report_data`)."""
+        from corepin.state.report import report_data
+
+        return report_data(state, self.statuses(state))
 
 
 def _same_process(table: dict[int, ProcStat], pid: int | None, start_time: int | None) -> bool:
@@ -628,6 +665,21 @@ def _signal_exactly(pid: int, start_time: int, sig: int, proc_root: str) -> None
         pass
     finally:
         os.close(fd)
+
+
+def _process_labels(pid: int, proc_root: str) -> tuple[str, str]:
+    """(command name, command line) of a process for reports ("" when unreadable)."""
+    comm = command = ""
+    try:
+        with open(
+            os.path.join(proc_root, str(pid), "comm"), encoding="utf-8", errors="replace"
+        ) as f:
+            comm = f.read().strip()
+        with open(os.path.join(proc_root, str(pid), "cmdline"), "rb") as handle:
+            command = handle.read().replace(b"\0", b" ").decode("utf-8", "replace").strip()
+    except OSError:
+        pass
+    return comm, command
 
 
 def _foreground_job() -> bool:

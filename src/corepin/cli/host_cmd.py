@@ -8,11 +8,12 @@ from __future__ import annotations
 
 import argparse
 import os
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from typing import TYPE_CHECKING, Any
 
 if TYPE_CHECKING:
     from corepin.agent.settings import HostSettings
+    from corepin.kube.nodestate import NodeReport
     from corepin.state.model import HostState
     from corepin.topology.model import Topology
 
@@ -115,6 +116,24 @@ def add_arguments(parser: argparse.ArgumentParser, name: str) -> None:
             help="output format (default: table)",
         )
         parser.add_argument("--out", metavar="FILE", help="write the output to FILE")
+        source = parser.add_mutually_exclusive_group()
+        source.add_argument(
+            "--agent",
+            metavar="SOCKET",
+            help="show a running agent's state through its node gRPC API (its unix socket, "
+            "e.g. /run/corepin/corepin.sock) instead of this host's state directory",
+        )
+        source.add_argument(
+            "--node",
+            metavar="NAME",
+            help="show a Kubernetes node's state from its NodeCPUTopology",
+        )
+        parser.add_argument(
+            "--kubeconfig",
+            metavar="FILE",
+            help="with --node: the API server's kubeconfig (default: $KUBECONFIG, else the "
+            "in-cluster service account)",
+        )
         _common(parser)
     elif name == "release":
         parser.description = (
@@ -158,6 +177,8 @@ def add_arguments(parser: argparse.ArgumentParser, name: str) -> None:
 def run(args: Any) -> int:
     from corepin.agent.settings import HostSettings
 
+    if args.command == "report" and (args.agent or args.node or args.kubeconfig):
+        return _cmd_report_remote(args)
     settings = HostSettings.from_args(args, os.environ)
     if args.command == "run":
         return _cmd_run(settings, args)
@@ -204,20 +225,94 @@ def _cmd_run(settings: HostSettings, args: Any) -> int:
 
 def _cmd_report(settings: HostSettings, args: Any) -> int:
     from corepin.agent.host import HostAgent
-    from corepin.cli.common import dump, write_output
+    from corepin.cli.common import write_output
 
     agent = HostAgent(settings)
     state = agent.read_state()
     data = agent.report(state)
-    fmt = args.output
+    write_output(_render_report(args.output, data, state, lambda: agent.topology), args.out)
+    return 0
+
+
+def _render_report(
+    fmt: str, data: Mapping[str, Any], state: HostState, topology: Callable[[], Topology]
+) -> str:
+    """The report in `fmt` (table, json, yaml or svg; the SVG needs the topology)."""
+    from corepin.cli.common import dump
+
     if fmt in ("json", "yaml"):
-        text = dump(data, fmt)
-    elif fmt == "svg":
-        text = _report_svg(agent.topology, state, data)
-    else:
-        text = _report_table(data)
+        return dump(data, fmt)
+    if fmt == "svg":
+        return _report_svg(topology(), state, data)
+    return _report_table(data)
+
+
+def _cmd_report_remote(args: Any) -> int:
+    """`corepin report --agent SOCKET` (a running agent over gRPC) or `--node NAME` (a
+    Kubernetes node's NodeCPUTopology): the same report as host mode."""
+    from corepin.cli.common import write_output
+    from corepin.core.errors import InputError
+    from corepin.state.report import report_data
+
+    for option in ("state_dir", "cgroups", "cgroup_root", "sysfs_root"):
+        if getattr(args, option, None):
+            raise InputError(
+                f"--{option.replace('_', '-')} applies to this host's state, not to --agent "
+                "or --node",
+                reason="bad_usage",
+            )
+    if args.agent:
+        if args.kubeconfig:
+            raise InputError("--kubeconfig applies to --node, not --agent", reason="bad_usage")
+        from corepin.api.grpc.client import AgentClient
+
+        with AgentClient(args.agent) as client:
+            listed = client.list_state()
+            topology = client.topology()[1] if args.output == "svg" else None
+        data = report_data(listed.state, listed.statuses)
+        text = _render_report(args.output, data, listed.state, lambda: _given(topology))
+        write_output(text, args.out)
+        return 0
+    if not args.node:
+        raise InputError("--kubeconfig needs --node NAME", reason="bad_usage")
+    report, node_topology = _read_node(args.node, args.kubeconfig)
+    data = report_data(report.state, pools=report.pools)
+    text = _render_report(args.output, data, report.state, lambda: node_topology)
     write_output(text, args.out)
     return 0
+
+
+def _given(topology: Topology | None) -> Topology:
+    assert topology is not None
+    return topology
+
+
+def _read_node(name: str, kubeconfig: str | None) -> tuple[NodeReport, Topology]:
+    """The node's report and topology from its NodeCPUTopology."""
+    from corepin.core.errors import ApiNotFound, EnvironmentProblem, InputError
+    from corepin.kube.client import KubeClient
+    from corepin.kube.config import load_config
+    from corepin.kube.models import NodeCPUTopology
+    from corepin.kube.nodestate import NODE_CPU_TOPOLOGIES, node_state
+
+    client = KubeClient.from_config(load_config(kubeconfig, env=os.environ), timeout=15)
+    try:
+        obj = client.get(NODE_CPU_TOPOLOGIES, name)
+    except ApiNotFound as exc:
+        if exc.details.get("name") != name:  # the type itself is not served
+            raise EnvironmentProblem(
+                f"the API server does not serve {NODE_CPU_TOPOLOGIES} ({exc.api_message}): "
+                "are corepin's CRDs installed (deploy/crd)?",
+                reason="no_crd",
+            ) from None
+        raise InputError(
+            f"node {name!r} has no NodeCPUTopology: is the corepin agent running on it?",
+            reason="no_such_node",
+        ) from None
+    finally:
+        client.close()
+    ncpt = NodeCPUTopology.from_dict(obj)
+    return node_state(ncpt), ncpt.spec.topology
 
 
 def _report_table(data: Mapping[str, Any]) -> str:
@@ -237,7 +332,7 @@ def _report_table(data: Mapping[str, Any]) -> str:
                     a["kind"],
                     a["cpus"] or "-",
                     a["mems"] or "-",
-                    a["status"],
+                    a["status"] or "-",
                     a["command"][:40],
                 )
             )

@@ -1,0 +1,189 @@
+"""The agent's Prometheus metrics (CONTRACTS 7.6; the names are a stable contract).
+
+- `corepin_shared_pool_cpus` (gauge): CPUs in the shared pool;
+- `corepin_exclusive_cpus` (gauge): CPUs of exclusive allocations with the units their levels
+  withhold;
+- `corepin_allocated_cpus{numa_node}` (gauge): CPUs held by exclusive and share allocations
+  (withheld units included), per NUMA node;
+- `corepin_pinning_requests_total` (counter): pinning requests (a container or process to pin,
+  an Allocate call);
+- `corepin_pinning_errors_total{reason}` (counter): failed pinning requests by the error's
+  machine-readable reason;
+- `corepin_cgroup_writes_total` (counter): cgroup file writes;
+- `corepin_reconcile_duration_seconds` (histogram): one reconcile pass;
+- `corepin_decision_duration_seconds` (histogram): one allocation decision;
+- `corepin_pod_event_to_pinned_seconds` (histogram): from the first pod update that reports a
+  running container's containerID to the cgroup write;
+- `corepin_watch_restarts_total` (counter): watches of the API that had to start again.
+
+Each process builds one `AgentMetrics` on a registry of its own (never the library's global
+one, so two agents in one test process do not mix) and the agent updates it:
+
+```python
+metrics = AgentMetrics()
+metrics.observe_state(state, topology)        # after every committed change
+metrics.pinning_request(); metrics.pinning_error("not_enough_cpus")
+metrics.cgroup_writes(3)
+with metrics.time_reconcile(): ...            # or metrics.observe_reconcile(seconds)
+with metrics.time_decision(): ...
+metrics.observe_pod_event_to_pinned(seconds)
+metrics.watch_restart()
+metrics.exposition()                          # (bytes, content type) for GET /metrics
+```
+"""
+
+from __future__ import annotations
+
+import threading
+import time
+from collections.abc import Iterator
+from contextlib import contextmanager
+from typing import TYPE_CHECKING, Final
+
+from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram
+from prometheus_client.exposition import choose_encoder
+
+if TYPE_CHECKING:
+    from corepin.state.model import HostState
+    from corepin.topology.model import Topology
+
+#: Decisions take microseconds to milliseconds.
+DECISION_BUCKETS: Final = (
+    0.0001, 0.00025, 0.0005, 0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 1.0,
+)  # fmt: skip
+#: A reconcile pass reads and maybe writes many cgroup files.
+RECONCILE_BUCKETS: Final = (0.001, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0)
+#: Pod event to pinned: the agent's reaction time, from tens of milliseconds to seconds.
+PINNED_BUCKETS: Final = (0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 30.0, 60.0)
+
+
+class AgentMetrics:
+    """The metrics of one agent process on `registry` (a new one by default)."""
+
+    def __init__(self, registry: CollectorRegistry | None = None) -> None:
+        self.registry = registry if registry is not None else CollectorRegistry()
+        r = self.registry
+        self._lock = threading.Lock()
+        self._numa_nodes: set[str] = set()
+        self.shared_pool_cpus = Gauge(
+            "corepin_shared_pool_cpus", "CPUs in the shared pool.", registry=r
+        )
+        self.exclusive_cpus = Gauge(
+            "corepin_exclusive_cpus",
+            "CPUs of exclusive allocations, with the units their levels withhold.",
+            registry=r,
+        )
+        self.allocated_cpus = Gauge(
+            "corepin_allocated_cpus",
+            "CPUs held by exclusive and share allocations (withheld units included), per NUMA "
+            "node.",
+            ["numa_node"],
+            registry=r,
+        )
+        self.pinning_requests = Counter(
+            "corepin_pinning_requests", "Pinning requests handled.", registry=r
+        )
+        self.pinning_errors = Counter(
+            "corepin_pinning_errors",
+            "Pinning requests that failed, by reason.",
+            ["reason"],
+            registry=r,
+        )
+        self.cgroup_writes_total = Counter(
+            "corepin_cgroup_writes", "cgroup file writes.", registry=r
+        )
+        self.reconcile_duration = Histogram(
+            "corepin_reconcile_duration_seconds",
+            "Duration of one reconcile pass.",
+            buckets=RECONCILE_BUCKETS,
+            registry=r,
+        )
+        self.decision_duration = Histogram(
+            "corepin_decision_duration_seconds",
+            "Duration of one allocation decision.",
+            buckets=DECISION_BUCKETS,
+            registry=r,
+        )
+        self.pod_event_to_pinned = Histogram(
+            "corepin_pod_event_to_pinned_seconds",
+            "From the first pod update that reports a running container's containerID to the "
+            "cgroup write.",
+            buckets=PINNED_BUCKETS,
+            registry=r,
+        )
+        self.watch_restarts = Counter(
+            "corepin_watch_restarts", "Watches of the API that had to start again.", registry=r
+        )
+
+    # ------------------------------------------------------------------ gauges
+    def observe_state(self, state: HostState, topology: Topology) -> None:
+        """Set the pool gauges from a state: shared pool, exclusive CPUs, and the allocated
+        CPUs of every NUMA node of `topology` (0 where none are held; a node that left the
+        topology is dropped)."""
+        held = state.held
+        per_node = {
+            str(node): len(held & topology.cpus_in_numa_nodes(node))
+            for node in topology.numa_node_ids()
+        }
+        with self._lock:
+            self.shared_pool_cpus.set(len(state.shared_pool))
+            self.exclusive_cpus.set(len(state.exclusive_cpus))
+            for gone in self._numa_nodes - per_node.keys():
+                self.allocated_cpus.remove(gone)
+            for node, count in per_node.items():
+                self.allocated_cpus.labels(numa_node=node).set(count)
+            self._numa_nodes = set(per_node)
+
+    # ------------------------------------------------------------------ counters
+    def pinning_request(self) -> None:
+        self.pinning_requests.inc()
+
+    def pinning_error(self, reason: str) -> None:
+        self.pinning_errors.labels(reason=reason or "unknown").inc()
+
+    def cgroup_writes(self, count: int = 1) -> None:
+        if count < 0:
+            raise ValueError(f"a write count cannot be negative, got {count}")
+        if count:
+            self.cgroup_writes_total.inc(count)
+
+    def watch_restart(self) -> None:
+        self.watch_restarts.inc()
+
+    # ------------------------------------------------------------------ histograms
+    def observe_reconcile(self, seconds: float) -> None:
+        self.reconcile_duration.observe(seconds)
+
+    def observe_decision(self, seconds: float) -> None:
+        self.decision_duration.observe(seconds)
+
+    def observe_pod_event_to_pinned(self, seconds: float) -> None:
+        self.pod_event_to_pinned.observe(max(0.0, seconds))
+
+    @contextmanager
+    def time_reconcile(self) -> Iterator[None]:
+        start = time.perf_counter()
+        try:
+            yield
+        finally:
+            self.observe_reconcile(time.perf_counter() - start)
+
+    @contextmanager
+    def time_decision(self) -> Iterator[None]:
+        start = time.perf_counter()
+        try:
+            yield
+        finally:
+            self.observe_decision(time.perf_counter() - start)
+
+    # ------------------------------------------------------------------ exposition
+    def exposition(self, accept: str | None = None) -> tuple[bytes, str]:
+        """(body, content type) of the metrics page, in the format `accept` asks for
+        (Prometheus text, or OpenMetrics when the scraper prefers it)."""
+        return render(self.registry, accept)
+
+
+def render(registry: CollectorRegistry, accept: str | None = None) -> tuple[bytes, str]:
+    """Any registry's metrics page for an `Accept` header: (body, content type)."""
+    encoder, content_type = choose_encoder(accept or "")
+    return encoder(registry), content_type
