@@ -7,6 +7,7 @@ import os
 import signal
 import subprocess
 import time
+import urllib.request
 from pathlib import Path
 from typing import Any
 
@@ -36,7 +37,7 @@ def agent_argv(kubeconfig: Path, tmp: Path, *extra: str) -> list[str]:
         "--grpc-socket",
         str(tmp / "corepin.sock"),
         "--metrics-address",
-        "127.0.0.1:0",
+        "127.0.0.1:19464",
         "--assignment-dir",
         str(tmp / "assignments"),
         *extra,
@@ -75,6 +76,20 @@ def test_the_agent_publishes_its_node_and_stops_on_sigterm_within_5_s(
         topo = kube.get(NCPT, "n1")
         assert topo["status"]["conditions"][0]["type"] == "Ready"
         assert CPUSet.parse(topo["status"]["free"]) == CPUSet(os.sched_getaffinity(0))
+        # the node gRPC API on its unix socket (mode 0600) and the metrics endpoint
+        from corepin.api.grpc.client import AgentClient
+
+        sock = tmp_path / "corepin.sock"
+        wait_for(sock.exists, what="the gRPC socket")
+        assert sock.stat().st_mode & 0o777 == 0o600
+        with AgentClient(f"unix:{sock}") as client:
+            name, served = client.topology()
+            assert name == "n1" and served.online_cpus == CPUSet(os.sched_getaffinity(0))
+            assert client.health() == "SERVING"
+        body = urllib.request.urlopen("http://127.0.0.1:19464/metrics", timeout=5).read().decode()
+        assert "corepin_shared_pool_cpus" in body and "corepin_watch_restarts_total" in body
+        ready = urllib.request.urlopen("http://127.0.0.1:19464/healthz", timeout=5)
+        assert ready.status == 200
         started = time.monotonic()
         proc.send_signal(signal.SIGTERM)
         code = proc.wait(timeout=10)

@@ -117,6 +117,9 @@ def run(args: Any) -> int:
     from corepin.agent.node.agent import NodeAgent
     from corepin.agent.node.enforce import ContainerCgroups, open_hierarchy
     from corepin.allocation.policies import get_policy
+    from corepin.api.grpc.server import GrpcServer, Listen
+    from corepin.api.http import OpsServer
+    from corepin.api.metrics import AgentMetrics
     from corepin.kube.client import KubeClient
     from corepin.kube.config import load_config
     from corepin.topology.discover import discover
@@ -134,7 +137,10 @@ def run(args: Any) -> int:
         proc_root=settings.proc_root,
     )
     client = KubeClient.from_config(load_config(args.kubeconfig, env=environ))
-    agent = NodeAgent(settings, client, topology, cgroups)
+    metrics = AgentMetrics()
+    agent = NodeAgent(settings, client, topology, cgroups, hooks=_metrics_hooks(metrics))
+    ops = OpsServer(settings.metrics_address, metrics=metrics.registry, ready=agent.synced.is_set)
+    grpc_server = GrpcServer(agent, Listen.unix(settings.grpc_socket), metrics=metrics)
     done = threading.Event()
 
     def on_signal(_signum: int, _frame: object) -> None:
@@ -142,11 +148,48 @@ def run(args: Any) -> int:
 
     signal.signal(signal.SIGTERM, on_signal)
     signal.signal(signal.SIGINT, on_signal)
-    agent.start()
+    ops.start()
     try:
+        agent.start()
+        grpc_server.start()
+        watches = 0
         while not done.wait(0.5):
-            pass
+            restarts = sum(i.stats.watch_restarts for i in agent._informers)
+            for _ in range(restarts - watches):
+                metrics.watch_restart()
+            watches = restarts
     finally:
-        agent.stop(timeout=4.0)
+        grpc_server.stop(grace=1.0)
+        agent.stop(timeout=2.5)
+        ops.stop(timeout=1.0)
         client.close()
     return 0
+
+
+def _metrics_hooks(metrics: Any) -> Any:
+    """The agent's hooks as Prometheus metrics (CONTRACTS 7.6)."""
+    from corepin.agent.node.agent import Hooks
+
+    class MetricsHooks(Hooks):
+        def decided(self, seconds: float) -> None:
+            metrics.observe_decision(seconds)
+
+        def pinning(self, ok: bool, reason: str = "") -> None:
+            metrics.pinning_request()
+            if not ok:
+                metrics.pinning_error(reason or "error")
+
+        def cgroup_writes(self, count: int) -> None:
+            if count:
+                metrics.cgroup_writes(count)
+
+        def reconciled(self, seconds: float) -> None:
+            metrics.observe_reconcile(seconds)
+
+        def pinned_after(self, seconds: float) -> None:
+            metrics.observe_pod_event_to_pinned(seconds)
+
+        def state(self, state: Any, topology: Any) -> None:
+            metrics.observe_state(state, topology)
+
+    return MetricsHooks()

@@ -34,6 +34,7 @@ from collections.abc import Callable, Iterable, Iterator, Mapping
 from contextlib import contextmanager
 from typing import TYPE_CHECKING, Any, Final
 
+from corepin.agent.backend import StateFeed
 from corepin.agent.node.plan import PodPlan, plan_pod
 from corepin.agent.node.sync import (
     KUBELET_POLICY,
@@ -49,6 +50,7 @@ from corepin.core.errors import CorepinError, EnvironmentProblem
 from corepin.core.record import record
 
 if TYPE_CHECKING:
+    from corepin.agent.backend import AllocationSpec, Subscription
     from corepin.agent.node.enforce import ContainerCgroups
     from corepin.agent.node.settings import NodeSettings
     from corepin.allocation.types import Policy
@@ -144,7 +146,7 @@ class NodeAgent:
 
         self.settings = settings
         self.client = client
-        self.topology = topology
+        self.machine = topology
         self.cgroups = cgroups
         self.hooks = hooks or Hooks()
         self.clock = clock
@@ -175,6 +177,7 @@ class NodeAgent:
         self._published.set()
         self.synced = threading.Event()
         self.errors = 0
+        self.feed = StateFeed()
 
     # ------------------------------------------------------------------ resources
     @property
@@ -279,6 +282,51 @@ class NodeAgent:
     def state(self) -> HostState | None:
         """The node state as last committed (read-only snapshot)."""
         return self._state
+
+    # ------------------------------------------------------------------ NodeBackend
+    @property
+    def node_name(self) -> str:
+        return self.settings.node_name
+
+    def topology(self) -> Topology:
+        return self.machine
+
+    def snapshot(self) -> HostState:
+        """The committed state (`corepin.agent.backend.NodeBackend`)."""
+        from corepin.state.model import HostState
+
+        return self._state or HostState.new(self.machine)
+
+    def statuses(self, state: HostState) -> Mapping[str, str]:
+        """Containers of pods the agent sees run; others are `unknown` to it."""
+        live = {str((p.get("metadata") or {}).get("uid")) for p in self._pods.cache.list()}
+        return {
+            a.id: "running"
+            if a.container is not None and a.container.pod_uid in live
+            else "unknown"
+            for a in state
+        }
+
+    def allocate(self, spec: AllocationSpec) -> Assignment:
+        from corepin.core.errors import InputError
+
+        raise InputError(
+            "the node agent pins pods from their annotations (corepin.io/cpu-policy) and "
+            "PodCPUBindings; it takes no Allocate calls",
+            reason="not_supported",
+        )
+
+    def release(self, assignment_id: str) -> Assignment:
+        from corepin.core.errors import InputError
+
+        raise InputError(
+            f"the node agent releases {assignment_id!r} when its pod or container ends; "
+            "change the pod's annotation or delete the pod instead",
+            reason="not_supported",
+        )
+
+    def subscribe(self) -> Subscription:
+        return self.feed.subscribe()
 
     def _spawn(self, target: Callable[[], None], name: str) -> None:
         thread = threading.Thread(target=target, name=name, daemon=True)
@@ -476,16 +524,19 @@ class NodeAgent:
                 self.settings.state_dir, proc_root=self.settings.proc_root
             )
         with store.transaction(cached=self._cached) as tx:
-            state = tx.state if tx.reused else adopt(tx.state, self.topology, store.path)
+            state = tx.state if tx.reused else adopt(tx.state, self.machine, store.path)
             txn = _NodeTransaction(tx, state)
             yield txn
             if txn.written is not None:
                 self._cached = (tx.stamp, txn.written) if tx.stamp is not None else None
                 self._state = txn.written
-                self.hooks.state(txn.written, self.topology)
+                self.hooks.state(txn.written, self.machine)
+                self.feed.publish(txn.written)
             elif self._state is None or tx.reused is False:
                 self._state = state
                 self._cached = (tx.stamp, state) if tx.stamp is not None and tx.existed else None
+                self.hooks.state(state, self.machine)
+                self.feed.publish(state)
 
     def _kubelet_assignments(self) -> HostState | None:
         """The kubelet static CPU manager's assignments when it is active and we are asked to
@@ -514,7 +565,7 @@ class NodeAgent:
             )
         from corepin.agent.migrate import convert
 
-        state, _ = convert(checkpoint, self.topology, created=self.clock())
+        state, _ = convert(checkpoint, self.machine, created=self.clock())
         return state
 
     def _restore(self, imported: HostState | None) -> None:
@@ -569,8 +620,8 @@ class NodeAgent:
                         ident,
                         kind,
                         status.cpus,
-                        withheld_for(self.topology, level, status.cpus),
-                        self.topology.mems_of(status.cpus),
+                        withheld_for(self.machine, level, status.cpus),
+                        self.machine.mems_of(status.cpus),
                         level,
                         owner,
                         self.clock(),
@@ -613,7 +664,7 @@ class NodeAgent:
         stale = self._uids_gone(state, namespace, name, plan.uid)
         for uid in stale:
             state, _ = forget_pod(state, uid)
-        ctx = SyncContext(self.topology, self.policy, self.clock())
+        ctx = SyncContext(self.machine, self.policy, self.clock())
         state, notes = sync_pod(state, plan, ctx)
         state = self._attach_cgroups(state, plan)
         self._last_plan[plan.uid] = (plan, tuple(pod_assignments(state, plan.uid)))
@@ -761,7 +812,7 @@ class NodeAgent:
         try:
             reservation = parse_node_reservation(annotations)
             if reservation is not None:
-                reserved = select_reserved(self.topology, reservation.count, reservation.cpus)
+                reserved = select_reserved(self.machine, reservation.count, reservation.cpus)
         except CorepinError as exc:
             self._node_event("Warning", "ReservationIgnored", exc.message)
         options = {k: v for k, v in self.settings.options.items() if k == STRICT_RESERVATION}
@@ -850,7 +901,7 @@ class NodeAgent:
                 continue
             own = a.cpus if a.holds else CPUSet()
             shared = pool if a.with_shared else CPUSet()
-            mems = a.mems if a.holds and a.mems else self.topology.mems_of(own | shared)
+            mems = a.mems if a.holds and a.mems else self.machine.mems_of(own | shared)
             exclusive = own if a.exclusive else CPUSet()
             wanted[f"{plan.namespace}.{plan.name}.{owner.container}"] = (
                 f"COREPIN_CPUS={own | shared}\nCOREPIN_CPUS_EXCLUSIVE={exclusive}\n"
@@ -1002,13 +1053,13 @@ class NodeAgent:
             return
         node = self.settings.node_name
         spec = {
-            "topology": self.topology.to_json(),
+            "topology": self.machine.to_json(),
             "policy": self.settings.policy,
             "options": dict(self.settings.options),
             "reservedCPUs": str(state.reserved),
         }
         now = format_time(_utc_now(self.clock))
-        status = node_status(state, self.topology, now)
+        status = node_status(state, self.machine, now)
         try:
             if not self._ncpt_created:
                 meta: dict[str, Any] = {"name": node, "labels": {MANAGED_BY: AGENT}}
@@ -1053,7 +1104,7 @@ class NodeAgent:
         from corepin.kube.models import node_resource_topology
 
         body = node_resource_topology(
-            self.settings.node_name, self.topology, free=state.free, reserved=state.reserved
+            self.settings.node_name, self.machine, free=state.free, reserved=state.reserved
         )
         try:
             try:
