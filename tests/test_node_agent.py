@@ -362,3 +362,48 @@ def test_dropped_watches_and_410_gone_lose_no_pod(node: FakeNode) -> None:
     settle(node)
     held = [node.cpus(p, "app") for p in (a, b, c)]
     assert len(CPUSet().union(*held)) == 6, "no CPU handed out twice"
+
+
+def test_a_binding_naming_cpus_the_node_lacks_or_someone_holds_is_refused_with_an_event(
+    node: FakeNode,
+) -> None:
+    agent = node.agent()
+    holder = node.pod("holder", container("app", "2"), annotations=EXCLUSIVE)
+    node.run(holder)
+    wait_for(lambda: node.annotation(holder) is not None, what="the holder")
+    settle(node)
+    taken = node.cpus(holder, "app")
+    for name, cpus in (("ghost", [99]), ("thief", sorted(taken)[:1])):
+        pod = node.pod(name, container("app", "1"))
+        node.client.create(
+            agent.pcb,
+            {
+                "apiVersion": "corepin.io/v1alpha1",
+                "kind": "PodCPUBinding",
+                "metadata": {"name": f"{name}-binding", "namespace": "default"},
+                "spec": {"podName": name, "cpuSet": [{"cpuID": c} for c in cpus]},
+            },
+            "default",
+        )
+        node.run(pod)
+        wait_for(lambda pod=pod: events(node, pod, "CPUPinFailed"), what=f"{name} refused")  # type: ignore[misc]
+        message = events(node, pod, "CPUPinFailed")[0]["message"]
+        assert str(CPUSet(cpus)) in message
+        settle(node)
+        assert node.cpus(pod, "app") == node.cpus(holder, "app") ^ node.topology.online_cpus, (
+            "it runs on the shared pool"
+        )
+    assert node.cpus(holder, "app") == taken, "nothing else was disturbed"
+    good = node.pod("good", container("app", "1"))
+    node.client.create(
+        agent.pcb,
+        {
+            "apiVersion": "corepin.io/v1alpha1",
+            "kind": "PodCPUBinding",
+            "metadata": {"name": "good-binding", "namespace": "default"},
+            "spec": {"podName": "good", "cpuSet": [{"cpuID": 31}]},
+        },
+        "default",
+    )
+    node.run(good)
+    wait_for(lambda: node.cpus(good, "app") == C("31"), what="explicit CPU 31")
