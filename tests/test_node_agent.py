@@ -407,3 +407,53 @@ def test_a_binding_naming_cpus_the_node_lacks_or_someone_holds_is_refused_with_a
     )
     node.run(good)
     wait_for(lambda: node.cpus(good, "app") == C("31"), what="explicit CPU 31")
+
+
+NRT_CRD = (
+    Path(__file__).resolve().parents[1].parent
+    / "shared"
+    / "fixtures"
+    / "peer"
+    / "noderesourcetopology"
+    / "crd.yaml"
+)
+
+
+@pytest.mark.skipif(not NRT_CRD.exists(), reason="the NodeResourceTopology CRD fixture is absent")
+def test_a_node_resource_topology_is_published_when_its_crd_is_served(node: FakeNode) -> None:
+    import yaml
+
+    from corepin.kube.resources import CRDS
+
+    node.client.create(CRDS, yaml.safe_load(NRT_CRD.read_text()))
+    agent = node.agent()
+    pod = node.pod("db", container("app", "4"), annotations=EXCLUSIVE)
+    node.run(pod)
+    wait_for(lambda: node.annotation(pod) is not None, what="the pin")
+
+    def published() -> dict[str, Any] | None:
+        try:
+            got: dict[str, Any] = node.client.get(agent.nrt, NODE)
+        except Exception:
+            return None
+        return got
+
+    wait_for(published, what="the NodeResourceTopology")
+    settle(node)
+    nrt = published()
+    assert nrt is not None
+    zones = {z["name"]: z for z in nrt["zones"]}
+    assert set(zones) == {"node-0", "node-1"}
+    available = sum(
+        int(r["available"]) for z in zones.values() for r in z["resources"] if r["name"] == "cpu"
+    )
+    assert available == len(node.topology.online_cpus) - 4
+
+
+def test_without_the_nrt_crd_the_agent_carries_on(node: FakeNode) -> None:
+    agent = node.agent()
+    pod = node.pod("db", container("app", "1"), annotations=EXCLUSIVE)
+    node.run(pod)
+    wait_for(lambda: node.annotation(pod) is not None, what="the pin")
+    settle(node)
+    assert agent.errors == 0 and ncpt(node)["status"]["conditions"][0]["status"] == "True"
