@@ -320,51 +320,23 @@ class NodePools:
     def hold(self, kind: str, withheld: CPUSet) -> NodePools:
         """These pools with `withheld` held as `kind` (checked by `check_hold`)."""
         self.check_hold(kind, withheld)
-        if kind in EXCLUSIVE_KINDS:
-            return NodePools(
-                self.online,
-                self.isolated,
-                self.reserved,
-                self.infra,
-                self.strict,
-                self.exclusive | withheld.bits,
-                self.share,
-            )
-        if kind == "share":
-            return NodePools(
-                self.online,
-                self.isolated,
-                self.reserved,
-                self.infra,
-                self.strict,
-                self.exclusive,
-                self.share | withheld.bits,
-            )
-        return self
+        return self._moved(kind, withheld.bits, 0)
 
     def release(self, kind: str, withheld: CPUSet) -> NodePools:
         """These pools without the hold `(kind, withheld)` (holds never overlap)."""
+        return self._moved(kind, 0, withheld.bits)
+
+    def _moved(self, kind: str, added: int, removed: int) -> NodePools:
+        """These pools with `added` held and `removed` no longer held by holds of `kind`."""
         if kind in EXCLUSIVE_KINDS:
-            return NodePools(
-                self.online,
-                self.isolated,
-                self.reserved,
-                self.infra,
-                self.strict,
-                self.exclusive & ~withheld.bits,
-                self.share,
-            )
-        if kind == "share":
-            return NodePools(
-                self.online,
-                self.isolated,
-                self.reserved,
-                self.infra,
-                self.strict,
-                self.exclusive,
-                self.share & ~withheld.bits,
-            )
-        return self
+            exclusive, share = (self.exclusive | added) & ~removed, self.share
+        elif kind == "share":
+            exclusive, share = self.exclusive, (self.share | added) & ~removed
+        else:
+            return self
+        return NodePools(
+            self.online, self.isolated, self.reserved, self.infra, self.strict, exclusive, share
+        )
 
     def keeps_shared_pool(self, withheld: CPUSet) -> bool:
         """Whether the shared pool keeps a CPU once `withheld` is held exclusively."""

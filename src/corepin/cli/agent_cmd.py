@@ -9,15 +9,7 @@ import argparse
 import os
 from typing import Any
 
-
-def _seconds(text: str) -> float:
-    try:
-        value = float(text)
-    except ValueError:
-        raise argparse.ArgumentTypeError(f"expected a number of seconds, got {text!r}") from None
-    if not value > 0:
-        raise argparse.ArgumentTypeError(f"expected a positive number of seconds, got {text!r}")
-    return value
+from corepin.cli.common import positive_seconds
 
 
 def add_arguments(parser: argparse.ArgumentParser, name: str) -> None:
@@ -69,7 +61,7 @@ def add_arguments(parser: argparse.ArgumentParser, name: str) -> None:
         help="one file per container with its CPUs (mounted into pods at /etc/corepin by the "
         "webhook; '' for none)",
     )
-    parser.add_argument("--resync-period", metavar="SECONDS", type=_seconds, default=30.0)
+    parser.add_argument("--resync-period", metavar="SECONDS", type=positive_seconds, default=30.0)
     parser.add_argument(
         "--kubelet-compat",
         action="store_true",

@@ -14,6 +14,17 @@ if TYPE_CHECKING:
     from corepin.topology.model import Topology
 
 
+def positive_seconds(text: str) -> float:
+    """argparse type: a positive number of seconds (the message names the bad value)."""
+    try:
+        value = float(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"expected a number of seconds, got {text!r}") from None
+    if not value > 0:
+        raise argparse.ArgumentTypeError(f"expected a positive number of seconds, got {text!r}")
+    return value
+
+
 def add_topology_source(parser: argparse.ArgumentParser, *, default_root: bool = True) -> None:
     group = parser.add_mutually_exclusive_group()
     group.add_argument(

@@ -17,6 +17,8 @@ if TYPE_CHECKING:
     from corepin.state.model import HostState
     from corepin.topology.model import Topology
 
+from corepin.cli.common import positive_seconds
+
 LEVELS = ("cpu", "core", "l3", "numa", "socket")
 
 
@@ -27,16 +29,6 @@ def _positive_int(text: str) -> int:
         raise argparse.ArgumentTypeError(f"expected a positive integer, got {text!r}") from None
     if value <= 0:
         raise argparse.ArgumentTypeError(f"expected a positive integer, got {text!r}")
-    return value
-
-
-def _positive_float(text: str) -> float:
-    try:
-        value = float(text)
-    except ValueError:
-        raise argparse.ArgumentTypeError(f"expected a number of seconds, got {text!r}") from None
-    if not value > 0:
-        raise argparse.ArgumentTypeError(f"expected a positive number of seconds, got {text!r}")
     return value
 
 
@@ -157,7 +149,7 @@ def add_arguments(parser: argparse.ArgumentParser, name: str) -> None:
         parser.add_argument("--once", action="store_true", help="one pass, then exit")
         parser.add_argument(
             "--interval",
-            type=_positive_float,
+            type=positive_seconds,
             default=None,
             metavar="SECONDS",
             help="seconds between passes in loop mode (default: 10; not with --once)",
