@@ -33,7 +33,8 @@ and the `none` CPU manager policy does on cgroup v1:
 
 Operations for tests: `restart_container`, `stop_container`, `delete_pod`, `resize`; readers:
 `container_view` / `pod_view` (cgroup path, cpuset.cpus/mems, quota, period, shares, every
-task's Cpus_allowed_list and Mems_allowed_list from /proc), `wait_container`, `wait_running`.
+task's Cpus_allowed_list and Mems_allowed_list from /proc), `wait_container`, `wait_running`,
+`wait_status`, `wait_idle` (the kubelet has handled every change the API had).
 
 Pointing corepin's node agent at it: `agent_args()` gives `--node-name`, `--kubeconfig`,
 `--kubelet-cgroup-root /<scratch root>` and `--cgroup-driver cgroupfs`.
@@ -705,6 +706,8 @@ class TestKubelet:
         done = self.containerd.ctr(*args, timeout=60)
         if done.returncode != 0:
             self.containerd.remove_container(cid)
+            with self._lock:
+                self._cids.discard(cid)
             record.id = ""
             record.state = "waiting"
             record.reason = "RunContainerError"
@@ -748,7 +751,9 @@ class TestKubelet:
         self._forget_container(record, _SIGKILL_EXIT if code is None else code)
 
     def _forget_container(self, record: _Container, exit_code: int) -> None:
-        self.containerd.ctr("container", "delete", record.id, timeout=10)
+        if self.containerd.ctr("container", "delete", record.id, timeout=10).returncode == 0:
+            with self._lock:
+                self._cids.discard(record.id)
         record.state = "terminated"
         record.exit_code = exit_code
         record.reason = "Completed" if exit_code == 0 else "Error"
@@ -1155,6 +1160,24 @@ class TestKubelet:
             if time.monotonic() > deadline:
                 status = None if last is None else last.get("status")
                 raise AssertionError(f"timed out waiting for {what or 'the pod'}: {status}")
+            time.sleep(0.02)
+
+    def wait_idle(self, *, timeout: float = 15.0) -> None:
+        """Wait until the kubelet has seen every pod change the API had when this was called
+        and has handled them all (its watch reached that resource version and no pod sync is
+        running or queued). AssertionError on timeout."""
+        target = int(self.client.list(PODS, limit=1)["metadata"]["resourceVersion"])
+        deadline = time.monotonic() + timeout
+        while True:
+            seen = int(self._informer.last_resource_version or 0)
+            with self._lock:
+                busy = bool(self._work)
+            if seen >= target and not busy:
+                return
+            if time.monotonic() > deadline:
+                raise AssertionError(
+                    f"the test kubelet is not idle: watch at {seen} of {target}, busy {busy}"
+                )
             time.sleep(0.02)
 
     # ------------------------------------------------------------------ operations

@@ -22,11 +22,12 @@ from typing import Any, TypeVar
 import pytest
 
 from containerd_harness import CGROUP, CPUSET, NEEDS_CONTAINERS, Containerd
+from corepin.core.cpuset import CPUSet
 from corepin.core.errors import ApiInvalid
 from corepin.enforcement.layout import container_cgroup_path, pod_cgroup_path
 from corepin.kube.client import KubeClient
 from corepin.kube.models import parse_quantity as corepin_parse_quantity
-from corepin.kube.resources import PODS
+from corepin.kube.resources import NODES, PODS
 from fakeapi import FakeApiServer
 from podresources import (
     container_cgroup_cpu,
@@ -322,8 +323,7 @@ def test_pods_of_other_nodes_wait_until_they_are_bound_here(
 ) -> None:
     kube.create(PODS, pod_manifest("elsewhere", node="another-node"))
     kube.create(PODS, pod_manifest("unbound"))
-    kubelet.create_pod(pod_manifest("marker"))
-    kubelet.wait_running(NS, "marker")  # the watch has seen every earlier event by now
+    kubelet.wait_idle()
     for name in ("elsewhere", "unbound"):
         assert kube.get(PODS, name, NS)["status"]["phase"] == "Pending"
         assert "containerStatuses" not in kube.get(PODS, name, NS)["status"]
@@ -614,3 +614,49 @@ def test_stop_kills_every_container_and_removes_every_scratch_cgroup(
     assert not [p for p in pids if _pid_alive(p)]
     assert not ids & set(containerd.ctr("container", "ls", "-q").stdout.split())
     assert kubelet.errors == []
+
+
+@needs_containers
+def test_the_node_is_registered_and_the_status_is_written_only_when_it_changes(
+    kubelet: TestKubelet, kube: KubeClient, fake_api: FakeApiServer
+) -> None:
+    node = kube.get(NODES, kubelet.node_name)
+    assert node["status"]["capacity"]["cpu"] == str(len(CPUSet.parse(_all_cpus())))
+    assert [c["status"] for c in node["status"]["conditions"] if c["type"] == "Ready"] == ["True"]
+
+    kubelet.create_pod(pod_manifest("quiet"))
+    first = kubelet.wait_running(NS, "quiet")
+
+    def status_writes() -> int:
+        return len(
+            [
+                r
+                for r in fake_api.recorded(verb="patch", resource="pods")
+                if r.name == "quiet" and r.subresource == "status"
+            ]
+        )
+
+    kubelet.wait_idle()
+    before = status_writes()
+    for i in range(5):  # what an agent does: annotate the pod; nothing the kubelet reports changes
+        kube.patch(PODS, "quiet", {"metadata": {"annotations": {"corepin.io/cpus": str(i)}}}, NS)
+    kubelet.wait_idle()
+    assert status_writes() == before
+    assert kube.get(PODS, "quiet", NS)["status"] == first["status"]
+
+
+@needs_containers
+def test_a_container_that_cannot_start_is_reported_waiting(kubelet: TestKubelet) -> None:
+    kubelet.create_pod(pod_manifest("broken", container_manifest(command=["/no/such/program"])))
+
+    def reported(pod: Obj) -> bool:
+        return "containerStatuses" in pod["status"]
+
+    pod = kubelet.wait_status(NS, "broken", reported, what="the failed start reported")
+    status = container_status(pod, "app")
+    waiting = status["state"]["waiting"]
+    assert waiting["reason"] == "RunContainerError" and "/no/such/program" in waiting["message"]
+    assert "containerID" not in status and status["ready"] is False
+    assert pod["status"]["phase"] == "Pending"
+    ready = condition(pod, "Ready")
+    assert ready is not None and ready["status"] == "False"
