@@ -42,8 +42,9 @@ Pointing corepin's node agent at it: `agent_args()` gives `--node-name`, `--kube
 Not modelled: init containers are counted in the QoS class and the pod cgroup's values but are
 not run; no automatic restarts (restartPolicy only decides the phase); no probes (a running
 container is ready); memory limits are not written (memory counts only for the QoS class);
-pod-level resources (`spec.resources`) and runtime-class overhead are ignored; no pod
-network (hostIP is 127.0.0.1, no podIP); the systemd cgroup driver; cgroup v2.
+pod-level resources (`spec.resources`) and runtime-class overhead are ignored; resizes are
+always admitted (never Deferred or Infeasible) and applied at once; no pod network (hostIP is
+127.0.0.1, no podIP); the systemd cgroup driver; cgroup v2.
 
 Cleanup (`stop`): stops the watch and the workers, kills and deletes every container it ever
 created, and removes the scratch root in every cgroup hierarchy; it touches nothing else.
@@ -660,7 +661,9 @@ class TestKubelet:
         for container in spec.get("containers") or []:
             record = _Container(str(container["name"]), copy.deepcopy(container))
             pod.containers[record.name] = record
-            self._start_container(pod, record)
+        records = list(pod.containers.values())
+        with ThreadPoolExecutor(max(1, len(records))) as pool:  # containers start together
+            list(pool.map(lambda r: self._start_container(pod, r), records))
 
     def _argv(self, container: Obj) -> list[str]:
         command = [str(a) for a in container.get("command") or []]
@@ -1238,7 +1241,7 @@ class TestKubelet:
         while True:
             obj = self.get_pod(namespace, name)
             gone = obj is None or (obj.get("metadata") or {}).get("uid") != pod.uid
-            if gone and pod.torn_down and not self.pod_cgroup_exists(pod.cgroup):
+            if gone and pod.torn_down and not self.cgroup_exists(pod.cgroup):
                 return
             if time.monotonic() > deadline:
                 raise AssertionError(
@@ -1247,7 +1250,7 @@ class TestKubelet:
                 )
             time.sleep(0.02)
 
-    def pod_cgroup_exists(self, rel: str) -> bool:
+    def cgroup_exists(self, rel: str) -> bool:
         """Whether the cgroup `rel` exists in any hierarchy."""
         return any((h / rel).exists() for h in CGROUP.iterdir())
 

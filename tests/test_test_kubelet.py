@@ -215,6 +215,13 @@ def _cgroup_exists_anywhere(rel: str) -> list[str]:
     return [str(h / rel) for h in CGROUP.iterdir() if (h / rel).exists()]
 
 
+def _wait_gone(rel: str, timeout: float = 10) -> None:
+    deadline = time.monotonic() + timeout
+    while _cgroup_exists_anywhere(rel) and time.monotonic() < deadline:
+        time.sleep(0.02)
+    assert not _cgroup_exists_anywhere(rel)
+
+
 def _pid_alive(pid: int) -> bool:
     return Path(f"/proc/{pid}").exists()
 
@@ -367,7 +374,7 @@ def test_a_restart_runs_a_new_container_that_starts_on_the_pods_cpus(
     assert after.cgroup.cpus == _all_cpus()
     assert after.cgroup.allowed_cpus == {_all_cpus()}
     assert after.cgroup.cfs_quota_us == 100_000
-    assert not _cgroup_exists_anywhere(before.cgroup.path)
+    _wait_gone(before.cgroup.path)
     assert not _pid_alive(old_pid)
 
 
@@ -392,7 +399,7 @@ def test_a_stopped_container_is_reported_terminated_and_the_pod_not_ready(
     assert ready is not None and ready["status"] == "False"
     assert ready["reason"] == "ContainersNotReady" and "side" in ready["message"]
     assert pod["status"]["phase"] == "Running"  # restartPolicy Always: it would come back
-    assert not _cgroup_exists_anywhere(f"{kubelet.pod_cgroup(NS, 'pair')}/{cid}")
+    _wait_gone(f"{kubelet.pod_cgroup(NS, 'pair')}/{cid}")
 
 
 @needs_containers
@@ -424,8 +431,8 @@ def test_containers_that_exit_on_their_own_finish_the_pod_by_its_restart_policy(
     assert kubelet.log(NS, "fails", "app") == "hello kubelet\n"
     ready = condition(done, "Ready")
     assert ready is not None and ready["reason"] == "PodCompleted"
-    for name in ("fails", "succeeds"):  # a finished pod's cgroup is removed
-        assert not _cgroup_exists_anywhere(kubelet.pod_cgroup(NS, name))
+    for name in ("fails", "succeeds"):  # a finished pod's cgroup is removed (after reporting)
+        _wait_gone(kubelet.pod_cgroup(NS, name))
 
 
 @needs_containers
@@ -490,10 +497,7 @@ def test_a_graceful_deletion_stops_the_containers_reports_and_deletes_the_pod(
     assert terminated["exitCode"] == 0  # it stopped on SIGTERM, within its grace period
     ready = condition(last, "Ready")
     assert ready is not None and ready["status"] == "False"
-    deadline = time.monotonic() + 10
-    while _cgroup_exists_anywhere(pod_rel) and time.monotonic() < deadline:
-        time.sleep(0.02)
-    assert not _cgroup_exists_anywhere(pod_rel)
+    _wait_gone(pod_rel)
 
 
 @needs_containers
@@ -549,7 +553,7 @@ def test_a_resize_that_would_change_the_qos_class_is_refused_by_the_api(
     assert kubelet.container_view(NS, "fixed", "app").cgroup.cfs_quota_us == 100_000
 
 
-TWENTY_PODS_BUDGET_S = 30.0
+TWENTY_PODS_BUDGET_S = 15.0  # measured: 1.4-2.2 s on 2 cores (2.9 s with one worker)
 
 
 @needs_containers
