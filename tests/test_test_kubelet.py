@@ -215,11 +215,15 @@ def _cgroup_exists_anywhere(rel: str) -> list[str]:
     return [str(h / rel) for h in CGROUP.iterdir() if (h / rel).exists()]
 
 
-def _wait_gone(rel: str, timeout: float = 10) -> None:
+def _eventually(predicate: Callable[[], bool], what: str, timeout: float = 10) -> None:
     deadline = time.monotonic() + timeout
-    while _cgroup_exists_anywhere(rel) and time.monotonic() < deadline:
+    while not predicate():
+        assert time.monotonic() < deadline, f"timed out waiting for {what}"
         time.sleep(0.02)
-    assert not _cgroup_exists_anywhere(rel)
+
+
+def _wait_gone(rel: str) -> None:
+    _eventually(lambda: not _cgroup_exists_anywhere(rel), f"{rel} to be removed")
 
 
 def _pid_alive(pid: int) -> bool:
@@ -408,13 +412,11 @@ def test_containers_that_exit_on_their_own_finish_the_pod_by_its_restart_policy(
 ) -> None:
     failing = pod_manifest(
         "fails",
-        container_manifest(
-            command=["sh", "-c", "echo hello $WHO; sleep 0.2; exit 3"], env={"WHO": "kubelet"}
-        ),
+        container_manifest(command=["sh", "-c", "echo hello $WHO; exit 3"], env={"WHO": "kubelet"}),
         restart_policy="Never",
     )
     succeeding = pod_manifest(
-        "succeeds", container_manifest(command=["sh", "-c", "sleep 0.2"]), restart_policy="Never"
+        "succeeds", container_manifest(command=["true"]), restart_policy="Never"
     )
     _create_all(kubelet, [failing, succeeding])
 
@@ -599,9 +601,10 @@ def standalone_kubelet(
 
 @needs_containers
 def test_stop_kills_every_container_and_removes_every_scratch_cgroup(
-    standalone_kubelet: TestKubelet, containerd: Containerd
+    standalone_kubelet: TestKubelet, containerd: Containerd, fake_api: FakeApiServer
 ) -> None:
     kubelet = standalone_kubelet.start()
+    _eventually(lambda: fake_api.open_watches() == 1, "the kubelet's pod watch")
     assert _cgroup_exists_anywhere(f"{kubelet.cgroup_root}/kubepods/besteffort")
     _create_all(
         kubelet,
@@ -618,6 +621,8 @@ def test_stop_kills_every_container_and_removes_every_scratch_cgroup(
     assert not [p for p in pids if _pid_alive(p)]
     assert not ids & set(containerd.ctr("container", "ls", "-q").stdout.split())
     assert kubelet.errors == []
+    # the server notices the closed watch at its next write (a bookmark)
+    _eventually(lambda: fake_api.open_watches() == 0, "the pod watch to close")
 
 
 @needs_containers
