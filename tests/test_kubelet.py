@@ -880,7 +880,7 @@ class TestKubelet:
         out: Obj = {
             "name": record.name,
             "image": image,
-            "imageID": f"{image.split(':')[0]}@sha256:{self._image_digest}",
+            "imageID": f"{_repository(image)}@sha256:{self._image_digest}",
             "ready": running,
             "started": running,
             "restartCount": record.restart_count,
@@ -947,10 +947,9 @@ class TestKubelet:
         """Patch the pod's status when it differs from what the API has."""
         status = self._status(pod, obj, terminating=terminating)
         current = obj.get("status") or {}
-        if all(current.get(k) == v for k, v in status.items()):
-            return
-        with contextlib.suppress(ApiNotFound):
-            self.client.patch_status(PODS, pod.name, {"status": status}, pod.namespace)
+        if any(current.get(k) != v for k, v in status.items()):
+            with contextlib.suppress(ApiNotFound):
+                self.client.patch_status(PODS, pod.name, {"status": status}, pod.namespace)
         if pod.phase in TERMINAL_PHASES and not terminating:
             # a finished pod's cgroup goes (its containers have all exited)
             self._remove_pod_cgroup(pod)
@@ -1189,8 +1188,8 @@ class TestKubelet:
         terminated), report it; the new id."""
         pod, record = self._container(namespace, name, container)
         with pod.lock:
-            if pod.torn_down:
-                raise KubeletError(f"pod {namespace}/{name} is gone")
+            if pod.torn_down or pod.phase in TERMINAL_PHASES:
+                raise KubeletError(f"pod {namespace}/{name} has finished")
             if record.state == "running":
                 self._kill_container(record, signal="SIGKILL", grace=0)
             if record.state == "terminated":
@@ -1290,6 +1289,13 @@ class TestKubelet:
         return self.wait_status(
             namespace, name, applied, timeout=timeout, what=f"resize of {container} applied"
         )
+
+
+def _repository(image: str) -> str:
+    """An image without its tag or digest: `reg:5000/busybox:1.36` -> `reg:5000/busybox`."""
+    name = image.split("@", 1)[0]
+    head, _, last = name.rpartition("/")
+    return f"{head}/{last.split(':', 1)[0]}" if head else last.split(":", 1)[0]
 
 
 def _quota_order(quota: int) -> float:
