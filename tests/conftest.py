@@ -6,6 +6,10 @@
 - `fake_api`: a started fake Kubernetes API server (plain http, no auth; `fakeapi` package),
   stopped after the test; `fake_kubeconfig` a kubeconfig for it; `kube` a corepin KubeClient
   on it; `tls_material` a CA, server and client certificates for the https variants.
+- `test_kubelet`: a started `test_kubelet.TestKubelet`, the kubelet of one node (random name)
+  of `fake_api`, running real containers in `containerd` below a scratch kubelet cgroup root;
+  after the test it kills its containers and removes its cgroups, and fails the test when
+  something was left behind or one of its workers raised.
 """
 
 from __future__ import annotations
@@ -27,6 +31,7 @@ from containerd_harness import (
 if TYPE_CHECKING:
     from corepin.kube.client import KubeClient
     from fakeapi import FakeApiServer, TLSMaterial
+    from test_kubelet import TestKubelet
 
 
 @pytest.fixture(scope="session")
@@ -77,3 +82,23 @@ def tls_material(tmp_path_factory: pytest.TempPathFactory) -> TLSMaterial:
     from fakeapi import make_tls
 
     return make_tls(tmp_path_factory.mktemp("tls"))
+
+
+@pytest.fixture(name="test_kubelet")
+def _test_kubelet(
+    containerd: Containerd,
+    busybox_rootfs: Path,
+    fake_api: FakeApiServer,
+    fake_kubeconfig: Path,
+    tmp_path: Path,
+) -> Iterator[TestKubelet]:
+    from test_kubelet import TestKubelet
+
+    kubelet = TestKubelet(containerd, busybox_rootfs, fake_kubeconfig, workdir=tmp_path / "kubelet")
+    try:
+        kubelet.start()
+        yield kubelet
+    finally:
+        left = kubelet.stop()
+    assert not left, f"the test kubelet left behind: {left}"
+    assert not kubelet.errors, f"the test kubelet's workers failed: {kubelet.errors}"

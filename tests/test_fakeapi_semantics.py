@@ -1,6 +1,7 @@
 """The fake API server's own semantics at the HTTP level, where no client test reaches: table
-answers, typed list items, streaming-list watches, graceful pod deletion, namespace deletion,
-warnings for pruned fields, the request log and the test controls."""
+answers, typed list items, streaming-list watches, graceful pod deletion, the pods/resize
+subresource and the QoS class, namespace deletion, warnings for pruned fields, the request log
+and the test controls."""
 
 from __future__ import annotations
 
@@ -10,7 +11,7 @@ from typing import Any
 
 import pytest
 
-from corepin.core.errors import ApiNotFound
+from corepin.core.errors import ApiInvalid, ApiNotFound
 from corepin.kube.client import KubeClient
 from corepin.kube.resources import CONFIGMAPS, CRDS, NAMESPACES, PODS
 from corepin.kube.transport import Response
@@ -126,6 +127,66 @@ def test_graceful_pod_deletion_waits_for_the_kubelet(tmp_path: Any) -> None:
         kube.delete(PODS, "bound", "default", grace_period_seconds=0)  # the kubelet confirms
         with pytest.raises(ApiNotFound):
             kube.get(PODS, "bound", "default")
+
+
+def _resources(obj: Any) -> Any:
+    return obj["spec"]["containers"][0]["resources"]
+
+
+def test_the_qos_class_compares_quantities_as_numbers(kube: KubeClient) -> None:
+    same = pod("same")
+    same["spec"]["containers"][0]["resources"] = {
+        "requests": {"cpu": "1000m", "memory": "67108864"},
+        "limits": {"cpu": "1", "memory": "64Mi"},
+    }
+    assert kube.create(PODS, same)["status"]["qosClass"] == "Guaranteed"
+    zero = pod("zero")
+    zero["spec"]["containers"][0]["resources"] = {"requests": {"cpu": "0"}}
+    assert kube.create(PODS, zero)["status"]["qosClass"] == "BestEffort"
+    greedy = pod("greedy")
+    greedy["spec"]["containers"][0]["resources"] = {
+        "requests": {"cpu": "2"},
+        "limits": {"cpu": "1"},
+    }
+    with pytest.raises(ApiInvalid, match="must be less than or equal to cpu limit of 1"):
+        kube.create(PODS, greedy)
+
+
+def test_only_the_resize_subresource_changes_cpu_and_memory_resources(kube: KubeClient) -> None:
+    kube.create(PODS, pod("web", node="n1", cpu="500m"))  # Guaranteed: 500m CPU, 64Mi
+    both = {
+        "spec": {
+            "containers": [
+                {"name": "app", "resources": {"requests": {"cpu": "1"}, "limits": {"cpu": "1"}}}
+            ]
+        }
+    }
+    with pytest.raises(ApiInvalid, match="pod updates may not change"):
+        kube.patch(PODS, "web", both, "default", patch_type="strategic")
+
+    resized = kube.patch(PODS, "web", both, "default", patch_type="strategic", subresource="resize")
+
+    assert _resources(resized) == {
+        "requests": {"cpu": "1", "memory": "64Mi"},
+        "limits": {"cpu": "1", "memory": "64Mi"},
+    }
+    assert resized["status"]["qosClass"] == "Guaranteed"
+    assert _resources(kube.get(PODS, "web", "default", subresource="resize")) == _resources(resized)
+    # a limit raised alone leaves the request below it: the pod would turn Burstable
+    limit_only = {"spec": {"containers": [{"name": "app", "resources": {"limits": {"cpu": "2"}}}]}}
+    with pytest.raises(ApiInvalid, match="Pod QOS Class may not change"):
+        kube.patch(PODS, "web", limit_only, "default", patch_type="strategic", subresource="resize")
+    image = {"spec": {"containers": [{"name": "app", "image": "busybox:1.37"}]}}
+    with pytest.raises(ApiInvalid, match="may not change fields other than cpu and memory"):
+        kube.patch(PODS, "web", image, "default", patch_type="strategic", subresource="resize")
+    storage = {
+        "spec": {
+            "containers": [{"name": "app", "resources": {"limits": {"ephemeral-storage": "1Gi"}}}]
+        }
+    }
+    with pytest.raises(ApiInvalid, match="may not change fields other than cpu and memory"):
+        kube.patch(PODS, "web", storage, "default", patch_type="strategic", subresource="resize")
+    assert _resources(kube.get(PODS, "web", "default")) == _resources(resized)
 
 
 def test_deleting_a_namespace_deletes_its_objects(kube: KubeClient) -> None:

@@ -20,6 +20,7 @@ import uuid
 from collections import deque
 from collections.abc import Iterable
 from dataclasses import dataclass, field
+from fractions import Fraction
 from typing import Any
 
 from fakeapi import apply as ssa
@@ -34,6 +35,7 @@ from fakeapi.resources import (
 )
 from fakeapi.schema import FieldError, apply_defaults, prune, structural_problems, validate
 from fakeapi.selectors import FieldSelector, LabelSelector
+from podresources import QuantityError, parse_quantity, qos_class
 
 Obj = dict[str, Any]
 Storage = tuple[str, str]
@@ -600,12 +602,14 @@ class Cluster:
             return []
         return [f'unknown field "{d}"' for d in dropped]
 
-    def _validate(self, rt: ResourceType, name: str, obj: Obj, old: Obj | None) -> None:
+    def _validate(
+        self, rt: ResourceType, name: str, obj: Obj, old: Obj | None, subresource: str = ""
+    ) -> None:
         problems: list[FieldError] = []
         if rt.schema is not None:
             problems = validate(obj, rt.schema)
         elif rt.plural == "pods":
-            problems = _pod_problems(obj, old)
+            problems = _pod_problems(obj, old, resize=subresource == "resize")
         elif rt.plural == "customresourcedefinitions":
             problems = _crd_problems(obj)
         meta = _meta(obj)
@@ -727,7 +731,7 @@ class Cluster:
             apply_defaults(new, rt.schema)
             dropped: list[str] = []
             prune(new, rt.schema, "", dropped, root=True)
-        self._validate(rt, name, new, current)
+        self._validate(rt, name, new, current, subresource)
         if rt.track_generation:
             generation = int(old_meta.get("generation") or 1)
             ignore = {"metadata", "status"} if "status" in rt.subresources else {"metadata"}
@@ -780,6 +784,15 @@ class Cluster:
                     if key in new_meta:
                         out_meta[key] = new_meta[key]
             out["metadata"]["managedFields"] = _meta(new).get("managedFields")
+            return out
+        if subresource == "resize" and rt.plural == "pods" and rt.builtin:
+            # only the spec comes from the request (validation then allows nothing but the
+            # containers' resources and resize policies to differ); the API server's defaulting
+            # runs on it again
+            out = copy.deepcopy(current)
+            out["spec"] = copy.deepcopy(new.get("spec") or {})
+            out["metadata"]["managedFields"] = _meta(new).get("managedFields")
+            _default_pod(out)
             return out
         if "status" in rt.subresources:
             if "status" in current:
@@ -1277,26 +1290,10 @@ def _default_pod(pod: Obj) -> None:
 
 
 def _qos_class(pod: Obj) -> str:
-    containers = [
-        c
-        for kind in ("containers", "initContainers")
-        for c in (pod.get("spec") or {}).get(kind) or []
-        if isinstance(c, dict)
-    ]
-    any_set = False
-    guaranteed = True
-    for container in containers:
-        resources = container.get("resources") or {}
-        requests = resources.get("requests") or {}
-        limits = resources.get("limits") or {}
-        if requests or limits:
-            any_set = True
-        for res in ("cpu", "memory"):
-            if res not in limits or str(requests.get(res, limits.get(res))) != str(limits[res]):
-                guaranteed = False
-    if not any_set:
-        return "BestEffort"
-    return "Guaranteed" if guaranteed else "Burstable"
+    try:
+        return qos_class(pod)
+    except QuantityError:
+        return "BestEffort"  # the pod is refused by validation anyway
 
 
 _POD_MUTABLE_TEXT = (
@@ -1308,12 +1305,82 @@ _POD_MUTABLE_TEXT = (
 )
 
 
-def _pod_problems(pod: Obj, old: Obj | None) -> list[FieldError]:
+_RESIZE_TEXT = "pod resize may not change fields other than cpu and memory resources"
+
+
+def _resource_problems(path: str, container: Obj) -> list[FieldError]:
+    """Quantities that parse, and no request above its limit."""
+    problems: list[FieldError] = []
+    resources = container.get("resources") or {}
+    values: dict[str, dict[str, Fraction]] = {}
+    for kind in ("requests", "limits"):
+        for res, raw in (resources.get(kind) or {}).items():
+            try:
+                values.setdefault(kind, {})[res] = parse_quantity(raw)
+            except QuantityError:
+                problems.append(
+                    FieldError(
+                        f"{path}.resources.{kind}[{res}]",
+                        "FieldValueInvalid",
+                        f"Invalid value: {json.dumps(raw)}: quantities must match the regular "
+                        "expression '^([+-]?[0-9.]+)([eEinumkKMGTP]*[-+]?[0-9]*)$'",
+                    )
+                )
+    for res, limit in (values.get("limits") or {}).items():
+        request = (values.get("requests") or {}).get(res)
+        if request is not None and request > limit:
+            problems.append(
+                FieldError(
+                    f"{path}.resources.requests",
+                    "FieldValueInvalid",
+                    f'Invalid value: "{resources["requests"][res]}": must be less than or '
+                    f"equal to {res} limit of {resources['limits'][res]}",
+                )
+            )
+    return problems
+
+
+def _resize_problems(pod: Obj, old: Obj) -> list[FieldError]:
+    """What the pods/resize subresource refuses: changes of anything but the containers' cpu and
+    memory resources (and resize policies), and a change of the QoS class."""
+
+    def without_resizable(spec_value: Obj) -> Obj:
+        out = copy.deepcopy(spec_value)
+        for kind in ("containers", "initContainers"):
+            for container in out.get(kind) or []:
+                container.pop("resizePolicy", None)
+                resources = container.get("resources") or {}
+                for section in ("requests", "limits"):
+                    for res in ("cpu", "memory"):
+                        (resources.get(section) or {}).pop(res, None)
+                    if section in resources and not resources[section]:
+                        del resources[section]
+        return out
+
+    if without_resizable(pod.get("spec") or {}) != without_resizable(old.get("spec") or {}):
+        return [FieldError("spec", "FieldValueForbidden", f"Forbidden: {_RESIZE_TEXT}")]
+    before, after = _qos_class(old), _qos_class(pod)
+    if before != after:
+        return [
+            FieldError(
+                "spec",
+                "FieldValueInvalid",
+                f'Invalid value: "{after}": Pod QOS Class may not change as a result of resizing',
+            )
+        ]
+    return []
+
+
+def _pod_problems(pod: Obj, old: Obj | None, *, resize: bool = False) -> list[FieldError]:
     problems: list[FieldError] = []
     spec = pod.get("spec") or {}
     containers = spec.get("containers")
     if not containers:
         problems.append(FieldError("spec.containers", "FieldValueRequired", "Required value"))
+    for kind in ("containers", "initContainers"):
+        for i, container in enumerate(spec.get(kind) or []):
+            if isinstance(container, dict):
+                problems.extend(_resource_problems(f"spec.{kind}[{i}]", container))
     seen: set[str] = set()
     for i, container in enumerate(containers or []):
         name = container.get("name") if isinstance(container, dict) else None
@@ -1335,7 +1402,9 @@ def _pod_problems(pod: Obj, old: Obj | None) -> list[FieldError]:
             problems.append(
                 FieldError(f"spec.containers[{i}].image", "FieldValueRequired", "Required value")
             )
-    if old is not None and not problems:
+    if old is not None and not problems and resize:
+        problems.extend(_resize_problems(pod, old))
+    elif old is not None and not problems:
 
         def comparable(spec_value: Obj) -> Obj:
             out = copy.deepcopy(spec_value)

@@ -342,7 +342,7 @@ def builtin_types() -> list[ResourceType]:
             True,
             ("po",),
             ("all",),
-            subresources=frozenset({"status", "binding"}),
+            subresources=frozenset({"status", "binding", "resize"}),
             fields=pod_fields,
             columns=POD_COLUMNS,
         ),
