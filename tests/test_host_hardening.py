@@ -389,12 +389,11 @@ def test_names_and_commands_with_control_characters_cannot_forge_report_rows(
 
 
 def test_cmds_exit_code_survives_a_caller_that_ignores_sigchld(state: Path) -> None:
-    def ignore_sigchld() -> None:
-        signal.signal(signal.SIGCHLD, signal.SIG_IGN)
-
+    # the shell sets SIGCHLD to "ignore" and execs corepin, which inherits it (no preexec_fn:
+    # forking this multi-threaded test process and running Python in the child is unsafe)
+    argv = corepin("run", "--exclusive", "1", "--", "sh", "-c", "exit 7", state=state)
     out = subprocess.run(
-        corepin("run", "--exclusive", "1", "--", "sh", "-c", "exit 7", state=state),
-        preexec_fn=ignore_sigchld,
+        ["sh", "-c", 'trap "" CHLD; exec "$@"', "sh", *argv],
         capture_output=True,
         text=True,
         timeout=60,

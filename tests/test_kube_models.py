@@ -220,7 +220,7 @@ def test_examples_read_as_models_and_write_back_the_same() -> None:
     from crd_schema import DEPLOY
 
     for name in ("nodecputopology.yaml", "podcpubinding-explicit.yaml"):
-        (doc,) = load_yaml_docs(DEPLOY / "examples" / name)
+        (doc,) = load_yaml_docs(DEPLOY / "samples" / name)
         model = {"NodeCPUTopology": m.NodeCPUTopology, "PodCPUBinding": m.PodCPUBinding}[
             doc["kind"]
         ]

@@ -26,7 +26,7 @@ from corepin.state.owners import ContainerOwner
 from crd_schema import DEPLOY, crd, load_yaml_docs
 from helpers import run_corepin
 
-EXAMPLE = DEPLOY / "examples" / "nodecputopology.yaml"
+EXAMPLE = DEPLOY / "samples" / "nodecputopology.yaml"
 
 
 def example() -> dict[str, Any]:
