@@ -15,6 +15,7 @@ import random
 import re
 import signal
 import subprocess
+import sys
 import time
 from collections.abc import Iterator
 from pathlib import Path
@@ -389,11 +390,15 @@ def test_names_and_commands_with_control_characters_cannot_forge_report_rows(
 
 
 def test_cmds_exit_code_survives_a_caller_that_ignores_sigchld(state: Path) -> None:
-    # the shell sets SIGCHLD to "ignore" and execs corepin, which inherits it (no preexec_fn:
-    # forking this multi-threaded test process and running Python in the child is unsafe)
+    # a fresh interpreter sets SIGCHLD to "ignore" and execs corepin, which inherits it (no
+    # preexec_fn: running Python in a fork of this multi-threaded test process is unsafe)
     argv = corepin("run", "--exclusive", "1", "--", "sh", "-c", "exit 7", state=state)
+    ignoring = (
+        "import os, signal, sys; signal.signal(signal.SIGCHLD, signal.SIG_IGN); "
+        "os.execv(sys.argv[1], sys.argv[1:])"
+    )
     out = subprocess.run(
-        ["sh", "-c", 'trap "" CHLD; exec "$@"', "sh", *argv],
+        [sys.executable, "-c", ignoring, *argv],
         capture_output=True,
         text=True,
         timeout=60,
