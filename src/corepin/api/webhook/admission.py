@@ -356,10 +356,18 @@ def _pod(request: Obj, key: str = "object") -> _Pod:
     return _Pod(
         meta=meta,
         spec=spec,
-        annotations=_obj(meta.get("annotations"), "metadata.annotations"),
-        labels=_obj(meta.get("labels"), "metadata.labels"),
+        annotations=_strings(meta.get("annotations"), "metadata.annotations"),
+        labels=_strings(meta.get("labels"), "metadata.labels"),
         containers=tuple(_containers(spec)),
     )
+
+
+def _strings(value: object, path: str) -> Obj:
+    out = _obj(value, path)
+    for key, item in out.items():
+        if not isinstance(item, str):
+            raise FieldError(f"{path}[{key!r}]", item, "must be a string")
+    return out
 
 
 def _request_keys(pod: _Pod) -> dict[str, object]:

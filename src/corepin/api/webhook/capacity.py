@@ -49,7 +49,7 @@ STRICT_RESERVATION: Final = "strict-cpu-reservation"
 #: Answers remembered per snapshot.
 ANSWER_CACHE: Final = 1024
 
-_UNIT_NAMES: Final = {"core": "cores", "l3": "L3 caches", "numa": "NUMA nodes", "socket": "sockets"}
+_UNIT_NAMES: Final = {"core": "core", "l3": "L3 cache", "numa": "NUMA node", "socket": "socket"}
 
 
 @record
@@ -129,10 +129,11 @@ class NodeShape:
         if self.reserved:
             parts.append(f"{len(self.reserved)} reserved")
         if level != "cpu":
-            sizes = sorted({len(u) for u in units_of(self.topology, level)})
-            units = len(units_of(self.topology, level))
+            units = units_of(self.topology, level)
+            sizes = sorted({len(u) for u in units})
             size = str(sizes[0]) if len(sizes) == 1 else f"{sizes[0]}-{sizes[-1]}"
-            parts.append(f"{units} {_UNIT_NAMES[level]} of {size} CPUs")
+            plural = "s" if len(units) != 1 else ""
+            parts.append(f"{len(units)} {_UNIT_NAMES[level]}{plural} of {size} CPUs")
         return f"{self.name}: {', '.join(parts)}"
 
 
