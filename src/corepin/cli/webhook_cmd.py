@@ -12,11 +12,8 @@ node could ever hold this pod"; without them that rule is skipped.
 from __future__ import annotations
 
 import argparse
-import logging
 import os
 from typing import Any
-
-log = logging.getLogger("corepin.cli.webhook")
 
 
 def add_arguments(parser: argparse.ArgumentParser, name: str) -> None:
@@ -101,6 +98,8 @@ def connect(kubeconfig: str | None, environ: dict[str, str]) -> Any:
     """A KubeClient, or None when there is no kubeconfig and no in-cluster account. A given
     kubeconfig (flag or $KUBECONFIG) must work now: KubeConfigError / ApiUnreachable /
     ApiError (exit 4) otherwise."""
+    import logging
+
     from corepin.core.errors import KubeConfigError
     from corepin.kube.client import KubeClient
     from corepin.kube.config import load_config
@@ -111,7 +110,9 @@ def connect(kubeconfig: str | None, environ: dict[str, str]) -> Any:
     except KubeConfigError as exc:
         if given:
             raise
-        log.info("event=no_api reason=%r (the capacity rule is off)", str(exc))
+        logging.getLogger("corepin.cli.webhook").info(
+            "event=no_api reason=%r (the capacity rule is off)", str(exc)
+        )
         return None
     client = KubeClient.from_config(config, timeout=10.0, user_agent="corepin-webhook")
     if given:

@@ -205,9 +205,9 @@ class _BodyError(Exception):
 def _handler_for(owner: HttpsServer) -> type[BaseHTTPRequestHandler]:
     class Handler(BaseHTTPRequestHandler):
         timeout = owner.idle_timeout
-        server_version = "corepin"
-        sys_version = ""
         protocol_version = "HTTP/1.1"
+        error_content_type = TEXT
+        error_message_format = "%(code)d %(message)s\n"
         _tls_ok = False
 
         # ------------------------------------------------------------ connection
@@ -223,6 +223,9 @@ def _handler_for(owner: HttpsServer) -> type[BaseHTTPRequestHandler]:
         def handle(self) -> None:
             if self._tls_ok:
                 super().handle()
+
+        def version_string(self) -> str:
+            return "corepin"
 
         def log_message(self, format: str, *args: Any) -> None:
             log.debug("event=http client=%s %s", self.client_address[0], format % args)
