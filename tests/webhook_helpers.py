@@ -122,5 +122,5 @@ def ncpt(
         reserved_cpus=CPUSet.parse(reserved),
         free=topology.online_cpus - CPUSet.parse(reserved),
     )
-    obj = m.NodeCPUTopology(m.ObjectMeta(name=name, resource_version="1"), spec, status).to_dict()
+    obj = m.NodeCPUTopology(m.ObjectMeta(name=name), spec, status).to_dict()
     return obj

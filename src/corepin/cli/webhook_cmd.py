@@ -141,6 +141,7 @@ def run(args: Any) -> int:
     certificate = ServingCertificate(args.tls_cert, args.tls_key, on_reload=metrics.tls_reload)
     certificate.load()  # a bad file is refused (exit 4, naming it) before the API is asked
     catalog = Catalog()
+    metrics.node_topologies.set_function(lambda: len(catalog))
     app = AdmissionApp(config, capacity=catalog.snapshot, metrics=metrics)
     ops = OpsServer(args.address, metrics=metrics.registry, ready=True)  # its pages only
     server = HttpsServer(args.address, certificate, routes=app.routes(), pages=ops.page)
@@ -165,8 +166,8 @@ def run(args: Any) -> int:
         server.start()
         if informer is not None:
             informer.start()
-        while not done.wait(0.5):
-            metrics.node_topologies.set(len(catalog))
+        while not done.wait(1.0):
+            pass
     finally:
         if informer is not None:
             informer.stop(timeout=1.5)
