@@ -564,6 +564,15 @@ def test_the_mount_points_at_the_configured_host_directory() -> None:
     ]
 
 
+def test_an_empty_host_directory_mounts_nothing_and_sets_only_the_count() -> None:
+    # for namespaces whose Pod Security level forbids hostPath volumes
+    obj = pod(container("app", "3"), annotations=EXCLUSIVE)
+    out = apply(obj, mutate(obj, WebhookConfig(assignment_dir_host="")))
+    app = out["spec"]["containers"][0]
+    assert app["env"] == [{"name": "COREPIN_NUM_CPUS", "value": "3"}]
+    assert "volumeMounts" not in app and "volumes" not in out["spec"]
+
+
 def test_an_ineligible_container_is_not_patched() -> None:
     obj = pod(container("app", "1500m"), annotations=EXCLUSIVE)
     out = apply(obj, mutate(obj))

@@ -49,7 +49,7 @@ def add_arguments(parser: argparse.ArgumentParser, name: str) -> None:
         metavar="PATH",
         default="/run/corepin/assignments",
         help="the agent's --assignment-dir on the nodes, mounted at /etc/corepin "
-        "(default: /run/corepin/assignments)",
+        "(default: /run/corepin/assignments; '' mounts nothing)",
     )
     parser.add_argument(
         "--node-selector",

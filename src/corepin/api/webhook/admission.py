@@ -135,7 +135,8 @@ class Toleration:
 
 @record
 class WebhookConfig:
-    """What `corepin webhook` was started with (flags of the same names)."""
+    """What `corepin webhook` was started with (flags of the same names). An empty
+    `assignment_dir_host` mounts nothing (only `COREPIN_NUM_CPUS` is set)."""
 
     scheduler_name: str = ""
     assignment_dir_host: str = DEFAULT_ASSIGNMENT_DIR
@@ -143,9 +144,10 @@ class WebhookConfig:
     tolerations: tuple[Toleration, ...] = ()
 
     def __post_init__(self) -> None:
-        if not self.assignment_dir_host.startswith("/"):
+        if self.assignment_dir_host and not self.assignment_dir_host.startswith("/"):
             raise InputError(
-                f"--assignment-dir-host {self.assignment_dir_host!r} must be an absolute path",
+                f"--assignment-dir-host {self.assignment_dir_host!r} must be an absolute path "
+                "('' for no mount)",
                 reason="bad_assignment_dir",
             )
 
@@ -506,10 +508,11 @@ def mutate_pod(request: Obj, config: WebhookConfig) -> Outcome:
         if eligible.eligible:
             holders.append((i, c, eligible.cpus))
     if holders:
-        volume = _volume(pod.spec, config.assignment_dir_host)
+        host_dir = config.assignment_dir_host
+        volume = _volume(pod.spec, host_dir) if host_dir else None
         mounted = False
         for i, c, count in holders:
-            has_mount = _mount(patch, i, c, volume.name, warnings)
+            has_mount = volume is not None and _mount(patch, i, c, volume.name, warnings)
             mounted |= has_mount
             env: list[tuple[str, dict[str, Any]]] = [
                 (ENV_NUM_CPUS, {"name": ENV_NUM_CPUS, "value": str(count)})
@@ -534,7 +537,7 @@ def mutate_pod(request: Obj, config: WebhookConfig) -> Outcome:
                     ),
                 ]
             _env(patch, i, c, env)
-        if mounted and volume.new:
+        if mounted and volume is not None and volume.new:
             patch.append(("spec", "volumes"), pod.spec.get("volumes"), volume.to_dict())
     _scheduling(patch, pod.spec, config, warnings)
     return Outcome(True, patch=tuple(patch.ops), warnings=tuple(warnings))

@@ -162,7 +162,7 @@ class ClusterCapacity:
         if not holds or not self.distinct or workload == "best-effort":
             # a best-effort workload runs on the shared pool whatever its policy says
             return None
-        key = (holds, level, workload)
+        key = (tuple((h.container, h.kind, h.count) for h in holds), level, workload)
         with self._lock:
             if key in self._answers:
                 self._answers.move_to_end(key)
