@@ -5,6 +5,7 @@ the webhook keeps of NodeCPUTopologies."""
 from __future__ import annotations
 
 import copy
+from pathlib import Path
 from typing import Any
 
 import pytest
@@ -80,6 +81,14 @@ def test_a_level_no_node_can_give_at_all_says_so() -> None:
         "corepin.io/exclusiveness-level"
     )
     assert cluster.check([Hold("app", "exclusive", 2)], "core") is None
+
+
+def test_the_readme_example_message_is_what_a_user_gets() -> None:
+    readme = (Path(__file__).resolve().parents[1] / "README.md").read_text()
+    text = capacity(ncpt("node-a", DUAL)).check([Hold("db", "exclusive", 40)], "core")
+    assert text is not None
+    quoted = " ".join(text.split("; ask for")[0].split())
+    assert quoted in " ".join(readme.replace("\n", " ").split())
 
 
 def test_reserved_cpus_are_never_handed_out() -> None:
