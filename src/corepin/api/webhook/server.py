@@ -14,7 +14,8 @@ what a server facing the API server needs:
   handshake runs on the connection's thread under `read_timeout`, never on the accept loop;
 - a request body limit (`max_body`, default 3 MiB - the API server's own limit on a request
   body): a larger `Content-Length` gets 413 before the body is read (also instead of
-  `100 Continue`), no `Content-Length` gets 411, a bad one 400;
+  `100 Continue`), no `Content-Length` gets 411, a bad one 400. (The review of an UPDATE
+  carries two pods; one so big that they pass 3 MiB is let through by failurePolicy Ignore.);
 - timeouts: the whole body must arrive within `read_timeout`, a connection idle for
   `idle_timeout` between requests is closed; at most `max_connections` connections at once
   (more are closed at accept);
