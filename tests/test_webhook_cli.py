@@ -260,3 +260,24 @@ def test_the_command_is_listed_and_documents_its_flags() -> None:
         "--assignment-dir-host", "--node-selector", "--toleration",
     ):  # fmt: skip
         assert flag in text
+
+
+def test_the_deployment_args_parse_and_the_configurations_call_real_endpoints() -> None:
+    from corepin.api.webhook.app import AdmissionApp
+    from corepin.cli.main import build_parser
+    from corepin.cli.webhook_cmd import config_from
+
+    docs = list(yaml.safe_load_all((REPO / "deploy" / "webhook" / "deployment.yaml").read_text()))
+    (c,) = docs[0]["spec"]["template"]["spec"]["containers"]
+    args = build_parser("webhook").parse_args(c["args"])
+    config = config_from(args)
+    assert args.address == ":9443" and config.assignment_dir_host == "/run/corepin/assignments"
+    paths = {
+        hook["clientConfig"]["service"]["path"]: (doc["kind"], hook)
+        for doc in yaml.safe_load_all((REPO / "deploy" / "webhook" / "webhooks.yaml").read_text())
+        for hook in doc["webhooks"]
+    }
+    assert set(paths) == set(AdmissionApp(config).routes())
+    assert paths["/mutate"][0] == "MutatingWebhookConfiguration"
+    for _, hook in paths.values():  # what the README and deploy/README.md say
+        assert (hook["failurePolicy"], hook["timeoutSeconds"]) == ("Ignore", 5)

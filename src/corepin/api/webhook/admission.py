@@ -405,7 +405,7 @@ def validate_pod(request: Obj, capacity: ClusterCapacity | None) -> Outcome:
     try:
         wanted = parse_pod_annotations(pod.annotations, pod.labels)
     except FieldError as exc:
-        return Outcome(False, f"{exc.message}{_ANNOTATION_HINT}")
+        return Outcome(False, exc.message)  # names the key, the value and what is allowed
     problems: list[str] = []
     if operation == "CREATE" and ANN_CPUS in pod.annotations:
         try:
@@ -443,13 +443,6 @@ def validate_pod(request: Obj, capacity: ClusterCapacity | None) -> Outcome:
         message = "; ".join(shown) + (f"; and {more} more" if more else "")
         return Outcome(False, message, warnings=tuple(warnings))
     return Outcome(True, warnings=tuple(warnings))
-
-
-_ANNOTATION_HINT: Final = (
-    " (corepin.io/cpu-policy: none|share|exclusive; corepin.io/exclusiveness-level: "
-    "cpu|core|l3|numa|socket; corepin.io/workload-type: memory-bound|cpu-bound|io-bound|"
-    "best-effort)"
-)
 
 
 def _warnings(pod: _Pod, wanted: PodCPUPolicy, creating: bool) -> list[str]:
