@@ -628,7 +628,7 @@ NEEDS: dict[str, list[tuple[str, str, tuple[str, ...]]]] = {
         ("corepin.io", "nodecputopologies", READ),
         ("corepin.io", "podcpubindings", READ),
     ],
-    "corepin-webhook": [],
+    "corepin-webhook": [("corepin.io", "nodecputopologies", READ)],
 }
 MUST_NOT: dict[str, list[tuple[str, str, str]]] = {
     "corepin-agent": [
@@ -657,7 +657,12 @@ MUST_NOT: dict[str, list[tuple[str, str, str]]] = {
         ("corepin.io", "nodecputopologies", "update"),
         ("", "events", "create"),
     ],
-    "corepin-webhook": [(g, r, v) for g, r, verbs in NEEDS["corepin-agent"] for v in verbs],
+    "corepin-webhook": [
+        (g, r, v)
+        for g, r, verbs in NEEDS["corepin-agent"]
+        for v in verbs
+        if (g, r, v) not in {("corepin.io", "nodecputopologies", verb) for verb in READ}
+    ],
 }
 EVERYONE_MUST_NOT = [
     ("", "secrets", "get"),

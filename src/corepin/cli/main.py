@@ -34,6 +34,7 @@ COMMANDS: dict[str, tuple[str, str]] = {
     "release": ("corepin.cli.host_cmd", "end an allocation on purpose (optionally its processes)"),
     "migrate": ("corepin.cli.migrate_cmd", "import the kubelet's cpu_manager_state into corepin"),
     "agent": ("corepin.cli.agent_cmd", "run the Kubernetes node agent of one node"),
+    "webhook": ("corepin.cli.webhook_cmd", "serve the admission webhook for pods (HTTPS)"),
 }
 
 
