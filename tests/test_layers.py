@@ -23,6 +23,7 @@ FORBIDDEN = (
     "email",
     "ssl",
     "hypothesis",
+    "prometheus_client",
     "corepin.cli.render",
     "corepin.topology.discover",
     "corepin.topology.build",
@@ -35,6 +36,7 @@ LAZY_PACKAGES = (
     "corepin.enforcement",
     "corepin.kube",
     "corepin.agent",
+    "corepin.api",
 )
 
 PROBE = """

@@ -26,6 +26,10 @@ COMMANDS: dict[str, tuple[str, str]] = {
     "reconcile": ("corepin.cli.host_cmd", "free dead allocations and re-apply drifted pins"),
     "release": ("corepin.cli.host_cmd", "end an allocation on purpose (optionally its processes)"),
     "migrate": ("corepin.cli.migrate_cmd", "import the kubelet's cpu_manager_state into corepin"),
+    "controller": (
+        "corepin.cli.controller_cmd",
+        "run the cluster controller (validates PodCPUBindings, tidies; leader-elected)",
+    ),
 }
 
 
