@@ -126,6 +126,7 @@ class Controller:
         self.queue: WorkQueue[Key] = WorkQueue(monotonic=monotonic)
         self.events = EventRecorder(client, self.settings.component)
         self._lock = threading.Lock()
+        self._life = threading.Lock()
         # (namespace, pod name) -> names of the bindings that name that pod
         self._by_pod: dict[tuple[str, str], set[str]] = {}
         # node name -> (heartbeatTime text or None, monotonic time it was first seen)
@@ -151,13 +152,19 @@ class Controller:
 
     # ------------------------------------------------------------------ lifecycle
     def start(self) -> Controller:
-        if self._worker is not None:
-            raise RuntimeError("the controller was started already")
-        self.events.start()
-        for informer in (self.pods, self.bindings, self.topologies):
-            informer.start()
-        self._worker = threading.Thread(target=self._work, name="controller-worker", daemon=True)
-        self._worker.start()
+        """Start the informers, the event writer and the worker (nothing once stopped)."""
+        with self._life:
+            if self._worker is not None:
+                raise RuntimeError("the controller was started already")
+            if self._stopping.is_set():
+                return self
+            self.events.start()
+            for informer in (self.pods, self.bindings, self.topologies):
+                informer.start()
+            self._worker = threading.Thread(
+                target=self._work, name="controller-worker", daemon=True
+            )
+            self._worker.start()
         log.info("event=started heartbeat_timeout=%s", self.settings.heartbeat_timeout)
         return self
 
@@ -165,7 +172,8 @@ class Controller:
         """Stop processing, close the watches and join the threads (True when all ended
         within `timeout`). A write in flight is left to finish in the background."""
         deadline = self._monotonic() + timeout
-        self._stopping.set()
+        with self._life:  # never in the middle of start()
+            self._stopping.set()
         self.queue.shutdown()
         ended = True
         for informer in (self.pods, self.bindings, self.topologies):
