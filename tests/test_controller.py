@@ -474,3 +474,19 @@ def test_a_heartbeat_in_the_past_is_judged_by_change_not_by_wall_clock(
             heartbeat(cluster, "worker-1", past + dt.timedelta(seconds=step))
             time.sleep(0.15)
         assert ready(cluster, "worker-1")["status"] == "True"
+
+
+def test_a_failing_write_is_retried_with_backoff_until_it_succeeds(
+    fake_api: FakeApiServer, cluster: KubeClient, ctl: Controller
+) -> None:
+    fault = fake_api.inject(
+        r"/namespaces/default/podcpubindings/web/status$", method="PUT", status=500, times=3
+    )
+    pod(cluster, "web")
+    create_binding(cluster, binding("web", "web", cpus="2"))
+    wait_phase(cluster, "web", "Validated")
+    assert fault.hits == 3
+    settle(ctl)
+    errors = ctl.metrics.work_errors.labels("node")._value.get()
+    assert errors >= 1, "each failed pass is counted and the key queued again"
+    assert ctl.queue.failures(("node", "worker-1")) == 0, "forgotten after the success"
