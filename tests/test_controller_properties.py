@@ -174,7 +174,7 @@ def problems(kube: KubeClient) -> list[str]:
 
 
 @settings(
-    max_examples=20,
+    max_examples=15,
     deadline=None,
     suppress_health_check=[HealthCheck.too_slow],
 )

@@ -373,3 +373,32 @@ def test_unreadable_conditions_of_others_are_dropped_and_rewritten() -> None:
     written = rules.next_status(status, VALID, NOW)
     assert written is not None
     assert [c["type"] for c in written["conditions"]] == ["Validated"]
+
+
+def test_pod_owner_uid_reads_only_an_owner_reference_to_that_pod() -> None:
+    from corepin.kube.models import OwnerReference, pod_owner, pod_owner_uid
+
+    owners = [
+        OwnerReference("apps/v1", "ReplicaSet", "web", "rs-uid"),
+        OwnerReference("v1", "Pod", "other", "other-uid"),
+        pod_owner("web", "pod-uid"),
+    ]
+    assert pod_owner_uid(owners, "web") == "pod-uid"
+    assert pod_owner_uid(owners[:2], "web") is None
+    assert pod_owner_uid([], "web") is None
+
+
+@pytest.mark.parametrize(
+    ("labels", "agent"),
+    [
+        ({"app.kubernetes.io/managed-by": "corepin-agent"}, True),
+        ({"app.kubernetes.io/managed-by": "helm"}, False),
+        ({"corepin-agent": "app.kubernetes.io/managed-by"}, False),
+        ({}, False),
+        (None, False),
+    ],
+)
+def test_is_agent_binding_is_the_label_rule(labels: dict[str, str] | None, agent: bool) -> None:
+    from corepin.kube.models import is_agent_binding
+
+    assert is_agent_binding(labels) is agent

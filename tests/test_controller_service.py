@@ -38,8 +38,8 @@ def service(kubeconfig: Path, identity: str) -> ControllerService:
         lease_namespace="default",
         lease_name="corepin-controller",
         identity=identity,
-        lease_duration=1.5,
-        renew_deadline=1.0,
+        lease_duration=4.0,
+        renew_deadline=2.0,
         retry_period=0.2,
     )
 
@@ -110,7 +110,7 @@ def test_the_standby_takes_over_at_once_when_the_leader_stops(
     assert time.monotonic() - started < 4.0
     lease = kube.get(LEASES, "corepin-controller", "default")["spec"]
     assert lease["holderIdentity"] in ("", standby.identity), "the stopping leader released it"
-    wait_for(lambda: standby.is_leader, 1.4, "the standby to lead before the lease would expire")
+    wait_for(lambda: standby.is_leader, 3.0, "the standby to lead before the lease would expire")
     pod(kube, "web")
     create_binding(kube, binding("web", "web", cpus="2"))
     wait_phase(kube, "web", "Validated")

@@ -379,6 +379,8 @@ class Controller:
 
     def _read_pod(self, namespace: str, name: str) -> rules.PodFacts | None:
         """The pod as the API has it now (a GET: the cache may not have seen it yet)."""
+        if not name:
+            return None
         try:
             return rules.pod_facts(self.client.get(PODS, name, namespace))
         except ApiNotFound:
@@ -401,7 +403,7 @@ class Controller:
         if owner is not None and (pod is None or pod.uid != owner):
             pod = self._read_pod(namespace, pod_name)
             if pod is None or pod.uid != owner:
-                self._delete_orphan(obj, owner)
+                self._delete_orphan(obj, owner, pod)
                 return
         if agent:
             node = self._node_of(obj, pod)
@@ -429,9 +431,10 @@ class Controller:
         found = status.get("nodeName") if isinstance(status, Mapping) else None
         return str(found) if found else None
 
-    def _delete_orphan(self, obj: Obj, owner: str) -> None:
-        """Delete a binding whose pod (uid `owner`) is gone, with the binding's uid and
-        resourceVersion as preconditions; on 409 re-read and decide again."""
+    def _delete_orphan(self, obj: Obj, owner: str, pod: rules.PodFacts | None) -> None:
+        """Delete a binding whose pod (uid `owner`) is gone (`pod` is what has the name now,
+        if anything), with the binding's uid and resourceVersion as preconditions; on 409
+        re-read and decide again."""
         for _ in range(self.settings.conflict_retries):
             meta = _meta(obj)
             ns, name = str(meta.get("namespace") or ""), str(meta.get("name") or "")
@@ -464,11 +467,10 @@ class Controller:
                     return  # the pod is there after all
                 continue
             self.metrics.orphans_deleted.inc()
-            now = self._cached_pod(ns, pod_name)
             why = (
                 f"pod {ns}/{pod_name} (uid {owner}) is gone"
-                if now is None or not now.uid
-                else f"pod {ns}/{pod_name} is now uid {now.uid}, not {owner}"
+                if pod is None or not pod.uid
+                else f"pod {ns}/{pod_name} is now uid {pod.uid}, not {owner}"
             )
             log.info("event=orphan_deleted binding=%s/%s pod_uid=%s", ns, name, owner)
             self.events.event(obj, "Normal", "OrphanDeleted", f"deleted: {why}")
