@@ -490,3 +490,41 @@ def test_a_failing_write_is_retried_with_backoff_until_it_succeeds(
     errors = ctl.metrics.work_errors.labels("node")._value.get()
     assert errors >= 1, "each failed pass is counted and the key queued again"
     assert ctl.queue.failures(("node", "worker-1")) == 0, "forgotten after the success"
+
+
+def test_the_agents_record_of_a_validated_binding_keeps_it_validated(
+    cluster: KubeClient, ctl: Controller
+) -> None:
+    """As the node agent does: it pins the containers of a Validated user binding and writes
+    one binding of its own per container, on the same CPUs (its record, not a rival)."""
+    web = pod(cluster, "web")
+    create_binding(cluster, binding("web", "web", cpus="2", level="Core"))
+    wait_phase(cluster, "web", "Validated")
+    record = binding("web-app", "web", containers={"app": "2"}, level="Core", agent=True, owner=web)
+    record["metadata"]["labels"]["corepin.io/node"] = "worker-1"
+    create_binding(
+        cluster,
+        record,
+        status={"phase": "Applied", "cpus": "2", "mems": "0", "nodeName": "worker-1"},
+    )
+    pod(cluster, "other")
+    create_binding(cluster, binding("other", "other", cpus="18"))
+    assert "binding default/web" in wait_phase(cluster, "other", "Failed")["message"]
+    settle(ctl)
+    assert status_of(cluster, "web")["phase"] == "Validated"
+
+
+def test_a_second_binding_of_a_pod_fails_as_a_duplicate(
+    cluster: KubeClient, ctl: Controller
+) -> None:
+    pod(cluster, "web")
+    create_binding(cluster, binding("first", "web", cpus="2"))
+    wait_phase(cluster, "first", "Validated")
+    create_binding(cluster, binding("second", "web", cpus="3"))
+    status = wait_phase(cluster, "second", "Failed")
+    assert status["message"] == (
+        "pod default/web already has the validated binding default/first: one user-written "
+        "binding per pod"
+    )
+    cluster.delete(BINDINGS, "first", "default")
+    wait_phase(cluster, "second", "Validated")

@@ -6,9 +6,10 @@ controller's code):
 - a binding whose pod is missing is Failed (PodNotFound); not scheduled, or on a node without
   a topology: Pending; naming CPUs the node lacks: Failed (UnknownCPUs); reserved ones: Failed
   (ReservedCPUs);
-- of the others, on each node: no two Validated ones (nor a Validated one and the agent's
-  binding) withhold a common CPU; each Failed one is a Conflict with a Validated one or the
-  agent's; none is left Pending.
+- of the others, on each node: a pod has at most one Validated binding; no two Validated ones
+  of different pods (nor a Validated one and the agent's binding) withhold a common CPU; each
+  Failed one is a Conflict with a held binding of another pod, or a duplicate of its pod's
+  Validated one; none is left Pending.
 """
 
 from __future__ import annotations
@@ -117,14 +118,16 @@ def problems(kube: KubeClient) -> list[str]:
     pods = {p["metadata"]["name"]: p for p in kube.list(PODS, "default")["items"]}
     topologies = {t["metadata"]["name"]: t for t in kube.list(TOPOLOGIES)["items"]}
     found: list[str] = []
-    passing: dict[str, list[tuple[str, set[int], str]]] = {}
+    # node -> rows (binding, pod, withheld CPUs, phase, reason) of bindings passing their own rules
+    passing: dict[str, list[tuple[str, str, set[int], str, str]]] = {}
     for b in kube.list(BINDINGS, "default")["items"]:
         name = b["metadata"]["name"]
         if name == "agent":
             continue
         phase = (b.get("status") or {}).get("phase", "")
         reason = next((c["reason"] for c in (b.get("status") or {}).get("conditions", [])), "")
-        pod_obj = pods.get(b["spec"]["podName"])
+        pod_name = b["spec"]["podName"]
+        pod_obj = pods.get(pod_name)
         owners = [o["uid"] for o in b["metadata"].get("ownerReferences", [])]
         if owners and (pod_obj is None or pod_obj["metadata"]["uid"] not in owners):
             found.append(f"{name}: orphan left")
@@ -149,27 +152,35 @@ def problems(kube: KubeClient) -> list[str]:
             expected = ("Failed", "ReservedCPUs")
         else:
             expected = None
-            passing.setdefault(node, []).append((name, cpus, b["spec"]["exclusivenessLevel"]))
-            if (phase, reason) not in (("Validated", "Valid"), ("Failed", "Conflict")):
-                found.append(f"{name}: {phase}/{reason}, expected Validated or a Conflict")
+            level = b["spec"]["exclusivenessLevel"]
+            passing.setdefault(node, []).append(
+                (name, pod_name, withheld(level, cpus), phase, reason)
+            )
+            allowed = {
+                ("Validated", "Valid"),
+                ("Failed", "Conflict"),
+                ("Failed", "DuplicateBinding"),
+            }
+            if (phase, reason) not in allowed:
+                found.append(f"{name}: {phase}/{reason}, expected Validated, Conflict or duplicate")
         if expected is not None and (phase, reason) != expected:
             found.append(f"{name}: {phase}/{reason}, expected {expected[0]}/{expected[1]}")
-    phases = {
-        b["metadata"]["name"]: (b.get("status") or {}).get("phase")
-        for b in kube.list(BINDINGS, "default")["items"]
-    }
     for node, rows in passing.items():
-        held = [("agent", withheld("Core", AGENT_CPUS))] if node == "worker-1" else []
-        held += [(n, withheld(level, cpus)) for n, cpus, level in rows if phases[n] == "Validated"]
-        for i, (a, wa) in enumerate(held):
-            for b_name, wb in held[i + 1 :]:
-                if wa & wb:
+        held = [("agent", "agent-pod", withheld("Core", AGENT_CPUS))] if node == "worker-1" else []
+        held += [(n, p, w) for n, p, w, phase, _ in rows if phase == "Validated"]
+        for i, (a, pa, wa) in enumerate(held):
+            for b_name, pb, wb in held[i + 1 :]:
+                if pa == pb:
+                    found.append(f"{a} and {b_name} are both validated for pod {pa}")
+                elif wa & wb:
                     found.append(f"{a} and {b_name} are both held and share {sorted(wa & wb)}")
-        for n, cpus, level in rows:
-            if phases[n] == "Failed" and not any(
-                withheld(level, cpus) & w for other, w in held if other != n
-            ):
+        for n, p, w, phase, reason in rows:
+            if phase != "Failed":
+                continue
+            if reason == "Conflict" and not any(w & hw for _, hp, hw in held if hp != p):
                 found.append(f"{n}: Failed as a Conflict, but nothing held overlaps it")
+            if reason == "DuplicateBinding" and not any(hp == p for _, hp, _ in held):
+                found.append(f"{n}: Failed as a duplicate, but its pod has no validated binding")
     return found
 
 

@@ -215,15 +215,18 @@ def entry(
     cpus: str,
     level: str = "cpu",
     *,
+    pod: str = "",
     created: str = "2025-01-01T00:00:00Z",
     agent: bool = False,
     holding: bool = False,
     own: rules.Verdict | None = None,
+    judged: bool = True,
 ) -> rules.Entry:
-    claim = rules.claim_of("shop", name, level, CPUSet.parse(cpus), dual_socket_ht())
-    if own is None and not agent:
+    pod = pod or f"pod-{name}"
+    claim = rules.claim_of("shop", name, pod, level, CPUSet.parse(cpus), dual_socket_ht())
+    if own is None and judged and not agent:
         own = rules.Verdict("Validated", "Valid", "ok", "worker-1")
-    return rules.Entry("shop", name, created, agent, holding, own, claim)
+    return rules.Entry("shop", name, pod, created, agent, holding, own, claim)
 
 
 def test_the_older_of_two_clashing_newcomers_wins_and_the_other_names_it() -> None:
@@ -258,7 +261,7 @@ def test_agent_bindings_take_their_cpus_first_and_are_never_judged() -> None:
         "worker-1",
         [
             entry("user", "0-7", "numa", created="2024-01-01T00:00:00Z", holding=True),
-            entry("pinned", "5", agent=True, created="2025-01-01T00:00:00Z"),
+            entry("pinned", "5", agent=True, created="2025-01-01T00:00:00Z", holding=True),
         ],
     )
     assert list(verdicts) == [("shop", "user")]
@@ -402,3 +405,47 @@ def test_is_agent_binding_is_the_label_rule(labels: dict[str, str] | None, agent
     from corepin.kube.models import is_agent_binding
 
     assert is_agent_binding(labels) is agent
+
+
+def test_the_agents_record_of_a_pods_own_pin_is_no_conflict_for_that_pod() -> None:
+    verdicts = rules.decide_node(
+        "worker-1",
+        [
+            entry("web-app", "2-3", "core", pod="web", agent=True, holding=True),
+            entry("web", "2-3", pod="web", holding=True),
+            entry("other", "18", pod="other"),
+        ],
+    )
+    assert verdicts[("shop", "web")].phase == "Validated"
+    other = verdicts[("shop", "other")]
+    assert other.reason == "Conflict" and "binding shop/web-app" in other.message
+
+
+def test_a_second_valid_binding_of_a_pod_fails_as_a_duplicate() -> None:
+    verdicts = rules.decide_node(
+        "worker-1",
+        [
+            entry("b", "5", pod="web", created="2025-01-02T00:00:00Z"),
+            entry("a", "4", pod="web", created="2025-01-01T00:00:00Z"),
+            entry("c", "6", pod="web", own=rules.Verdict("Failed", "UnknownCPUs", "no")),
+        ],
+    )
+    assert verdicts[("shop", "a")].phase == "Validated"
+    duplicate = verdicts[("shop", "b")]
+    assert (duplicate.phase, duplicate.reason) == ("Failed", "DuplicateBinding")
+    assert duplicate.message == (
+        "pod shop/web already has the validated binding shop/a: one user-written binding per pod"
+    )
+    assert verdicts[("shop", "c")].reason == "UnknownCPUs"
+
+
+def test_a_binding_that_is_not_judged_still_holds_its_cpus() -> None:
+    verdicts = rules.decide_node(
+        "worker-1",
+        [
+            entry("leaving", "7", judged=False, holding=True, created="2025-03"),
+            entry("new", "7", created="2025-01"),
+        ],
+    )
+    assert list(verdicts) == [("shop", "new")]
+    assert verdicts[("shop", "new")].reason == "Conflict"

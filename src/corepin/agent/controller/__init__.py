@@ -29,14 +29,19 @@ One replica acts at a time: the holder of the Lease `--lease-namespace/--lease-n
      `NodeTopologyInvalid`: the agent has not published it; checked again when it does);
    - every CPU named exists on the node (`UnknownCPUs`), is online (`OfflineCPUs`) and is not
      reserved for the system (`spec.reservedCPUs` or `status.reservedCPUs`, `ReservedCPUs`);
+   - the pod has no other validated user-written binding (`DuplicateBinding`: one per pod);
    - what its exclusiveness level withholds (`allocation.levels.withheld_for` of its CPUs)
-     overlaps nothing withheld by another binding on the node (`Conflict`, naming the other
-     binding and the CPUs). The CPUs of a binding are its explicit ones (`spec.cpuSet` and
+     overlaps nothing withheld by a binding of another pod on the node (`Conflict`, naming
+     the other binding and the CPUs). Bindings of the same pod never conflict: the agent
+     records every container it pins, also for a user-written binding, in a binding of its
+     own on the same CPUs. The CPUs of a binding are its explicit ones (`spec.cpuSet` and
      `spec.containers[].cpuSet`), plus `status.cpus` once `Applied` (the agent's choice when
      the spec names none) and always for agent bindings. Who keeps the CPUs when two bindings
-     clash: agent bindings first, then bindings already `Validated` or `Applied`, then the
-     older (`creationTimestamp`), then by namespace/name - so a newcomer never unseats a
-     binding that holds, and two validated bindings of a node never withhold a common CPU.
+     clash: agent bindings first (and a binding still holding CPUs for a pod that is going
+     away), then bindings already `Validated` or `Applied`, then the older
+     (`creationTimestamp`), then by namespace/name - so a newcomer never unseats a binding
+     that holds, and two validated bindings of different pods of a node never withhold a
+     common CPU.
    The result goes to the status subresource: `phase` (`Validated`, `Failed` or `Pending`),
    `message`, `nodeName` and the condition `Validated` (True / False / Unknown with the reason
    above), plus an Event on the binding when the phase or the reason changes (Normal

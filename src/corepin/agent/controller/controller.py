@@ -555,12 +555,18 @@ class Controller:
         claim = None
         if facts is not None and facts.topology is not None and cpus:
             claim = rules.claim_of(
-                binding.namespace, binding.name, binding.spec.level, cpus, facts.topology
+                binding.namespace,
+                binding.name,
+                binding.spec.pod_name,
+                binding.spec.level,
+                cpus,
+                facts.topology,
             )
         own = None if agent or not matches else rules.check_binding(binding, pod, facts)
         entry = rules.Entry(
             binding.namespace,
             binding.name,
+            binding.spec.pod_name,
             str(meta.get("creationTimestamp") or ""),
             agent,
             holding,

@@ -49,6 +49,7 @@ R_UNKNOWN_CPUS: Final = "UnknownCPUs"
 R_OFFLINE_CPUS: Final = "OfflineCPUs"
 R_RESERVED_CPUS: Final = "ReservedCPUs"
 R_CONFLICT: Final = "Conflict"
+R_DUPLICATE: Final = "DuplicateBinding"
 
 #: Phases in which a binding holds its CPUs (the agent acts on Validated, then sets Applied).
 HOLDING_PHASES: Final = frozenset({"Validated", "Applied"})
@@ -93,10 +94,12 @@ class NodeFacts:
 
 @record
 class Claim:
-    """The CPUs a binding holds (or asks for) on its node and what its level withholds."""
+    """The CPUs a binding of pod `namespace/pod` holds (or asks for) on its node and what its
+    level withholds."""
 
     namespace: str
     name: str
+    pod: str
     level: str
     cpus: CPUSet
     withheld: CPUSet
@@ -112,10 +115,13 @@ class Entry:
 
     namespace: str
     name: str
+    pod: str  # spec.podName
     created: str  # metadata.creationTimestamp (RFC 3339 in UTC: sorts as text)
-    agent: bool  # written by the node agent: a record of what it holds, never judged
+    agent: bool  # written by the node agent: a record of what it holds
     holding: bool  # phase Validated or Applied (or an agent binding)
-    own: Verdict | None  # user bindings: `check_binding`; None for agent bindings
+    # user bindings: `check_binding`; None for bindings that are not judged but hold their
+    # CPUs (the agent's, and a holding binding whose pod is going away)
+    own: Verdict | None
     claim: Claim | None
 
     @property
@@ -304,22 +310,24 @@ def invalid_spec(error: FieldError) -> Verdict:
 def claim_of(
     namespace: str,
     name: str,
+    pod: str,
     level: str,
     cpus: CPUSet,
     topology: Topology,
 ) -> Claim:
-    """What a binding at `level` on `cpus` withholds on `topology` (CPUs the node does not
-    have online are left out: they cannot be withheld)."""
+    """What a binding of `pod` at `level` on `cpus` withholds on `topology` (CPUs the node
+    does not have online are left out: they cannot be withheld)."""
     online = cpus & topology.online_cpus
-    return Claim(namespace, name, level, online, withheld_for(topology, level, online))
+    return Claim(namespace, name, pod, level, online, withheld_for(topology, level, online))
 
 
 # ---------------------------------------------------------------------- one node
 def _rank(entry: Entry) -> tuple[int, int, str, str, str]:
-    """Agent bindings first (they are what the node holds), then bindings already holding
-    (Validated or Applied: a newcomer never unseats them), then the oldest, then by name."""
+    """Bindings that are not judged first (the agent's records: what the node holds), then
+    bindings already holding (Validated or Applied: a newcomer never unseats them), then the
+    oldest, then by name."""
     return (
-        0 if entry.agent else 1,
+        0 if entry.own is None else 1,
         0 if entry.holding else 1,
         entry.created,
         entry.namespace,
@@ -331,27 +339,48 @@ def decide_node(node: str, entries: Sequence[Entry]) -> dict[tuple[str, str], Ve
     """Verdicts for the user-written bindings of one node.
 
     A binding that fails its own checks keeps that verdict. The others are taken in rank order
-    (`_rank`); each is Validated when what its level withholds overlaps nothing withheld by
-    the agent's bindings or by the bindings validated before it, else Failed (`Conflict`,
-    naming the other binding and the CPUs). Two validated bindings of a node therefore never
-    withhold a common CPU."""
+    (`_rank`): a second valid user-written binding of a pod that already has one is Failed
+    (`DuplicateBinding`); otherwise a binding is Validated when what its level withholds
+    overlaps nothing withheld by the bindings of *other* pods taken before it (the bindings
+    that are not judged, then those validated in this pass), else Failed (`Conflict`, naming
+    the other binding and the CPUs). The bindings of one pod never conflict with each other:
+    the agent records each container it pins for a user-written binding in a binding of its
+    own, on the same CPUs. So two validated bindings of different pods of a node never
+    withhold a common CPU, and a pod has at most one validated user-written binding."""
     out: dict[tuple[str, str], Verdict] = {}
     taken: list[Claim] = []
+    validated: dict[tuple[str, str], str] = {}  # pod -> its validated binding
     for entry in sorted(entries, key=_rank):
-        if entry.agent:
+        own = entry.own
+        if own is None:
             if entry.claim is not None and entry.claim.withheld:
                 taken.append(entry.claim)
             continue
-        own = entry.own
-        if own is None:
-            continue
-        if own.phase != VALID or entry.claim is None or not entry.claim.withheld:
+        if own.phase != VALID:
             out[entry.key] = own
             continue
+        pod = (entry.namespace, entry.pod)
+        first = validated.get(pod)
+        if first is not None:
+            out[entry.key] = Verdict(
+                FAILED,
+                R_DUPLICATE,
+                f"pod {entry.namespace}/{entry.pod} already has the validated binding "
+                f"{entry.namespace}/{first}: one user-written binding per pod",
+                node,
+            )
+            continue
         mine = entry.claim
-        clash = next((c for c in taken if c.withheld & mine.withheld), None)
-        if clash is None:
-            taken.append(mine)
+        clash = None
+        if mine is not None and mine.withheld:
+            clash = next(
+                (c for c in taken if (c.namespace, c.pod) != pod and c.withheld & mine.withheld),
+                None,
+            )
+        if clash is None or mine is None:
+            if mine is not None:
+                taken.append(mine)
+            validated[pod] = entry.name
             out[entry.key] = own
             continue
         overlap = clash.withheld & mine.withheld
