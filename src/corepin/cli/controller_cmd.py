@@ -121,9 +121,9 @@ def run(args: argparse.Namespace) -> int:
     if args.lease_name == "" or args.lease_namespace == "" or args.identity == "":
         raise InputError("--lease-name, --lease-namespace and --identity must not be empty")
 
-    from corepin.api.http import HealthMetricsServer, parse_address
+    from corepin.api.http import OpsServer, parse_address
 
-    host, port = parse_address(args.metrics_address)
+    parse_address(args.metrics_address)  # a bad address is refused before anything starts
     _setup_logging(dict(os.environ))
 
     from corepin.agent.controller.controller import ControllerSettings
@@ -149,9 +149,12 @@ def run(args: argparse.Namespace) -> int:
             renew_deadline=args.renew_deadline,
             retry_period=args.retry_period,
         )
-        server = HealthMetricsServer(
-            host, port, health=service.health, registry=service.metrics.registry
-        ).start()
+        server = OpsServer(
+            args.metrics_address,
+            metrics=service.metrics.registry,
+            ready=lambda: service.health()[0],
+        )
+        server.start()
     except BaseException:
         client.close()
         raise
