@@ -23,7 +23,6 @@ FORBIDDEN = (
     "email",
     "ssl",
     "hypothesis",
-    "prometheus_client",
     "corepin.cli.render",
     "corepin.topology.discover",
     "corepin.topology.build",
