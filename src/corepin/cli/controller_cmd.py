@@ -86,12 +86,15 @@ def add_arguments(parser: argparse.ArgumentParser, name: str) -> None:
 
 def _setup_logging(environ: dict[str, str]) -> None:
     """A server's logs are its report: info and above on stderr, key=value, unless
-    COREPIN_LOG names another level."""
+    COREPIN_LOG names another level. Never quieter than a set-up made before (-v)."""
     import logging
 
     logger = logging.getLogger("corepin")
-    level = environ.get("COREPIN_LOG", "").upper()
-    logger.setLevel(level if level in ("DEBUG", "INFO", "WARNING", "ERROR") else "INFO")
+    wanted = environ.get("COREPIN_LOG", "").upper()
+    named = wanted in ("DEBUG", "INFO", "WARNING", "ERROR")
+    level: int = logging.getLevelName(wanted) if named else logging.INFO
+    if logger.level == logging.NOTSET or logger.level > level:
+        logger.setLevel(level)
     if not any(isinstance(h, logging.StreamHandler) for h in logger.handlers):
         handler = logging.StreamHandler()
         handler.setFormatter(
