@@ -605,11 +605,11 @@ NEEDS: dict[str, list[tuple[str, str, tuple[str, ...]]]] = {
     ],
     "corepin-controller": [
         ("", "pods", READ),
-        ("", "nodes", READ),
         ("", "events", ("create", "patch")),
         ("corepin.io", "nodecputopologies", READ),
-        ("corepin.io", "nodecputopologies/status", ("update", "patch")),
-        ("corepin.io", "podcpubindings", (*READ, "delete")),
+        ("corepin.io", "nodecputopologies/status", ("get", "update")),
+        ("corepin.io", "podcpubindings", (*READ, "update", "delete")),
+        ("corepin.io", "podcpubindings/status", ("get", "update")),
     ],
     "corepin-scheduler": [
         ("", "pods", READ),
@@ -640,8 +640,11 @@ MUST_NOT: dict[str, list[tuple[str, str, str]]] = {
     ],
     "corepin-controller": [
         ("", "pods", "patch"),
+        ("", "pods", "delete"),
+        ("", "nodes", "list"),
         ("corepin.io", "nodecputopologies", "create"),
         ("corepin.io", "nodecputopologies", "update"),
+        ("corepin.io", "nodecputopologies", "delete"),
         ("corepin.io", "podcpubindings", "create"),
     ],
     "corepin-scheduler": [
@@ -694,18 +697,17 @@ def test_rbac_grants_nothing_the_component_must_not_have(
     assert not allowed(account, group, resource, verb), f"{account} may {verb} {group}/{resource}"
 
 
-def test_scheduler_may_hold_only_its_own_lease_in_its_namespace() -> None:
+@pytest.mark.parametrize("account", ["corepin-scheduler", "corepin-controller"])
+def test_a_leader_elected_component_may_hold_only_its_own_lease_in_its_namespace(
+    account: str,
+) -> None:
     lease = ("coordination.k8s.io", "leases")
     for verb in ("get", "update"):
-        assert allowed(
-            "corepin-scheduler", *lease, verb, namespace=NAMESPACE, name="corepin-scheduler"
-        )
-        assert not allowed("corepin-scheduler", *lease, verb, namespace=NAMESPACE, name="other")
-        assert not allowed(
-            "corepin-scheduler", *lease, verb, namespace="default", name="corepin-scheduler"
-        )
-    assert allowed("corepin-scheduler", *lease, "create", namespace=NAMESPACE)
-    assert not allowed("corepin-scheduler", *lease, "delete", namespace=NAMESPACE)
+        assert allowed(account, *lease, verb, namespace=NAMESPACE, name=account)
+        assert not allowed(account, *lease, verb, namespace=NAMESPACE, name="other")
+        assert not allowed(account, *lease, verb, namespace="default", name=account)
+    assert allowed(account, *lease, "create", namespace=NAMESPACE)
+    assert not allowed(account, *lease, "delete", namespace=NAMESPACE)
 
 
 def test_rbac_has_no_wildcards_and_every_workload_account_exists() -> None:

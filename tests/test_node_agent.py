@@ -364,6 +364,13 @@ def test_dropped_watches_and_410_gone_lose_no_pod(node: FakeNode) -> None:
     assert len(CPUSet().union(*held)) == 6, "no CPU handed out twice"
 
 
+def validated(node: FakeNode, name: str) -> None:
+    """Play the controller: mark a user binding Validated (the agent applies only those)."""
+    node.client.patch_status(
+        node.agents[-1].pcb, name, {"status": {"phase": "Validated"}}, "default"
+    )
+
+
 def test_a_binding_naming_cpus_the_node_lacks_or_someone_holds_is_refused_with_an_event(
     node: FakeNode,
 ) -> None:
@@ -385,6 +392,7 @@ def test_a_binding_naming_cpus_the_node_lacks_or_someone_holds_is_refused_with_a
             },
             "default",
         )
+        validated(node, f"{name}-binding")
         node.run(pod)
         wait_for(lambda pod=pod: events(node, pod, "CPUPinFailed"), what=f"{name} refused")  # type: ignore[misc]
         message = events(node, pod, "CPUPinFailed")[0]["message"]
@@ -406,6 +414,9 @@ def test_a_binding_naming_cpus_the_node_lacks_or_someone_holds_is_refused_with_a
         "default",
     )
     node.run(good)
+    settle(node)
+    assert node.cpus(good, "app") != C("31"), "a binding the controller did not validate waits"
+    validated(node, "good-binding")
     wait_for(lambda: node.cpus(good, "app") == C("31"), what="explicit CPU 31")
 
 

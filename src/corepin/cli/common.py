@@ -20,7 +20,7 @@ def positive_seconds(text: str) -> float:
         value = float(text)
     except ValueError:
         raise argparse.ArgumentTypeError(f"expected a number of seconds, got {text!r}") from None
-    if not value > 0:
+    if not 0 < value < float("inf"):
         raise argparse.ArgumentTypeError(f"expected a positive number of seconds, got {text!r}")
     return value
 

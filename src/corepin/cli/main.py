@@ -35,6 +35,10 @@ COMMANDS: dict[str, tuple[str, str]] = {
     "migrate": ("corepin.cli.migrate_cmd", "import the kubelet's cpu_manager_state into corepin"),
     "agent": ("corepin.cli.agent_cmd", "run the Kubernetes node agent of one node"),
     "webhook": ("corepin.cli.webhook_cmd", "serve the admission webhook for pods (HTTPS)"),
+    "controller": (
+        "corepin.cli.controller_cmd",
+        "run the cluster controller (validates PodCPUBindings, tidies; leader-elected)",
+    ),
 }
 
 

@@ -13,6 +13,7 @@ http, ssl or json parsing of API objects):
 - `informer`  list + watch into a cache, handlers, relist on 410, backoff, counters
 - `events`    core/v1 Event recorder with count aggregation
 - `leader`    Lease-based leader election
+- `workqueue` deduplicated work queue with delayed and rate-limited adds (controllers)
 
 Why a small client of our own over the standard library rather than lightkube: what corepin
 needs from the API is narrow (generic JSON objects, a handful of verbs, watch) and the parts

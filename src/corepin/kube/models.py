@@ -8,6 +8,10 @@ knows the wire spelling of:
 - `PodCPUBinding` (`corepin.io/v1alpha1`, namespaced, actimanager's shape): `PodCPUBinding`,
   `PodCPUBindingSpec`, `PodCPUBindingStatus`, `ContainerCPUSet`;
 - the shared pieces `ObjectMeta`, `OwnerReference` and `Condition` (metav1.Condition);
+- who wrote a PodCPUBinding (`is_agent_binding`: the agent's label `app.kubernetes.io/
+  managed-by: corepin-agent`) and which pod incarnation it belongs to (`pod_owner_uid`: the
+  uid of its Pod owner reference), the controller's `Validated` condition and the
+  `HeartbeatStale` reason (the rules are in `corepin.agent.controller`);
 - the `NodeResourceTopology` object the agent publishes for the scheduler-plugins
   (`node_resource_topology`);
 - the pod and node annotations (`parse_pod_annotations`, `parse_cpus_annotation`,
@@ -386,6 +390,39 @@ def node_owner(name: str, uid: str) -> OwnerReference:
 def pod_owner(name: str, uid: str) -> OwnerReference:
     """Owner reference to a Pod: a PodCPUBinding goes away with its pod."""
     return OwnerReference("v1", "Pod", name, uid, controller=False, block_owner_deletion=False)
+
+
+def pod_owner_uid(owners: Iterable[OwnerReference], pod_name: str) -> str | None:
+    """The uid of the pod `pod_name` among `owners` (a binding's owner references): the pod
+    incarnation the binding belongs to; None when no owner reference names that pod."""
+    for owner in owners:
+        if owner.api_version == "v1" and owner.kind == "Pod" and owner.name == pod_name:
+            return owner.uid
+    return None
+
+
+#: The label that tells a PodCPUBinding the node agent wrote (its record of a container it
+#: pinned from annotations) from one a user or the scheduler wrote (a request the controller
+#: validates). The agent sets `app.kubernetes.io/managed-by: corepin-agent` on every binding it
+#: creates; every other binding is user-written.
+LABEL_MANAGED_BY: Final = "app.kubernetes.io/managed-by"
+AGENT_MANAGER: Final = "corepin-agent"
+#: The PodCPUBinding condition the controller owns: True (valid), False (invalid, with the
+#: reason), Unknown (cannot be decided yet: pod not scheduled, node topology missing).
+VALIDATED: Final = "Validated"
+#: The reason the controller gives a NodeCPUTopology's `Ready=False` when the agent's
+#: heartbeat stopped.
+HEARTBEAT_STALE: Final = "HeartbeatStale"
+
+
+def agent_binding_labels() -> dict[str, str]:
+    """The labels the node agent puts on every PodCPUBinding it creates."""
+    return {LABEL_MANAGED_BY: AGENT_MANAGER}
+
+
+def is_agent_binding(labels: Mapping[str, str] | None) -> bool:
+    """Whether a PodCPUBinding with these labels is the node agent's (not user-written)."""
+    return labels is not None and labels.get(LABEL_MANAGED_BY) == AGENT_MANAGER
 
 
 @dataclass(frozen=True, slots=True)

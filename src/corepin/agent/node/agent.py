@@ -65,8 +65,8 @@ if TYPE_CHECKING:
 log = logging.getLogger("corepin.agent.node")
 
 #: labels of the PodCPUBindings the agent writes (one per pinned container)
-MANAGED_BY: Final = "app.kubernetes.io/managed-by"
-AGENT: Final = "corepin-agent"
+MANAGED_BY: Final = "app.kubernetes.io/managed-by"  # = corepin.kube.models.LABEL_MANAGED_BY
+AGENT: Final = "corepin-agent"  # = corepin.kube.models.AGENT_MANAGER
 NODE_LABEL: Final = "corepin.io/node"
 POD_UID_LABEL: Final = "corepin.io/pod-uid"
 CONTAINER_LABEL: Final = "corepin.io/container"
@@ -635,13 +635,18 @@ class NodeAgent:
 
     # ------------------------------------------------------------------ pods
     def _user_binding(self, namespace: str, pod: str) -> Mapping[str, Any] | None:
+        """The user's PodCPUBinding for this pod once the controller validated it (phase
+        `Validated`, or `Applied`); bindings the agent wrote itself are its records, not
+        requests (`corepin.kube.models.is_agent_binding`)."""
+        from corepin.kube.models import is_agent_binding
+
         for b in self._bindings_informer.cache.list():
             meta = b.get("metadata") or {}
-            if (meta.get("labels") or {}).get(MANAGED_BY) == AGENT:
+            if is_agent_binding(meta.get("labels")):
                 continue
             if meta.get("namespace") == namespace and (b.get("spec") or {}).get("podName") == pod:
                 phase = (b.get("status") or {}).get("phase")
-                if phase != "Failed":
+                if phase in ("Validated", "Applied"):
                     return b
         return None
 
