@@ -431,6 +431,7 @@ def test_ctrl_c_at_any_moment_of_start_up_exits_130_without_a_trace_or_a_leak(
     state: Path, stage: str
 ) -> None:
     rng = random.Random(stage)
+    reached = 0
     for _ in range(8):
         p = subprocess.Popen(
             [*corepin("run", "--exclusive", "1", "--", "sleep", "30", state=state)],
@@ -453,6 +454,13 @@ def test_ctrl_c_at_any_moment_of_start_up_exits_130_without_a_trace_or_a_leak(
         finally:
             if p.poll() is None:
                 os.killpg(p.pid, signal.SIGKILL)
+        assert allocations(state) == [], "an interrupted start-up left an allocation behind"
+        assert not _has_child(p.pid)
+        if "Traceback" in err and "corepin" not in err:
+            # the Ctrl-C hit the interpreter's own start-up (site, runpy) before any of
+            # corepin ran: Python's behaviour, nothing of corepin's to judge (or to leak)
+            continue
+        reached += 1
         # before the interpreter installs its handler, SIGINT ends it the default way (the
         # shell's 130 too); from then on corepin exits 130 itself
         assert p.returncode == 130 or (p.returncode == -signal.SIGINT and not err), (
@@ -460,8 +468,7 @@ def test_ctrl_c_at_any_moment_of_start_up_exits_130_without_a_trace_or_a_leak(
             err,
         )
         assert "Traceback" not in err and "internal error" not in err, err
-        assert allocations(state) == [], "an interrupted start-up left an allocation behind"
-        assert not _has_child(p.pid)
+    assert reached >= 4, "too few interrupts reached corepin's own start-up"
 
 
 # ---------------------------------------------------------------------- request options
