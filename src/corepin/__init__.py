@@ -1,29 +1,44 @@
 """corepin: topology-aware CPU and NUMA resource manager.
 
 The top-level API (CONTRACTS.md section 1): `CPUSet`, `Topology`, `discover`, `allocate`.
-Heavier entry points load on first use so that `import corepin` stays cheap.
+Every name loads on first use: `import corepin` (which `python -m corepin` and the console
+script run before corepin's own Ctrl-C handling is in place) imports nothing.
 """
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING, Any
-
-from corepin.core.cpuset import CPUSet
-from corepin.core.errors import (
-    AllocationError,
-    CorepinError,
-    EnvironmentProblem,
-    InputError,
-    SysfsError,
-    TopologyError,
-)
-from corepin.topology.model import Topology
-
+TYPE_CHECKING = False  # typing itself stays unloaded too
 if TYPE_CHECKING:
+    from typing import Any
+
     from corepin.allocation.api import allocate
+    from corepin.core.cpuset import CPUSet
+    from corepin.core.errors import (
+        AllocationError,
+        CorepinError,
+        EnvironmentProblem,
+        InputError,
+        SysfsError,
+        TopologyError,
+    )
     from corepin.topology.discover import discover
+    from corepin.topology.model import Topology
 
 __version__ = "0.1.0"
+
+#: Each public name and the module it lives in.
+_HOMES = {
+    "AllocationError": "corepin.core.errors",
+    "CPUSet": "corepin.core.cpuset",
+    "CorepinError": "corepin.core.errors",
+    "EnvironmentProblem": "corepin.core.errors",
+    "InputError": "corepin.core.errors",
+    "SysfsError": "corepin.core.errors",
+    "Topology": "corepin.topology.model",
+    "TopologyError": "corepin.core.errors",
+    "allocate": "corepin.allocation.api",
+    "discover": "corepin.topology.discover",
+}
 
 __all__ = [
     "AllocationError",
@@ -40,12 +55,15 @@ __all__ = [
 
 
 def __getattr__(name: str) -> Any:
-    if name == "discover":
-        from corepin.topology.discover import discover
+    home = _HOMES.get(name)
+    if home is None:
+        raise AttributeError(f"module 'corepin' has no attribute {name!r}")
+    from importlib import import_module
 
-        return discover
-    if name == "allocate":
-        from corepin.allocation.api import allocate
+    value = getattr(import_module(home), name)
+    globals()[name] = value
+    return value
 
-        return allocate
-    raise AttributeError(f"module 'corepin' has no attribute {name!r}")
+
+def __dir__() -> list[str]:
+    return sorted({*globals(), *_HOMES})
