@@ -157,7 +157,11 @@ def test_when_cpus_are_short_the_pod_runs_shared_and_is_upgraded_later(node: Fak
     assert node.cpus(late, "app") == node.topology.online_cpus - node.cpus(big, "app")
     node.delete(big)
     wait_for(lambda: len(node.cpus(late, "app")) == 4, what="the upgrade")
-    assert events(node, late, "CPUMoved") or events(node, late, "CPUPinned")
+    # the Event follows the cgroup write (the recorder sends it on its own thread)
+    wait_for(
+        lambda: events(node, late, "CPUMoved") or events(node, late, "CPUPinned"),
+        what="the upgrade's Event",
+    )
 
 
 def test_policy_flips_apply_live_in_every_direction(node: FakeNode) -> None:

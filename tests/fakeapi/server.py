@@ -362,6 +362,9 @@ def _first(query: dict[str, list[str]]) -> dict[str, str]:
 
 class _Handler(BaseHTTPRequestHandler):
     protocol_version = "HTTP/1.1"
+    # headers and body leave in separate writes: with Nagle on, the body waits for the
+    # client's delayed ACK (40 ms per answer), which no real API server makes anyone wait
+    disable_nagle_algorithm = True
     server: _Server
 
     def log_message(self, format: str, *args: Any) -> None:

@@ -26,6 +26,7 @@ Every component passes `corepin.core.ids` validation before a path is returned.
 
 from __future__ import annotations
 
+import functools
 import os
 import re
 from collections.abc import Iterable, Sequence
@@ -100,6 +101,7 @@ def qos_cgroup_path(
     return _systemd_path(names)
 
 
+@functools.lru_cache(maxsize=1024)  # pure; the agent asks for every pod on every resync
 def pod_cgroup_path(
     layout: Layout | str,
     qos: str,

@@ -1298,6 +1298,9 @@ def parse_quantity(value: object, path: str = "quantity") -> Fraction:
         return Fraction(repr(value))
     if not isinstance(value, str):
         raise FieldError(path, value, "must be a quantity such as '2' or '1500m'")
+    known = _QUANTITIES.get(value)
+    if known is not None:
+        return known
     match = _QUANTITY.match(value)
     if match is None or len(value) > 64:
         raise FieldError(path, value, "is not a Kubernetes quantity such as '2' or '1500m'")
@@ -1310,7 +1313,14 @@ def parse_quantity(value: object, path: str = "quantity") -> Fraction:
         if abs(exponent) > 40:
             raise FieldError(path, value, "is out of range")
         amount *= Fraction(10) ** exponent
-    return -amount if sign == "-" else amount
+    if sign == "-":
+        amount = -amount
+    if len(_QUANTITIES) < 4096:  # the few distinct texts a node sees, parsed once each
+        _QUANTITIES[value] = amount
+    return amount
+
+
+_QUANTITIES: dict[str, Fraction] = {}
 
 
 @dataclass(frozen=True, slots=True)

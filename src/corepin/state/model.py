@@ -192,6 +192,10 @@ class HostState:
     options: Mapping[str, str] = field(default_factory=lambda: _NO_OPTIONS)
     assignments: Mapping[str, Assignment] = field(default_factory=lambda: _NO_ASSIGNMENTS)
     pools: NodePools = field(init=False, repr=False, compare=False)
+    #: pod uid -> its assignments, built on first use (`pod_assignments`)
+    _by_pod: dict[str, tuple[Assignment, ...]] | None = field(
+        init=False, repr=False, compare=False, default=None
+    )
 
     def __post_init__(self) -> None:
         if isinstance(self.revision, bool) or not isinstance(self.revision, int):
@@ -291,11 +295,24 @@ class HostState:
                 return a.id
         return None
 
+    def pod_assignments(self, pod_uid: str) -> tuple[Assignment, ...]:
+        """Every assignment of the pod with this uid (an index built once per state, so a
+        pass over all pods stays linear)."""
+        index = self._by_pod
+        if index is None:
+            built: dict[str, list[Assignment]] = {}
+            for a in self.assignments.values():
+                owner = a.container
+                if owner is not None:
+                    built.setdefault(owner.pod_uid, []).append(a)
+            index = {uid: tuple(items) for uid, items in built.items()}
+            object.__setattr__(self, "_by_pod", index)
+        return index.get(pod_uid, ())
+
     def find_container(self, pod_uid: str, container: str) -> Assignment | None:
         """The assignment of a pod's container (identity pod uid + container name)."""
-        for a in self.assignments.values():
-            owner = a.container
-            if owner is not None and owner.pod_uid == pod_uid and owner.container == container:
+        for a in self.pod_assignments(pod_uid):
+            if a.container is not None and a.container.container == container:
                 return a
         return None
 

@@ -170,6 +170,7 @@ class NodeAgent:
         self._store: StateStore | None = None
         self._cached: tuple[Stamp, HostState] | None = None
         self._last_plan: dict[str, tuple[PodPlan, tuple[Assignment, ...]]] = {}
+        self._plans: dict[str, tuple[tuple[str, str | None], PodPlan]] = {}
         self._idle = threading.Event()
         self._pub_queue: queue.Queue[Key | None] = queue.Queue()
         self._to_publish: dict[Key, Any] = {}
@@ -433,8 +434,11 @@ class NodeAgent:
             if "orphans" in kinds:
                 state, gone = self._apply_orphans(state)
                 forgotten.extend(gone)
+            bindings = self._user_bindings() if pods else {}
             for namespace, name in pods:
-                state, work, gone = self._apply_pod(state, namespace, name, "resync" in kinds)
+                state, work, gone = self._apply_pod(
+                    state, namespace, name, "resync" in kinds, bindings
+                )
                 forgotten.extend(gone)
                 if work is not None:
                     done.append(work)
@@ -459,6 +463,7 @@ class NodeAgent:
             self._publish_later(("pod", work.plan.uid), work)
         for uid in forgotten:
             self._last_plan.pop(uid, None)
+            self._plans.pop(uid, None)
             self._publish_later(("forget", uid), uid)
         if "resync" in kinds:
             self.hooks.reconciled(time.monotonic() - started)
@@ -634,27 +639,32 @@ class NodeAgent:
         return state
 
     # ------------------------------------------------------------------ pods
-    def _user_binding(self, namespace: str, pod: str) -> Mapping[str, Any] | None:
-        """The user's PodCPUBinding for this pod once the controller validated it (phase
-        `Validated`, or `Applied`); bindings the agent wrote itself are its records, not
-        requests (`corepin.kube.models.is_agent_binding`)."""
+    def _user_bindings(self) -> dict[tuple[str, str], Mapping[str, Any]]:
+        """(namespace, pod) -> the user's PodCPUBinding for that pod once the controller
+        validated it (phase `Validated`, or `Applied`); bindings the agent wrote itself are its
+        records, not requests (`corepin.kube.models.is_agent_binding`)."""
         from corepin.kube.models import is_agent_binding
 
+        out: dict[tuple[str, str], Mapping[str, Any]] = {}
         for b in self._bindings_informer.cache.list():
             meta = b.get("metadata") or {}
             if is_agent_binding(meta.get("labels")):
                 continue
-            if meta.get("namespace") == namespace and (b.get("spec") or {}).get("podName") == pod:
-                phase = (b.get("status") or {}).get("phase")
-                if phase in ("Validated", "Applied"):
-                    return b
-        return None
+            if (b.get("status") or {}).get("phase") in ("Validated", "Applied"):
+                key = (str(meta.get("namespace")), str((b.get("spec") or {}).get("podName")))
+                out.setdefault(key, b)
+        return out
 
     def _apply_pod(
-        self, state: HostState, namespace: str, name: str, resync: bool
+        self,
+        state: HostState,
+        namespace: str,
+        name: str,
+        resync: bool,
+        bindings: Mapping[tuple[str, str], Mapping[str, Any]],
     ) -> tuple[HostState, _PodWork | None, list[str]]:
         """The state after one pod's plan (None work: nothing to do for it), and the uids of
-        pods it replaced or that are gone."""
+        pods it replaced or that are gone; `bindings` are the validated user bindings."""
         pod = self._pods.cache.get(name, namespace)
         if pod is None:
             uid = self._uids.pop((namespace, name), None)
@@ -662,7 +672,7 @@ class NodeAgent:
                 return state, None, []
             state, gone = forget_pod(state, uid)
             return state, None, [uid] if gone else []
-        plan = plan_pod(pod, self._user_binding(namespace, name))
+        plan = self._plan(pod, bindings.get((namespace, name)))
         held = tuple(pod_assignments(state, plan.uid))
         if self._last_plan.get(plan.uid) == (plan, held):
             return state, (_PodWork(pod, plan, []) if resync else None), []
@@ -674,6 +684,18 @@ class NodeAgent:
         state = self._attach_cgroups(state, plan)
         self._last_plan[plan.uid] = (plan, tuple(pod_assignments(state, plan.uid)))
         return state, _PodWork(pod, plan, notes), stale
+
+    def _plan(self, pod: Mapping[str, Any], binding: Mapping[str, Any] | None) -> PodPlan:
+        """`plan_pod`, reused while neither the pod nor its binding changed (their
+        resourceVersions), so a resync with nothing to change plans nothing again."""
+        version = (_version(pod), None if binding is None else _version(binding))
+        uid = str((pod.get("metadata") or {}).get("uid") or "")
+        cached = self._plans.get(uid)
+        if cached is not None and cached[0] == version and version[0]:
+            return cached[1]
+        plan = plan_pod(pod, binding)
+        self._plans[uid] = (version, plan)
+        return plan
 
     def _uids_gone(self, state: HostState, namespace: str, name: str, uid: str) -> list[str]:
         """Uids of older pods with this name (deleted and created again) still in the state."""
@@ -770,7 +792,7 @@ class NodeAgent:
         elif exclusive == 0 and len(limits) == len(plan.containers) and plan.containers:
             pod_path = self.cgroups.pod_path(plan.qos, plan.uid)
             try:
-                current = self.cgroups.driver.read_quota(pod_path)
+                current = self.cgroups.driver.read_quota_fast(pod_path, CpuQuota.unlimited())
             except CorepinError:
                 current = None
             if current is not None and current.is_unlimited:
@@ -1179,6 +1201,10 @@ def _running_ids(pod: Mapping[str, Any]) -> set[str]:
             if isinstance(cid, str) and "://" in cid:
                 out.add(cid.split("://", 1)[1])
     return out
+
+
+def _version(obj: Mapping[str, Any]) -> str:
+    return str((obj.get("metadata") or {}).get("resourceVersion") or "")
 
 
 def _unique(items: Iterable[Assignment]) -> list[Assignment]:

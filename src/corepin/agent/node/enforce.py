@@ -139,11 +139,17 @@ class ContainerCgroups:
         """Make the cgroups match `targets` (missing groups land in the report, not errors)."""
         from corepin.enforcement.reconcile import Reconciler
 
-        live = [t for t in targets if self.driver.exists(t.path)]
+        live: list[CgroupTarget] = []
+        missing: list[str] = []
+        for t in targets:
+            if self.driver.exists(t.path):
+                live.append(t)
+            else:
+                missing.append(t.path)
         report = Reconciler(
             self.driver, proc_root=self.proc_root, topology=self.topology
         ).reconcile(live)
-        report.missing.extend(t.path for t in targets if t not in live)
+        report.missing.extend(missing)
         self.writes += report.writes
         return report
 

@@ -85,7 +85,7 @@ def _owner(plan: PodPlan, c: ContainerPlan, cgroup: str | None) -> ContainerOwne
 
 def pod_assignments(state: HostState, uid: str) -> list[Assignment]:
     """Every assignment of the pod with this uid."""
-    return [a for a in state if a.container is not None and a.container.pod_uid == uid]
+    return list(state.pod_assignments(uid))
 
 
 def forget_pod(state: HostState, uid: str) -> tuple[HostState, list[Assignment]]:
