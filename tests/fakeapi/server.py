@@ -406,6 +406,7 @@ class _Handler(BaseHTTPRequestHandler):
 
     def _send_json(self, code: int, body: Obj, warnings: list[str] | None = None) -> None:
         data = json.dumps(body).encode()
+        self._record.code = code  # recorded before the client can read the answer
         self.send_response(code)
         self.send_header("Content-Type", "application/json")
         self.send_header("Content-Length", str(len(data)))
@@ -414,7 +415,6 @@ class _Handler(BaseHTTPRequestHandler):
             self.send_header("Warning", f'299 - "{warning.replace(chr(34), chr(92) + chr(34))}"')
         self.end_headers()
         self.wfile.write(data)
-        self._record.code = code
 
     def _fail(self, failure: err.ApiFailure) -> None:
         self._send_json(failure.code, failure.status())
