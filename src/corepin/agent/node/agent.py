@@ -1129,18 +1129,19 @@ def node_status(state: HostState, topology: Topology, heartbeat: str) -> dict[st
         owner = a.container
         if owner is None or not a.holds or not owner.namespace or not owner.pod:
             continue  # (an imported kubelet entry whose pod was not seen yet: counted, unnamed)
-        allocations.append(
-            {
-                "namespace": owner.namespace,
-                "pod": owner.pod,
-                "podUID": owner.pod_uid,
-                "container": owner.container,
-                "cpus": str(a.cpus),
-                "mems": str(a.mems),
-                "policy": "share" if a.kind == "share" else "exclusive",
-                "level": a.level,
-            }
-        )
+        row = {
+            "namespace": owner.namespace,
+            "pod": owner.pod,
+            "podUID": owner.pod_uid,
+            "container": owner.container,
+            "cpus": str(a.cpus),
+            "mems": str(a.mems),
+            "policy": "share" if a.kind == "share" else "exclusive",
+            "level": a.level,
+        }
+        if a.workload:
+            row["workload"] = a.workload  # (the placement core scores memory-bound sockets)
+        allocations.append(row)
     return {
         "sharedPool": str(state.shared_pool),
         "reservedCPUs": str(state.reserved),

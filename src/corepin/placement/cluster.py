@@ -1,0 +1,274 @@
+"""The cluster as placement sees it: node views, in-flight placements, cached answers.
+
+`Cluster` is what the scheduler and the extender ask; informers feed it (`set_node`,
+`remove_node`, `observe_pod`, `forget_pod`). Thread-safe: one lock around everything, held
+for microseconds per node.
+
+`evaluate(request, names, now)` answers for every named node, in the order given:
+
+- a pod that asks for no CPUs of its own passes every node (nothing for an agent to pin or to
+  refuse; corepin has no say in where it runs), scored by its workload family;
+- a node without a `NodeCPUTopology` fails as *unresolvable* (no agent: preempting pods would
+  not help);
+- an unusable, not `Ready` or stale view fails (it may come back);
+- otherwise `fit` on the node's effective pools (published pools with the in-flight
+  placements held, `ledger.effective_pools`), and `score` of the nodes that pass.
+
+Answers are cached per node and pod signature until the node publishes again or its
+in-flight placements change, so a burst of alike pods against a thousand nodes costs one
+decision per node that changed, not one per node per pod.
+"""
+
+from __future__ import annotations
+
+import threading
+from collections.abc import Callable, Iterable, Mapping
+from typing import Any, Final, NamedTuple
+
+from corepin.placement.fit import (
+    NO_TOPOLOGY,
+    Fit,
+    fit,
+    no_topology,
+    node_problem,
+)
+from corepin.placement.ledger import Assumption, Effective, Ledger, effective_pools
+from corepin.placement.node import NodeView
+from corepin.placement.request import PodRequest
+from corepin.placement.score import MAXIMUM_UTILIZATION, check_profile, score
+
+#: how often, at most, `evaluate` looks for expired assumptions (seconds)
+EXPIRE_EVERY: Final = 0.5
+
+
+class Answer(NamedTuple):
+    """One node's answer: passes (`ok`, `score` 0-100) or not (`code`, `reason`)."""
+
+    node: str
+    ok: bool
+    score: int
+    reason: str
+    code: str
+    fit: Fit | None
+
+    @property
+    def unresolvable(self) -> bool:
+        return self.code == NO_TOPOLOGY
+
+
+class _Entry:
+    """Per node: its view and what was worked out from it."""
+
+    __slots__ = ("effective", "fits", "generation", "scores", "static", "view")
+
+    def __init__(self, view: NodeView) -> None:
+        self.view = view
+        self.generation = -1
+        self.effective: Effective = Effective(view.pools)
+        self.fits: dict[Any, Fit] = {}
+        self.scores: dict[Any, int] = {}
+        self.static: Fit | None = None  # unusable or not ready: the same answer every time
+        if view.problem or not view.ready:
+            self.static = node_problem(view, 0.0, float("inf"))
+
+
+def _running(pod: Mapping[str, Any], names: Iterable[str]) -> bool:
+    rows = (pod.get("status") or {}).get("containerStatuses") or []
+    up = {
+        r.get("name")
+        for r in rows
+        if isinstance(r, Mapping) and isinstance((r.get("state") or {}).get("running"), Mapping)
+    }
+    return all(n in up for n in names)
+
+
+class Cluster:
+    """Views, ledger and caches (see the module docstring)."""
+
+    def __init__(
+        self,
+        *,
+        profile: str = MAXIMUM_UTILIZATION,
+        stale_after: float = 60.0,
+        assume_ttl: float = 60.0,
+    ) -> None:
+        self.profile = check_profile(profile)
+        self.stale_after = stale_after
+        self.ledger = Ledger(assume_ttl)
+        self._lock = threading.RLock()
+        self._entries: dict[str, _Entry] = {}
+        self._next_expiry = 0.0
+        self.evaluations = 0
+
+    # ------------------------------------------------------------------ feeding
+    def set_node(self, view: NodeView) -> None:
+        """A node published (again): new view, its confirmed assumptions dropped."""
+        with self._lock:
+            self._entries[view.name] = _Entry(view)
+            self.ledger.settle(view.name, view.confirmed)
+
+    def remove_node(self, name: str) -> None:
+        with self._lock:
+            self._entries.pop(name, None)
+
+    def view(self, name: str) -> NodeView | None:
+        with self._lock:
+            entry = self._entries.get(name)
+            return entry.view if entry is not None else None
+
+    def names(self) -> list[str]:
+        """Every node with a NodeCPUTopology."""
+        with self._lock:
+            return sorted(self._entries)
+
+    def observe_pod(
+        self,
+        pod: Mapping[str, Any],
+        request_of: Callable[[Mapping[str, Any]], PodRequest],
+        now: float,
+    ) -> None:
+        """What the API shows of a pod: bound pods the nodes do not show yet are counted (once),
+        deleted, finished or moved ones are not."""
+        meta = pod.get("metadata") or {}
+        uid = str(meta.get("uid") or "")
+        if not uid:
+            return
+        phase = (pod.get("status") or {}).get("phase")
+        if meta.get("deletionTimestamp") or phase in ("Succeeded", "Failed"):
+            self.forget_pod(uid)
+            return
+        node = (pod.get("spec") or {}).get("nodeName")
+        if not node:
+            return
+        with self._lock:
+            known = self.ledger.get(uid)
+            if known is not None and known.node != node:
+                self.ledger.forget(uid)
+                known = None
+            if known is not None:
+                names = [p.container for p in known.placed]
+                self.ledger.observe(uid, bound=True, running=_running(pod, names), now=now)
+                return
+            entry = self._entries.get(node)
+            if entry is None or entry.view.policy is None:
+                return
+            request = request_of(pod)
+            holding = [c.name for c in request.containers if c.holds]
+            if not holding or all((uid, c) in entry.view.confirmed for c in holding):
+                return
+            self._refresh(node, entry)
+            result = fit(entry.view, request, entry.effective.pools)
+            if not result.ok:
+                return  # the agent cannot pin it either: it runs on the shared pool
+            unconfirmed = tuple(
+                p for p in result.placed if (uid, p.container) not in entry.view.confirmed
+            )
+            self.ledger.assume(
+                Assumption(
+                    request,
+                    node,
+                    unconfirmed,
+                    now,
+                    bound=True,
+                    running=_running(pod, holding),
+                )
+            )
+
+    def forget_pod(self, uid: str) -> None:
+        with self._lock:
+            self.ledger.forget(uid)
+
+    # ------------------------------------------------------------------ placing
+    def assume(self, request: PodRequest, node: str, result: Fit, now: float) -> None:
+        """Count a placement of ours (before its bind) until the node shows it."""
+        if not result.placed:
+            return
+        with self._lock:
+            self.ledger.assume(Assumption(request, node, result.placed, now))
+
+    def expire(self, now: float) -> list[Assumption]:
+        with self._lock:
+            self._next_expiry = now + EXPIRE_EVERY
+            return self.ledger.expire(now)
+
+    # ------------------------------------------------------------------ asking
+    def _refresh(self, name: str, entry: _Entry) -> None:
+        generation = self.ledger.generation.get(name, 0)
+        if entry.generation != generation:
+            entry.generation = generation
+            entry.effective = effective_pools(entry.view, self.ledger.on_node(name))
+            entry.fits.clear()
+            entry.scores.clear()
+
+    def evaluate(
+        self,
+        request: PodRequest,
+        names: Iterable[str],
+        now: float,
+        *,
+        profile: str | None = None,
+    ) -> list[Answer]:
+        """One answer per node of `names`, in their order (see the module docstring)."""
+        chosen = self.profile if profile is None else profile
+        signature = request.signature
+        score_key = (signature, request.workload, chosen)
+        holds = request.holds
+        stale_before = now - self.stale_after
+        out: list[Answer] = []
+        append = out.append
+        with self._lock:
+            self.evaluations += 1
+            if now >= self._next_expiry:
+                self.expire(now)
+            entries = self._entries
+            for name in names:
+                entry = entries.get(name)
+                if entry is None:
+                    if holds:
+                        gone = no_topology(name)
+                        append(Answer(name, False, 0, gone.reason, gone.code, gone))
+                    else:
+                        append(Answer(name, True, 0, "", "", None))
+                    continue
+                if holds:
+                    problem = entry.static
+                    if problem is None:
+                        beat = entry.view.heartbeat
+                        if beat is None or beat < stale_before:
+                            problem = node_problem(entry.view, now, self.stale_after)
+                    if problem is not None:
+                        append(Answer(name, False, 0, problem.reason, problem.code, problem))
+                        continue
+                if entry.generation != self.ledger.generation.get(name, 0):
+                    self._refresh(name, entry)
+                result = entry.fits.get(signature)
+                if result is None:
+                    result = fit(entry.view, request, entry.effective.pools)
+                    entry.fits[signature] = result
+                if not result.ok:
+                    append(Answer(name, False, 0, result.reason, result.code, result))
+                    continue
+                value = entry.scores.get(score_key)
+                if value is None:
+                    value = score(
+                        entry.view,
+                        request,
+                        result,
+                        chosen,
+                        before=entry.effective.pools,
+                        assumed_memory_bound=entry.effective.memory_bound,
+                    )
+                    entry.scores[score_key] = value
+                append(Answer(name, True, value, "", "", result))
+        return out
+
+    def best(self, answers: Iterable[Answer]) -> Answer | None:
+        """The passing answer with the highest score (ties: the lowest node name)."""
+        top: Answer | None = None
+        for a in answers:
+            if a.ok and (top is None or (a.score, top.node) > (top.score, a.node)):
+                top = a
+        return top
+
+
+__all__ = ["Answer", "Cluster"]
