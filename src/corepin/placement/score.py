@@ -8,7 +8,7 @@ less reserved, the pod's withheld units included):
 - profile `Balanced` (spread): base = 100 x (1 - utilization).
 
 A pod with a workload family (`corepin.io/workload-type`, as actimanager's WorkloadAware
-plugin sorts them) averages the base with a family score:
+plugin sorts them) weighs a family score twice as much as the base:
 
 - `memory-bound`: 100 x (1 - the busiest share of memory-bound CPUs on the sockets its CPUs
   land on), so memory-bound pods keep off sockets whose memory bandwidth other memory-bound
@@ -104,12 +104,12 @@ def score(
     base = 100.0 * used if profile == MAXIMUM_UTILIZATION else 100.0 * (1.0 - used)
     family = request.workload
     if family == "memory-bound":
-        value = (base + _memory_bound(view, result, assumed_memory_bound)) / 2
+        value = (base + 2 * _memory_bound(view, result, assumed_memory_bound)) / 3
     elif family == "cpu-bound":
-        value = (base + _cpu_bound(view, start, result)) / 2
+        value = (base + 2 * _cpu_bound(view, start, result)) / 3
     elif family in ("io-bound", "best-effort"):
         busy = 100.0 * utilization(view, start) if start.shared_bits else 0.0
-        value = (base + busy) / 2
+        value = (base + 2 * busy) / 3
     else:
         value = base
     return max(0, min(MAX_SCORE, round(value)))
