@@ -34,6 +34,8 @@ COMMANDS: dict[str, tuple[str, str]] = {
     "release": ("corepin.cli.host_cmd", "end an allocation on purpose (optionally its processes)"),
     "migrate": ("corepin.cli.migrate_cmd", "import the kubelet's cpu_manager_state into corepin"),
     "agent": ("corepin.cli.agent_cmd", "run the Kubernetes node agent of one node"),
+    "scheduler": ("corepin.cli.placement_cmd", "run the topology-aware second scheduler"),
+    "extender": ("corepin.cli.placement_cmd", "serve the kube-scheduler extender"),
 }
 
 

@@ -27,6 +27,7 @@ from typing import Any, Final, NamedTuple
 
 from corepin.placement.fit import (
     NO_TOPOLOGY,
+    UNUSABLE,
     Fit,
     fit,
     no_topology,
@@ -97,6 +98,7 @@ class Cluster:
         self.ledger = Ledger(assume_ttl)
         self._lock = threading.RLock()
         self._entries: dict[str, _Entry] = {}
+        self._unreadable: dict[str, Fit] = {}  # nodes whose NodeCPUTopology cannot be read
         self._next_expiry = 0.0
         self.evaluations = 0
 
@@ -104,12 +106,27 @@ class Cluster:
     def set_node(self, view: NodeView) -> None:
         """A node published (again): new view, its confirmed assumptions dropped."""
         with self._lock:
+            self._unreadable.pop(view.name, None)
             self._entries[view.name] = _Entry(view)
             self.ledger.settle(view.name, view.confirmed)
+
+    def set_unreadable(self, name: str, problem: str) -> None:
+        """The node's NodeCPUTopology cannot be read (`problem` says why): it takes no pod
+        that asks for CPUs until it publishes a readable one."""
+        with self._lock:
+            self._entries.pop(name, None)
+            self._unreadable[name] = Fit(
+                name,
+                False,
+                f"node {name}: its NodeCPUTopology cannot be read ({problem}); check the "
+                "corepin agent on that node",
+                UNUSABLE,
+            )
 
     def remove_node(self, name: str) -> None:
         with self._lock:
             self._entries.pop(name, None)
+            self._unreadable.pop(name, None)
 
     def view(self, name: str) -> NodeView | None:
         with self._lock:
@@ -225,7 +242,7 @@ class Cluster:
                 entry = entries.get(name)
                 if entry is None:
                     if holds:
-                        gone = no_topology(name)
+                        gone = self._unreadable.get(name) or no_topology(name)
                         append(Answer(name, False, 0, gone.reason, gone.code, gone))
                     else:
                         append(Answer(name, True, 0, "", "", None))
@@ -261,6 +278,39 @@ class Cluster:
                     entry.scores[score_key] = value
                 append(Answer(name, True, value, "", "", result))
         return out
+
+    def fits_without(
+        self, request: PodRequest, name: str, victims: Iterable[str], now: float
+    ) -> Answer:
+        """Whether the pod would fit the node once the pods with uids `victims` are gone
+        (their published and in-flight CPUs released): the extender's preemption check."""
+        from corepin.allocation.levels import withheld_for
+
+        gone = set(victims)
+        with self._lock:
+            entry = self._entries.get(name)
+            if entry is None or not request.holds:
+                return self.evaluate(request, [name], now)[0]
+            problem = entry.static or node_problem(entry.view, now, self.stale_after)
+            if problem is not None:
+                return Answer(name, False, 0, problem.reason, problem.code, problem)
+            self._refresh(name, entry)
+            pools = entry.effective.pools
+            view = entry.view
+            for row in view.allocations:
+                if row.pod_uid in gone:
+                    pools = pools.release(
+                        row.policy, withheld_for(view.topology, row.level, row.cpus)
+                    )
+            for a in self.ledger.on_node(name):
+                if a.uid in gone:
+                    for p in a.placed:
+                        pools = pools.release(p.kind, p.withheld)
+            result = fit(view, request, pools)
+            if not result.ok:
+                return Answer(name, False, 0, result.reason, result.code, result)
+            value = score(view, request, result, self.profile, before=pools)
+            return Answer(name, True, value, "", "", result)
 
     def best(self, answers: Iterable[Answer]) -> Answer | None:
         """The passing answer with the highest score (ties: the lowest node name)."""
