@@ -25,6 +25,7 @@ parses and writes that several times faster than the standard library, and check
 
 from __future__ import annotations
 
+import re
 from collections.abc import Mapping
 from typing import Any, Final
 
@@ -32,6 +33,7 @@ import orjson
 
 from corepin.core.errors import InputError
 
+_NAME: Final = re.compile(r"[a-z0-9]([-a-z0-9.]*[a-z0-9])?\Z")
 #: deepest nesting a request may have (a Pod is about 10 deep; Go's own limit is 10,000)
 MAX_DEPTH: Final = 64
 
@@ -121,8 +123,42 @@ POD: Final = _Struct(
         "status": POD_STATUS,
     }
 )
+NODE_INFO: Final = _Struct(
+    {
+        k: None
+        for k in (
+            "machineID",
+            "systemUUID",
+            "bootID",
+            "kernelVersion",
+            "osImage",
+            "containerRuntimeVersion",
+            "kubeletVersion",
+            "kubeProxyVersion",
+            "operatingSystem",
+            "architecture",
+        )
+    }
+)
+NODE_STATUS: Final = _Struct(
+    {
+        "capacity": STRING_MAP,
+        "allocatable": STRING_MAP,
+        "conditions": None,
+        "addresses": None,
+        "daemonEndpoints": _Struct({"kubeletEndpoint": _Struct({"Port": None})}),
+        "nodeInfo": NODE_INFO,
+    }
+)
+NODE_SPEC: Final = _Struct({"unschedulable": None, "taints": None, "podCIDR": None})
 NODE: Final = _Struct(
-    {"apiVersion": None, "kind": None, "metadata": OBJECT_META, "spec": None, "status": None}
+    {
+        "apiVersion": None,
+        "kind": None,
+        "metadata": OBJECT_META,
+        "spec": NODE_SPEC,
+        "status": NODE_STATUS,
+    }
 )
 NODE_LIST: Final = _Struct(
     {"apiVersion": None, "kind": None, "metadata": None, "items": _List(NODE)}
@@ -261,14 +297,21 @@ def node_names_of(args: dict[str, Any]) -> tuple[list[str], list[dict[str, Any]]
     return out, items
 
 
+def _name(value: Any, what: str) -> str:
+    text = _string(value, what)
+    if len(text) > 253 or not _NAME.match(text):
+        raise WireError(f"{what} {text[:64]!r} is not a Kubernetes object name")
+    return text
+
+
 def binding_args(args: Any) -> tuple[str, str, str, str]:
     """(namespace, pod, uid, node) of ExtenderBindingArgs."""
     d = _object(args, "ExtenderBindingArgs")
     return (
-        _string(d.get("PodNamespace"), "PodNamespace"),
-        _string(d.get("PodName"), "PodName"),
+        _name(d.get("PodNamespace"), "PodNamespace"),
+        _name(d.get("PodName"), "PodName"),
         _string(d.get("PodUID"), "PodUID", required=False),
-        _string(d.get("Node"), "Node"),
+        _name(d.get("Node"), "Node"),
     )
 
 
