@@ -196,7 +196,7 @@ def plan_pod(pod: Mapping[str, Any], binding: Mapping[str, Any] | None = None) -
             binding_level = corepin_level(bspec.get("exclusivenessLevel", "cpu"))
         except CorepinError:
             binding_level = None
-        explicit = _binding_cpus(bspec)
+        explicit = binding_cpus(bspec)
     statuses = _statuses(pod, "containerStatuses")
     plans: list[ContainerPlan] = []
     containers = spec.get("containers") if isinstance(spec.get("containers"), list) else []
@@ -277,7 +277,7 @@ def plan_pod(pod: Mapping[str, Any], binding: Mapping[str, Any] | None = None) -
     )
 
 
-def _binding_cpus(spec: Mapping[str, Any]) -> dict[str, CPUSet]:
+def binding_cpus(spec: Mapping[str, Any]) -> dict[str, CPUSet]:
     """Explicit CPUs per container of a binding ("" for the pod-wide set)."""
     from corepin.kube.models import PodCPUBindingSpec
 

@@ -36,6 +36,8 @@ from corepin.agent.scheduler.metrics import PlacementMetrics
 from corepin.agent.scheduler.nodes import failure_message, node_refusal
 from corepin.core.errors import ApiAlreadyExists, ApiConflict, ApiNotFound, CorepinError
 from corepin.core.record import record
+from corepin.kube.client import Resource
+from corepin.kube.models import GROUP, PCB_KIND, PCB_PLURAL, VERSION
 from corepin.placement.cluster import Cluster
 
 if TYPE_CHECKING:
@@ -48,6 +50,9 @@ log = logging.getLogger("corepin.agent.scheduler")
 Key = tuple[str, str]
 #: label on the PodCPUBindings the scheduler creates (they are requests, like a user's)
 CREATED_BY: Final = "corepin.io/created-by"
+#: the node a PodCPUBinding is meant for (the agent's own label of its records, too)
+NODE_LABEL: Final = "corepin.io/node"
+PCB: Final = Resource(GROUP, VERSION, PCB_PLURAL, True, PCB_KIND)
 
 
 @record
@@ -135,9 +140,9 @@ class Scheduler:
         self._binding: set[str] = set()  # uids with a bind in flight
         self._changed_at = 0.0
         self._flushed_at = 0.0
-        self._binds: queue.Queue[tuple[Mapping[str, Any], PodRequest, str, Fit] | None] = (
-            queue.Queue()
-        )
+        self._binds: queue.Queue[
+            tuple[Mapping[str, Any], PodRequest, str, Fit, str | None] | None
+        ] = queue.Queue()
         self._stop = threading.Event()
         self._threads: list[threading.Thread] = []
         self.scheduled = 0
@@ -319,11 +324,32 @@ class Scheduler:
             self._unschedulable(pod, len(names) + len(refused), failures)
             return
         assert best.fit is not None
+        if log.isEnabledFor(logging.DEBUG):
+            view = self.cluster.view(best.node)
+            log.debug(
+                "event=placing pod=%s node=%s cpus=%s published_free=%s in_flight=%s",
+                request.key,
+                best.node,
+                [str(p.withheld) for p in best.fit.placed],
+                (
+                    view.pools.free,
+                    [(a.pod, str(a.cpus), a.level) for a in view.allocations],
+                )
+                if view is not None
+                else "-",
+                [
+                    (a.request.name, [str(p.withheld) for p in a.placed])
+                    for a in self.cluster.ledger.on_node(best.node)
+                ],
+            )
+        created = self._promise(request, best.node, best.fit)
+        if created is not None:
+            request = _with_cpus(request, best.fit)
         self.cluster.assume(request, best.node, best.fit, now)
         with self._lock:
             self._binding.add(request.uid)
             self._parked.pop(_key(pod), None)
-        self._binds.put((pod, request, best.node, best.fit))
+        self._binds.put((pod, request, best.node, best.fit, created))
 
     def _unschedulable(
         self, pod: Mapping[str, Any], total: int, failures: dict[str, tuple[str, str]]
@@ -385,9 +411,9 @@ class Scheduler:
             item = self._binds.get()
             if item is None or self._stop.is_set():
                 return
-            pod, request, node, result = item
+            pod, request, node, result, created = item
             try:
-                self._bind(pod, request, node, result)
+                self._bind(pod, request, node, result, created)
             except Exception:
                 log.exception("event=bind_crashed pod=%s", request.key)
                 self.cluster.forget_pod(request.uid)
@@ -396,8 +422,8 @@ class Scheduler:
                 with self._lock:
                     self._binding.discard(request.uid)
 
-    def _binding_body(self, request: PodRequest, result: Fit) -> dict[str, Any] | None:
-        from corepin.kube.models import API_VERSION, PCB_KIND, crd_level, pod_owner
+    def _binding_body(self, request: PodRequest, result: Fit, node: str) -> dict[str, Any] | None:
+        from corepin.kube.models import API_VERSION, crd_level, pod_owner
 
         rows = [
             {"name": p.container, "cpuSet": [{"cpuID": c} for c in p.cpus]}
@@ -413,7 +439,9 @@ class Scheduler:
             "metadata": {
                 "name": f"{request.name}.{self.settings.name}"[:253],
                 "namespace": request.namespace,
-                "labels": {CREATED_BY: self.settings.name},
+                # the node label lets the node's agent keep the CPUs for the pod before it
+                # sees the pod itself (its pod watch may lag behind its binding watch)
+                "labels": {CREATED_BY: self.settings.name, NODE_LABEL: node},
                 "ownerReferences": [pod_owner(request.name, request.uid).to_dict()],
             },
             "spec": {
@@ -423,24 +451,34 @@ class Scheduler:
             },
         }
 
-    def _bind(self, pod: Mapping[str, Any], request: PodRequest, node: str, result: Fit) -> None:
-        from corepin.kube.client import Resource
-        from corepin.kube.models import GROUP, PCB_KIND, PCB_PLURAL, VERSION
-
-        key = _key(pod)
-        pcb = Resource(GROUP, VERSION, PCB_PLURAL, True, PCB_KIND)
-        created: str | None = None
+    def _promise(self, request: PodRequest, node: str, result: Fit) -> str | None:
+        """With `bind_cpus`: create the pod's PodCPUBinding of the chosen CPUs (in the
+        scheduling thread, so the bindings exist in the order pods are placed, before any later
+        pod is bound); its name, or None when there is nothing to bind (or the user has one)."""
+        if not self.settings.bind_cpus or self.feed.binding_for(request.namespace, request.name):
+            return None
+        body = self._binding_body(request, result, node)
+        if body is None:
+            return None
         try:
-            if self.settings.bind_cpus and self.feed.binding_for(*key) is None:
-                body = self._binding_body(request, result)
-                if body is not None:
-                    try:
-                        self.client.create(pcb, body, request.namespace)
-                    except ApiAlreadyExists:
-                        # an earlier try of ours that was not cleaned up: start afresh
-                        self.client.delete(pcb, body["metadata"]["name"], request.namespace)
-                        self.client.create(pcb, body, request.namespace)
-                    created = body["metadata"]["name"]
+            self.client.create(PCB, body, request.namespace)
+        except ApiAlreadyExists:
+            # an earlier try of ours that was not cleaned up: start afresh
+            self.client.delete(PCB, body["metadata"]["name"], request.namespace)
+            self.client.create(PCB, body, request.namespace)
+        return str(body["metadata"]["name"])
+
+    def _bind(
+        self,
+        pod: Mapping[str, Any],
+        request: PodRequest,
+        node: str,
+        result: Fit,
+        created: str | None,
+    ) -> None:
+        key = _key(pod)
+        pcb = PCB
+        try:
             self.client.bind(key[0], key[1], node, uid=request.uid or None)
         except (ApiConflict, ApiNotFound) as exc:
             # bound meanwhile (or gone): the informer shows where; nothing to retry
@@ -480,6 +518,18 @@ class Scheduler:
             self.client.delete(pcb, name, namespace)
         except CorepinError as exc:
             log.warning("event=binding_cleanup_failed binding=%s error=%s", name, exc)
+
+
+def _with_cpus(request: PodRequest, result: Fit) -> PodRequest:
+    """`request` as the agent will read it once our PodCPUBinding is there: its exclusive
+    containers on exactly the chosen CPUs."""
+    from corepin.core.record import replace
+
+    chosen = {p.container: p.cpus for p in result.placed if p.kind == "exclusive"}
+    containers = tuple(
+        replace(c, cpus=chosen[c.name]) if c.name in chosen else c for c in request.containers
+    )
+    return replace(request, containers=containers)
 
 
 def _now_text(clock: Callable[[], float]) -> str:
