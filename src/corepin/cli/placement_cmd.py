@@ -123,6 +123,16 @@ def _gauges(metrics: Any, cluster: Any, feed: Any) -> Callable[[], None]:
     return tick
 
 
+def _settle_heap() -> None:
+    """Move what the first lists loaded (a cluster's worth of topologies and pods) out of the
+    garbage collector's sight: a full collection over it would stall answers for a few hundred
+    milliseconds at 1,000 nodes."""
+    import gc
+
+    gc.collect()
+    gc.freeze()
+
+
 def run(args: Any) -> int:
     if args.command == "scheduler":
         return _run_scheduler(args)
@@ -154,6 +164,7 @@ def _run_extender(args: Any) -> int:
     server.start()
     try:
         feed.start()
+        _settle_heap()
         _until_signalled(_gauges(metrics, cluster, feed))
     finally:
         server.stop(timeout=1.5)
@@ -181,6 +192,7 @@ def _run_scheduler(args: Any) -> int:
     ops.start()
     try:
         scheduler.start()
+        _settle_heap()
         _until_signalled(_gauges(scheduler.metrics, scheduler.cluster, scheduler.feed))
     finally:
         scheduler.stop(timeout=2.5)

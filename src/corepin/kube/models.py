@@ -1300,7 +1300,10 @@ def parse_quantity(value: object, path: str = "quantity") -> Fraction:
     if match is None or len(value) > 64:
         raise FieldError(path, value, "is not a Kubernetes quantity such as '2' or '1500m'")
     sign, number, suffix = match.group(1), match.group(2), match.group(3) or ""
-    amount = Fraction(number if not number.endswith(".") else number[:-1])
+    if number.isdigit():  # (Fraction's own text parsing is some 30x slower)
+        amount = Fraction(int(number))
+    else:
+        amount = Fraction(number if not number.endswith(".") else number[:-1])
     if suffix in _BINARY_SUFFIX:
         amount *= 2 ** _BINARY_SUFFIX[suffix]
     else:

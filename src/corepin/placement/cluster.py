@@ -22,6 +22,7 @@ decision per node that changed, not one per node per pod.
 from __future__ import annotations
 
 import threading
+from collections import OrderedDict
 from collections.abc import Callable, Iterable, Mapping
 from typing import Any, Final, NamedTuple
 
@@ -36,10 +37,12 @@ from corepin.placement.fit import (
 from corepin.placement.ledger import Assumption, Effective, Ledger, effective_pools
 from corepin.placement.node import NodeView
 from corepin.placement.request import PodRequest
-from corepin.placement.score import MAXIMUM_UTILIZATION, check_profile, score
+from corepin.placement.score import MAXIMUM_UTILIZATION, check_profile, extender_score, score
 
 #: how often, at most, `evaluate` looks for expired assumptions (seconds)
 EXPIRE_EVERY: Final = 0.5
+#: pod signatures whose answers are kept (least recently asked dropped first)
+INDEXED: Final = 256
 
 
 class Answer(NamedTuple):
@@ -51,6 +54,7 @@ class Answer(NamedTuple):
     reason: str
     code: str
     fit: Fit | None
+    extender: int = 0  # the score on the extender API's 0-10 scale
 
     @property
     def unresolvable(self) -> bool:
@@ -58,19 +62,22 @@ class Answer(NamedTuple):
 
 
 class _Entry:
-    """Per node: its view and what was worked out from it."""
+    """Per node: its view and the answers worked out from it."""
 
-    __slots__ = ("effective", "fits", "generation", "scores", "static", "view")
+    __slots__ = ("answers", "beat", "effective", "fits", "generation", "static", "view")
 
     def __init__(self, view: NodeView) -> None:
         self.view = view
         self.generation = -1
+        self.beat = view.heartbeat if view.heartbeat is not None else float("-inf")
         self.effective: Effective = Effective(view.pools)
         self.fits: dict[Any, Fit] = {}
-        self.scores: dict[Any, int] = {}
-        self.static: Fit | None = None  # unusable or not ready: the same answer every time
+        self.answers: dict[Any, Answer] = {}  # (signature, workload, profile) -> answer
+        self.static: Answer | None = None  # unusable or not ready: the same answer every time
         if view.problem or not view.ready:
-            self.static = node_problem(view, 0.0, float("inf"))
+            problem = node_problem(view, 0.0, float("inf"))
+            assert problem is not None
+            self.static = Answer(view.name, False, 0, problem.reason, problem.code, problem)
 
 
 def _running(pod: Mapping[str, Any], names: Iterable[str]) -> bool:
@@ -95,19 +102,30 @@ class Cluster:
     ) -> None:
         self.profile = check_profile(profile)
         self.stale_after = stale_after
-        self.ledger = Ledger(assume_ttl)
         self._lock = threading.RLock()
+        self.ledger = Ledger(assume_ttl, on_change=self._invalidate)
         self._entries: dict[str, _Entry] = {}
+        #: (pod signature, workload, profile) -> node -> answer, for the nodes whose answer is
+        #: known and still true (dropped per node when it publishes or its placements change)
+        self._index: OrderedDict[Any, dict[str, Answer]] = OrderedDict()
+        self._oldest = float("inf")  # no later than the oldest heartbeat of any usable node
         self._unreadable: dict[str, Fit] = {}  # nodes whose NodeCPUTopology cannot be read
         self._next_expiry = 0.0
         self.evaluations = 0
 
     # ------------------------------------------------------------------ feeding
+    def _invalidate(self, name: str) -> None:
+        for answers in self._index.values():
+            answers.pop(name, None)
+
     def set_node(self, view: NodeView) -> None:
         """A node published (again): new view, its confirmed assumptions dropped."""
         with self._lock:
             self._unreadable.pop(view.name, None)
-            self._entries[view.name] = _Entry(view)
+            entry = self._entries[view.name] = _Entry(view)
+            if entry.static is None:
+                self._oldest = min(self._oldest, entry.beat)  # (never later than the truth)
+            self._invalidate(view.name)
             self.ledger.settle(view.name, view.confirmed)
 
     def set_unreadable(self, name: str, problem: str) -> None:
@@ -115,6 +133,7 @@ class Cluster:
         that asks for CPUs until it publishes a readable one."""
         with self._lock:
             self._entries.pop(name, None)
+            self._invalidate(name)
             self._unreadable[name] = Fit(
                 name,
                 False,
@@ -127,6 +146,7 @@ class Cluster:
         with self._lock:
             self._entries.pop(name, None)
             self._unreadable.pop(name, None)
+            self._invalidate(name)
 
     def view(self, name: str) -> NodeView | None:
         with self._lock:
@@ -215,7 +235,7 @@ class Cluster:
             entry.generation = generation
             entry.effective = effective_pools(entry.view, self.ledger.on_node(name))
             entry.fits.clear()
-            entry.scores.clear()
+            entry.answers.clear()
 
     def evaluate(
         self,
@@ -237,47 +257,87 @@ class Cluster:
             self.evaluations += 1
             if now >= self._next_expiry:
                 self.expire(now)
-            entries = self._entries
-            for name in names:
-                entry = entries.get(name)
-                if entry is None:
-                    if holds:
-                        gone = self._unreadable.get(name) or no_topology(name)
-                        append(Answer(name, False, 0, gone.reason, gone.code, gone))
-                    else:
-                        append(Answer(name, True, 0, "", "", None))
-                    continue
-                if holds:
-                    problem = entry.static
-                    if problem is None:
-                        beat = entry.view.heartbeat
-                        if beat is None or beat < stale_before:
-                            problem = node_problem(entry.view, now, self.stale_after)
-                    if problem is not None:
+            if holds and self._oldest < stale_before:  # maybe a node is stale: look again
+                self._oldest = min(
+                    (e.beat for e in self._entries.values() if e.static is None),
+                    default=float("inf"),
+                )
+            index = self._index.get(score_key)
+            if index is None:
+                index = self._index[score_key] = {}
+                if len(self._index) > INDEXED:
+                    self._index.popitem(last=False)
+            else:
+                self._index.move_to_end(score_key)
+            if not holds or self._oldest >= stale_before:
+                # no node is stale: known answers hold as they are
+                get = index.get
+                for name in names:
+                    answer = get(name)
+                    if answer is None:
+                        answer = self._lookup(name, request, signature, chosen, holds)
+                        index[name] = answer
+                    append(answer)
+            else:
+                for name in names:
+                    entry = self._entries.get(name)
+                    if entry is not None and entry.static is None and entry.beat < stale_before:
+                        problem = node_problem(
+                            entry.view, now, self.stale_after, heartbeat=entry.beat
+                        )
+                        assert problem is not None
                         append(Answer(name, False, 0, problem.reason, problem.code, problem))
                         continue
-                if entry.generation != self.ledger.generation.get(name, 0):
-                    self._refresh(name, entry)
-                result = entry.fits.get(signature)
-                if result is None:
-                    result = fit(entry.view, request, entry.effective.pools)
-                    entry.fits[signature] = result
-                if not result.ok:
-                    append(Answer(name, False, 0, result.reason, result.code, result))
-                    continue
-                value = entry.scores.get(score_key)
-                if value is None:
-                    value = score(
-                        entry.view,
-                        request,
-                        result,
-                        chosen,
-                        before=entry.effective.pools,
-                        assumed_memory_bound=entry.effective.memory_bound,
-                    )
-                    entry.scores[score_key] = value
-                append(Answer(name, True, value, "", "", result))
+                    answer = index.get(name)
+                    if answer is None:
+                        answer = self._lookup(name, request, signature, chosen, holds)
+                        index[name] = answer
+                    append(answer)
         return out
+
+    def _lookup(
+        self, name: str, request: PodRequest, signature: Any, profile: str, holds: bool
+    ) -> Answer:
+        """The answer of one node, worked out (the caller keeps it in the index)."""
+        entry = self._entries.get(name)
+        if entry is None:
+            if holds:
+                gone = self._unreadable.get(name) or no_topology(name)
+                return Answer(name, False, 0, gone.reason, gone.code, gone)
+            return Answer(name, True, 0, "", "", None)
+        if holds and entry.static is not None:
+            return entry.static
+        if entry.generation != self.ledger.generation.get(name, 0):
+            self._refresh(name, entry)
+        return self._answer(entry, request, signature, profile)
+
+    def _answer(self, entry: _Entry, request: PodRequest, signature: Any, profile: str) -> Answer:
+        name = entry.view.name
+        result = entry.fits.get(signature)
+        if result is None:
+            result = fit(entry.view, request, entry.effective.pools)
+            entry.fits[signature] = result
+        if not result.ok:
+            return Answer(name, False, 0, result.reason, result.code, result)
+        value = score(
+            entry.view,
+            request,
+            result,
+            profile,
+            before=entry.effective.pools,
+            assumed_memory_bound=entry.effective.memory_bound,
+        )
+        return Answer(name, True, value, "", "", result, extender_score(value))
+
+    def beat(self, name: str, heartbeat: float) -> bool:
+        """The node's agent reported again with nothing else changed: its heartbeat moves on,
+        its cached answers stay (False when the node is unknown)."""
+        with self._lock:
+            entry = self._entries.get(name)
+            if entry is None:
+                return False
+            entry.beat = heartbeat
+            return True
 
     def fits_without(
         self, request: PodRequest, name: str, victims: Iterable[str], now: float
@@ -291,7 +351,9 @@ class Cluster:
             entry = self._entries.get(name)
             if entry is None or not request.holds:
                 return self.evaluate(request, [name], now)[0]
-            problem = entry.static or node_problem(entry.view, now, self.stale_after)
+            if entry.static is not None:
+                return entry.static
+            problem = node_problem(entry.view, now, self.stale_after, heartbeat=entry.beat)
             if problem is not None:
                 return Answer(name, False, 0, problem.reason, problem.code, problem)
             self._refresh(name, entry)
@@ -310,7 +372,7 @@ class Cluster:
             if not result.ok:
                 return Answer(name, False, 0, result.reason, result.code, result)
             value = score(view, request, result, self.profile, before=pools)
-            return Answer(name, True, value, "", "", result)
+            return Answer(name, True, value, "", "", result, extender_score(value))
 
     def best(self, answers: Iterable[Answer]) -> Answer | None:
         """The passing answer with the highest score (ties: the lowest node name)."""

@@ -64,8 +64,12 @@ class Fit:
     pools: NodePools | None = None  # the node's pools with the pod placed (when ok)
 
 
-def node_problem(view: NodeView, now: float, stale_after: float) -> Fit | None:
-    """Why the node cannot take any pod that asks for CPUs (None when it can)."""
+def node_problem(
+    view: NodeView, now: float, stale_after: float, *, heartbeat: float | None = None
+) -> Fit | None:
+    """Why the node cannot take any pod that asks for CPUs (None when it can); `heartbeat`
+    overrides the view's (a later heartbeat with nothing else changed)."""
+    beat = view.heartbeat if heartbeat is None else heartbeat
     if view.problem:
         return Fit(view.name, False, f"node {view.name}: {view.problem}", UNUSABLE)
     if not view.ready:
@@ -76,8 +80,8 @@ def node_problem(view: NodeView, now: float, stale_after: float) -> Fit | None:
             "corepin agent pod on that node",
             NOT_READY,
         )
-    if view.heartbeat is None or now - view.heartbeat > stale_after:
-        age = "never" if view.heartbeat is None else f"{now - view.heartbeat:.0f} s ago"
+    if beat is None or now - beat > stale_after:
+        age = "never" if beat is None else f"{now - beat:.0f} s ago"
         return Fit(
             view.name,
             False,

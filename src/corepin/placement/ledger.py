@@ -26,7 +26,7 @@ offered CPUs it may not have.
 
 from __future__ import annotations
 
-from collections.abc import Iterable
+from collections.abc import Callable, Iterable
 from dataclasses import dataclass, field
 
 from corepin.allocation.pools import NodePools
@@ -64,8 +64,9 @@ class Effective:
 class Ledger:
     """Assumptions by pod uid and by node (not thread-safe: `Cluster` holds the lock)."""
 
-    def __init__(self, ttl: float = 60.0) -> None:
+    def __init__(self, ttl: float = 60.0, on_change: Callable[[str], None] | None = None) -> None:
         self.ttl = ttl
+        self._on_change = on_change
         self._by_uid: dict[str, Assumption] = {}
         self._by_node: dict[str, dict[str, Assumption]] = {}
         #: per node, a number that changes whenever its assumptions change (cache keys)
@@ -84,6 +85,8 @@ class Ledger:
     def _touch(self, node: str) -> None:
         self._counter += 1
         self.generation[node] = self._counter
+        if self._on_change is not None:
+            self._on_change(node)
 
     def assume(self, assumption: Assumption) -> None:
         """Count `assumption` (replacing an earlier one of the same pod)."""

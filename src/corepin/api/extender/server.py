@@ -104,16 +104,12 @@ class ExtenderService:
         return 200, wire.filter_result(nodes=items, failed=failed, unresolvable=unresolvable)
 
     def prioritize(self, body: bytes) -> Answer:
-        from corepin.placement.score import extender_score
-
         try:
             request, names, _ = self._request(body)
         except CorepinError as exc:
             return 400, {"Error": exc.message}
         answers = self.cluster.evaluate(request, names, self.clock())
-        return 200, wire.host_priorities(
-            [(a.node, extender_score(a.score) if a.ok else 0) for a in answers]
-        )
+        return 200, [{"Host": a.node, "Score": a.extender} for a in answers]
 
     def bind(self, body: bytes) -> Answer:
         from corepin.kube.resources import PODS
@@ -286,6 +282,12 @@ def _handler_for(owner: ExtenderServer) -> type[BaseHTTPRequestHandler]:
         timeout = owner.timeout
         server_version = "corepin-extender"
         protocol_version = "HTTP/1.1"
+
+        def setup(self) -> None:
+            super().setup()
+            # headers and body go out in two writes: without this, Nagle's algorithm holds
+            # the body until the client's delayed ACK of the headers (40 ms on Linux)
+            self.request.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
 
         def _send(self, code: int, body: bytes, content_type: str = JSON) -> None:
             self.send_response(code)

@@ -281,7 +281,7 @@ def node_names_of(args: dict[str, Any]) -> tuple[list[str], list[dict[str, Any]]
     else from `Nodes.items`."""
     names = args.get("NodeNames")
     if names is not None:
-        if not isinstance(names, list) or not all(isinstance(n, str) for n in names):
+        if not isinstance(names, list) or not set(map(type, names)) <= {str}:
             raise WireError("NodeNames must be a list of node names")
         return names, None
     nodes = args.get("Nodes")
