@@ -192,13 +192,14 @@ def test_only_the_leader_binds_and_a_standby_takes_over(kube: KubeClient) -> Non
         wait_for(lambda: first.leading, timeout=20, what="the first leads")
         with scheduler(kube, identity="two") as second:
             kube.create(PODS, pending("p1", "1"), "default")
-            wait_for(lambda: bound_to(kube, "p1") == "a", timeout=20, what="p1 bound")
-            assert not second.leading and second.scheduled == 0 and first.scheduled == 1
+            wait_for(lambda: first.scheduled == 1, timeout=20, what="p1 bound by the leader")
+            assert bound_to(kube, "p1") == "a"
+            assert not second.leading and second.scheduled == 0
             first.stop()  # releases the Lease
             wait_for(lambda: second.leading, timeout=20, what="the standby leads")
             kube.create(PODS, pending("p2", "1"), "default")
-            wait_for(lambda: bound_to(kube, "p2") == "a", timeout=20, what="p2 bound")
-            assert second.scheduled == 1
+            wait_for(lambda: second.scheduled == 1, timeout=20, what="p2 bound by the standby")
+            assert bound_to(kube, "p2") == "a"
 
 
 def test_a_pod_deleted_while_pending_is_forgotten(kube: KubeClient) -> None:

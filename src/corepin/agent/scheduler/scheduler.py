@@ -454,19 +454,29 @@ class Scheduler:
     def _promise(self, request: PodRequest, node: str, result: Fit) -> str | None:
         """With `bind_cpus`: create the pod's PodCPUBinding of the chosen CPUs (in the
         scheduling thread, so the bindings exist in the order pods are placed, before any later
-        pod is bound); its name, or None when there is nothing to bind (or the user has one)."""
-        if not self.settings.bind_cpus or self.feed.binding_for(request.namespace, request.name):
+        pod is bound), or rewrite ours from an earlier try; its name, or None when there is
+        nothing to bind or the user wrote a binding of their own (it is honoured as it is)."""
+        if not self.settings.bind_cpus:
+            return None
+        existing = self.feed.binding_for(request.namespace, request.name)
+        labels = ((existing or {}).get("metadata") or {}).get("labels") or {}
+        if existing is not None and labels.get(CREATED_BY) != self.settings.name:
             return None
         body = self._binding_body(request, result, node)
         if body is None:
             return None
+        name = str(body["metadata"]["name"])
         try:
             self.client.create(PCB, body, request.namespace)
         except ApiAlreadyExists:
-            # an earlier try of ours that was not cleaned up: start afresh
-            self.client.delete(PCB, body["metadata"]["name"], request.namespace)
-            self.client.create(PCB, body, request.namespace)
-        return str(body["metadata"]["name"])
+            # ours from an earlier try (a failed bind): point it at this choice
+            self.client.patch(
+                PCB,
+                name,
+                {"metadata": {"labels": body["metadata"]["labels"]}, "spec": body["spec"]},
+                request.namespace,
+            )
+        return name
 
     def _bind(
         self,
@@ -477,19 +487,18 @@ class Scheduler:
         created: str | None,
     ) -> None:
         key = _key(pod)
-        pcb = PCB
         try:
             self.client.bind(key[0], key[1], node, uid=request.uid or None)
         except (ApiConflict, ApiNotFound) as exc:
             # bound meanwhile (or gone): the informer shows where; nothing to retry
             self.cluster.forget_pod(request.uid)
-            self._drop_binding(pcb, created, request.namespace)
             self.metrics.bindings.labels("conflict").inc()
             log.info("event=bind_skipped pod=%s/%s error=%s", *key, exc)
             return
         except CorepinError as exc:
+            # our PodCPUBinding stays (the pod is not bound, so no agent applies it): the
+            # next try rewrites it, and it goes with the pod (owner reference)
             self.cluster.forget_pod(request.uid)
-            self._drop_binding(pcb, created, request.namespace)
             self.metrics.bindings.labels("failed").inc()
             self.events.event(
                 pod, "Warning", "FailedScheduling", f"binding to node {node} failed: {exc}"
@@ -509,15 +518,14 @@ class Scheduler:
             f"Successfully assigned {key[0]}/{key[1]} to {node}"
             + (f" (CPUs {cpus})" if cpus and self.settings.bind_cpus else ""),
         )
-        log.info("event=scheduled pod=%s/%s node=%s cpus=%s", key[0], key[1], node, cpus)
-
-    def _drop_binding(self, pcb: Any, name: str | None, namespace: str) -> None:
-        if name is None:
-            return
-        try:
-            self.client.delete(pcb, name, namespace)
-        except CorepinError as exc:
-            log.warning("event=binding_cleanup_failed binding=%s error=%s", name, exc)
+        log.info(
+            "event=scheduled pod=%s/%s node=%s cpus=%s binding=%s",
+            key[0],
+            key[1],
+            node,
+            cpus,
+            created or "-",
+        )
 
 
 def _with_cpus(request: PodRequest, result: Fit) -> PodRequest:
