@@ -257,3 +257,34 @@ def test_the_agent_keeps_cpus_promised_by_a_binding_for_a_pod_not_running_yet(
         assert fake.cpus(later, "app") == CPUSet.of(0)
     finally:
         fake.close()
+
+
+# ---------------------------------------------------------------------- the feed
+def test_a_heartbeat_revives_a_stale_node_and_keeps_its_answers_while_a_change_drops_them(
+    kube: KubeClient,
+) -> None:
+    from corepin.agent.scheduler.feed import PlacementFeed
+    from corepin.placement.cluster import Cluster
+    from corepin.placement.request import pod_request
+
+    install_crds(kube)
+    publish(kube, "a", HostState.new(SMALL), SMALL, heartbeat=time.time() - 600)
+    cluster = Cluster(stale_after=60.0)
+    feed = PlacementFeed(kube, cluster)
+    feed.start(20)
+    try:
+        wait_for(lambda: cluster.view("a") is not None, what="node a read")
+        ask = pod_request(pod("p", ("app", "2")))
+        (stale,) = cluster.evaluate(ask, ["a"], time.time())
+        assert not stale.ok and stale.code == "stale"
+        view = cluster.view("a")
+        publish(kube, "a", HostState.new(SMALL), SMALL)  # the agent is back: heartbeat only
+        wait_for(lambda: cluster.evaluate(ask, ["a"], time.time())[0].ok, what="a fresh again")
+        assert cluster.view("a") is view, "a heartbeat alone keeps the view and its answers"
+        busy = run_pods(SMALL, [pod("x", ("app", "14"), running=True)])
+        publish(kube, "a", busy, SMALL)
+        wait_for(lambda: cluster.view("a") is not view, what="the change read")
+        (full,) = cluster.evaluate(ask, ["a"], time.time())
+        assert not full.ok and full.code == "no_fit"
+    finally:
+        feed.stop()

@@ -41,8 +41,11 @@ from corepin.placement.score import MAXIMUM_UTILIZATION, check_profile, extender
 
 #: how often, at most, `evaluate` looks for expired assumptions (seconds)
 EXPIRE_EVERY: Final = 0.5
-#: pod signatures whose answers are kept (least recently asked dropped first)
-INDEXED: Final = 256
+#: pod signatures whose answers are kept (least recently asked dropped first); with 1,000 nodes
+#: that is at most 32,000 answers of a kilobyte or so
+INDEXED: Final = 32
+#: decisions kept per node (of different pod signatures) before they are dropped
+FITS_PER_NODE: Final = 64
 
 
 class Answer(NamedTuple):
@@ -316,6 +319,8 @@ class Cluster:
         result = entry.fits.get(signature)
         if result is None:
             result = fit(entry.view, request, entry.effective.pools)
+            if len(entry.fits) >= FITS_PER_NODE:
+                entry.fits.clear()
             entry.fits[signature] = result
         if not result.ok:
             return Answer(name, False, 0, result.reason, result.code, result)
