@@ -15,7 +15,7 @@ all). `corepin extender`'s HTTP server on loopback answers `POST /filter` then `
   (what an extender that re-decides every node on every request costs), and the first pair of
   each pod shape (cold).
 
-Scheduler: the fake API server (tests/fakeapi) in this process with 100 nodes of 32 CPUs
+Scheduler: the fake API server (tests/fakeapi, in a process of its own) with 100 nodes of 32 CPUs
 (their NodeCPUTopologies published, no agents: nothing confirms a placement, so only in-flight
 accounting keeps nodes from over-booking), 1,000 pending pods of 1-2 exclusive or share CPUs
 created first; then `Scheduler` starts and the time until every pod is bound is measured
@@ -257,14 +257,24 @@ def bench_extender(nodes: int, pairs: int, seconds: float, churn: float) -> dict
 
 
 # ---------------------------------------------------------------------- scheduler
+def serve_api(kubeconfig: str) -> None:
+    """The fake API server (tests/fakeapi) until stdin closes; its kubeconfig written first."""
+    from fakeapi import FakeApiServer
+
+    with FakeApiServer(bookmark_interval=5.0) as api:
+        api.write_kubeconfig(Path(kubeconfig))
+        print("ready", flush=True)
+        sys.stdin.read()
+
+
 def bench_scheduler(nodes: int, pods: int, timeout: float) -> dict[str, float]:
+    import subprocess
     import tempfile
 
     from corepin.agent.scheduler.scheduler import Scheduler, SchedulerSettings
     from corepin.kube.client import KubeClient
     from corepin.kube.config import load_config
     from corepin.kube.resources import NAMESPACES, NODES, PODS
-    from fakeapi import FakeApiServer
     from placement_publish import install_crds, publish
 
     topology = synthetic.named("dual_socket_ht")
@@ -278,10 +288,17 @@ def bench_scheduler(nodes: int, pods: int, timeout: float) -> dict[str, float]:
         del p["status"], p["metadata"]["uid"], p["metadata"]["resourceVersion"]
         bodies.append(p)
     figures: dict[str, float] = {}
-    with FakeApiServer(bookmark_interval=5.0) as api, tempfile.TemporaryDirectory() as tmp:
-        kube = KubeClient.from_config(
-            load_config(api.write_kubeconfig(Path(tmp) / "kubeconfig"), env={}), timeout=30
+    with tempfile.TemporaryDirectory() as tmp:
+        # the API server runs in a process of its own, as a real one does
+        api = subprocess.Popen(
+            [sys.executable, __file__, "--serve-api", str(Path(tmp) / "kubeconfig")],
+            stdin=subprocess.PIPE,
+            stdout=subprocess.PIPE,
+            text=True,
         )
+        assert api.stdin is not None and api.stdout is not None
+        api.stdout.readline()
+        kube = KubeClient.from_config(load_config(Path(tmp) / "kubeconfig", env={}), timeout=30)
         install_crds(kube)
         kube.create(NAMESPACES, {"apiVersion": "v1", "kind": "Namespace",
                                  "metadata": {"name": "bench"}})  # fmt: skip
@@ -296,19 +313,18 @@ def bench_scheduler(nodes: int, pods: int, timeout: float) -> dict[str, float]:
         scheduler = Scheduler(kube, settings)
         t0 = time.perf_counter()
         scheduler.start(60)
-        bound: list[dict[str, Any]] = []
-        while time.perf_counter() - t0 < timeout:
-            items = kube.list(PODS, "bench")["items"]
-            bound = [p for p in items if p["spec"].get("nodeName")]
-            if len(bound) == pods:
-                break
-            time.sleep(0.25)
+        while scheduler.scheduled < pods and time.perf_counter() - t0 < timeout:
+            time.sleep(0.05)
         figures["bind_seconds"] = time.perf_counter() - t0
+        items = kube.list(PODS, "bench")["items"]
+        bound = [p for p in items if p["spec"].get("nodeName")]
         figures["bound"] = len(bound)
         scheduler.events.flush(30)  # (the Scheduled events, written in the background)
         scheduler.stop()
         assert kube.list(NODES)["items"]
         kube.close()
+        api.stdin.close()
+        api.wait(30)
     # over-booking: replay every node's pods through the agent, in bind order
     by_node: dict[str, list[dict[str, Any]]] = {}
     for p in sorted(bound, key=lambda p: int(p["metadata"]["resourceVersion"])):
@@ -352,7 +368,11 @@ def main() -> int:
     parser.add_argument("--quick", action="store_true", help="small CI smoke run")
     parser.add_argument("--churn", type=float, default=100.0, help="node updates per second")
     parser.add_argument("--serve-extender", type=int, metavar="NODES", help=argparse.SUPPRESS)
+    parser.add_argument("--serve-api", metavar="KUBECONFIG", help=argparse.SUPPRESS)
     args = parser.parse_args()
+    if args.serve_api:
+        serve_api(args.serve_api)
+        return 0
     if args.serve_extender:
         serve_extender(args.serve_extender, args.churn)
         return 0
