@@ -119,9 +119,12 @@ def test_the_scheduler_binds_serves_its_metrics_and_stops_on_sigterm(
             timeout=30,
             what="the pod bound to n1",
         )
-        status, metrics = get(f"{base}/metrics")
-        assert status == 200
-        assert 'corepin_placement_bindings_total{result="bound"} 1.0' in metrics
+        wait_for(
+            lambda: (
+                'corepin_placement_bindings_total{result="bound"} 1.0' in get(f"{base}/metrics")[1]
+            ),
+            what="the bind counted in /metrics",
+        )
         stop_within_5_s(proc)
     finally:
         if proc.poll() is None:
