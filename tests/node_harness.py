@@ -59,10 +59,15 @@ def container(name: str, cpu: str | None = None, memory: str | None = "64Mi") ->
 
 
 class FakeNode:
-    def __init__(self, client: KubeClient, topology: Topology, tmp: Path) -> None:
+    """One node (`name`, default node-a) on a fake API server that may hold several."""
+
+    def __init__(
+        self, client: KubeClient, topology: Topology, tmp: Path, *, name: str = NODE
+    ) -> None:
         self.client = client
         self.topology = topology
         self.tmp = tmp
+        self.name = name
         self.driver: CgroupV1 = make_fake_v1(
             tmp / "cgroup",
             cpus=topology.online_cpus,
@@ -72,18 +77,18 @@ class FakeNode:
         self.state_dir = tmp / "state"
         self.agents: list[NodeAgent] = []
         self.api: Any = None  # the fake API server, when a test needs its controls
-        for name in ("nodecputopologies.yaml", "podcpubindings.yaml"):
-            for doc in yaml.safe_load_all((REPO / "deploy" / "crd" / name).read_text()):
+        for crd in ("nodecputopologies.yaml", "podcpubindings.yaml"):
+            for doc in yaml.safe_load_all((REPO / "deploy" / "crd" / crd).read_text()):
                 with contextlib.suppress(Exception):
                     client.create(CRDS, doc)
         self.node = client.create(
-            NODES, {"apiVersion": "v1", "kind": "Node", "metadata": {"name": NODE}}
+            NODES, {"apiVersion": "v1", "kind": "Node", "metadata": {"name": name}}
         )
 
     # ------------------------------------------------------------------ agent
     def settings(self, **changes: Any) -> NodeSettings:
         base: dict[str, Any] = {
-            "node_name": NODE,
+            "node_name": self.name,
             "state_dir": str(self.state_dir),
             "kubelet_state": str(self.tmp / "no-kubelet-state"),
             "assignment_dir": str(self.tmp / "assignments"),
@@ -112,7 +117,7 @@ class FakeNode:
         *containers: dict[str, Any],
         annotations: Mapping[str, str] | None = None,
         namespace: str = "default",
-        node: str = NODE,
+        node: str | None = None,
     ) -> dict[str, Any]:
         body = {
             "apiVersion": "v1",
@@ -122,7 +127,10 @@ class FakeNode:
                 "namespace": namespace,
                 "annotations": dict(annotations or {}),
             },
-            "spec": {"nodeName": node, "containers": list(containers) or [container("app", "1")]},
+            "spec": {
+                "nodeName": node or self.name,
+                "containers": list(containers) or [container("app", "1")],
+            },
         }
         return self.client.create(PODS, body, namespace)
 
@@ -238,8 +246,10 @@ class FakeNode:
 
 
 @contextlib.contextmanager
-def fake_node(client: KubeClient, topology: Topology, tmp: Path) -> Iterator[FakeNode]:
-    node = FakeNode(client, topology, tmp)
+def fake_node(
+    client: KubeClient, topology: Topology, tmp: Path, *, name: str = NODE
+) -> Iterator[FakeNode]:
+    node = FakeNode(client, topology, tmp, name=name)
     try:
         yield node
     finally:

@@ -414,7 +414,8 @@ def test_a_409_on_the_status_write_is_re_read_and_re_applied(
         r.method == "GET" and r.path.endswith("podcpubindings/web") and r.at >= conflict_at
         for r in fake_api.recorded()
     ), "the 409 must be followed by a re-read"
-    assert controller.metrics.conflicts.labels("podcpubindings")._value.get() == 1
+    # the status write's 409 is counted (an adoption write racing the agent's may add more)
+    assert controller.metrics.conflicts.labels("podcpubindings")._value.get() >= 1
 
 
 def test_work_reads_come_from_informers_not_a_list_per_event(

@@ -39,6 +39,8 @@ COMMANDS: dict[str, tuple[str, str]] = {
         "corepin.cli.controller_cmd",
         "run the cluster controller (validates PodCPUBindings, tidies; leader-elected)",
     ),
+    "scheduler": ("corepin.cli.placement_cmd", "run the topology-aware second scheduler"),
+    "extender": ("corepin.cli.placement_cmd", "serve the kube-scheduler extender"),
 }
 
 

@@ -69,6 +69,7 @@ def node_state(ncpt: NodeCPUTopology) -> NodeReport:
                         pod=row.pod,
                     ),
                     policy=spec.policy,
+                    workload=row.workload,
                 )
         state = HostState(
             topology=fingerprint(topology),

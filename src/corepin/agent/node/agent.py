@@ -655,6 +655,44 @@ class NodeAgent:
                 out.setdefault(key, b)
         return out
 
+    def _promised(self, state: HostState, exclude: tuple[str, str] = ("", "")) -> CPUSet:
+        """CPUs that user PodCPUBindings name for pods of this node whose containers do not
+        hold them yet (the scheduler's --bind-cpus chose them before the pods ran): decisions
+        from annotations leave them alone, and the published free set does not offer them."""
+        from corepin.allocation.levels import withheld_for
+        from corepin.kube.models import corepin_level, is_agent_binding
+        from corepin.kube.podplan import binding_cpus
+
+        out = CPUSet()
+        for b in self._bindings_informer.cache.list():
+            meta = b.get("metadata") or {}
+            labels = meta.get("labels") or {}
+            if is_agent_binding(labels):
+                continue
+            if (b.get("status") or {}).get("phase") == "Failed":
+                continue
+            spec = b.get("spec") or {}
+            key = (str(meta.get("namespace") or "default"), str(spec.get("podName")))
+            if key == exclude:
+                continue
+            pod = self._pods.cache.get(key[1], key[0])
+            if pod is None and labels.get(NODE_LABEL) != self.settings.node_name:
+                continue  # not for this node (or not known to be yet)
+            uid = str(((pod or {}).get("metadata") or {}).get("uid") or "")
+            held = CPUSet().union(*(a.withheld for a in pod_assignments(state, uid) if a.holds))
+            try:
+                level = corepin_level(spec.get("exclusivenessLevel") or "cpu")
+                wanted = CPUSet().union(
+                    *(
+                        withheld_for(self.machine, level, cpus & self.machine.online_cpus)
+                        for cpus in binding_cpus(spec).values()
+                    )
+                )
+            except CorepinError:
+                continue
+            out |= wanted - held
+        return out & state.free
+
     def _apply_pod(
         self,
         state: HostState,
@@ -679,7 +717,8 @@ class NodeAgent:
         stale = self._uids_gone(state, namespace, name, plan.uid)
         for uid in stale:
             state, _ = forget_pod(state, uid)
-        ctx = SyncContext(self.machine, self.policy, self.clock())
+        promised = self._promised(state, exclude=(namespace, name))
+        ctx = SyncContext(self.machine, self.policy, self.clock(), promised)
         state, notes = sync_pod(state, plan, ctx)
         state = self._attach_cgroups(state, plan)
         self._last_plan[plan.uid] = (plan, tuple(pod_assignments(state, plan.uid)))
@@ -1086,7 +1125,7 @@ class NodeAgent:
             "reservedCPUs": str(state.reserved),
         }
         now = format_time(_utc_now(self.clock))
-        status = node_status(state, self.machine, now)
+        status = node_status(state, self.machine, now, promised=self._promised(state))
         try:
             if not self._ncpt_created:
                 meta: dict[str, Any] = {"name": node, "labels": {MANAGED_BY: AGENT}}
@@ -1148,26 +1187,30 @@ class NodeAgent:
             log.warning("event=nrt_publish_failed error=%s", exc)
 
 
-def node_status(state: HostState, topology: Topology, heartbeat: str) -> dict[str, Any]:
-    """`NodeCPUTopology.status` of a node state (CONTRACTS 7.2)."""
-    free = state.free
+def node_status(
+    state: HostState, topology: Topology, heartbeat: str, *, promised: CPUSet | None = None
+) -> dict[str, Any]:
+    """`NodeCPUTopology.status` of a node state (CONTRACTS 7.2). CPUs `promised` to pods by
+    PodCPUBindings (their containers not running yet) are not offered as free."""
+    free = state.free - (promised or CPUSet())
     allocations = []
     for a in state:
         owner = a.container
         if owner is None or not a.holds or not owner.namespace or not owner.pod:
             continue  # (an imported kubelet entry whose pod was not seen yet: counted, unnamed)
-        allocations.append(
-            {
-                "namespace": owner.namespace,
-                "pod": owner.pod,
-                "podUID": owner.pod_uid,
-                "container": owner.container,
-                "cpus": str(a.cpus),
-                "mems": str(a.mems),
-                "policy": "share" if a.kind == "share" else "exclusive",
-                "level": a.level,
-            }
-        )
+        row = {
+            "namespace": owner.namespace,
+            "pod": owner.pod,
+            "podUID": owner.pod_uid,
+            "container": owner.container,
+            "cpus": str(a.cpus),
+            "mems": str(a.mems),
+            "policy": "share" if a.kind == "share" else "exclusive",
+            "level": a.level,
+        }
+        if a.workload:
+            row["workload"] = a.workload  # (the placement core scores memory-bound sockets)
+        allocations.append(row)
     return {
         "sharedPool": str(state.shared_pool),
         "reservedCPUs": str(state.reserved),

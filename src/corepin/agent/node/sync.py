@@ -56,11 +56,14 @@ class Note:
 
 @record
 class SyncContext:
-    """What a sync needs besides the state: the machine, the policy, the clock."""
+    """What a sync needs besides the state: the machine, the policy, the clock, and the CPUs
+    promised to other pods by PodCPUBindings whose containers do not run yet (decisions from
+    annotations leave them alone; the pods they are promised to take them when they start)."""
 
     topology: Topology
     policy: Policy
     now: float = 0.0
+    promised: CPUSet = CPUSet()
 
 
 def assignment_id(uid: str, container: str) -> str:
@@ -235,9 +238,10 @@ def _allocate(
             policy_name = "binding"
         else:
             request = Request(c.count, level=c.level, workload=c.workload)
-            decision = decide(
-                base.pools, ctx.topology, request, ctx.policy, kind=kind, keep_shared=True
-            )
+            pools = base.pools
+            if ctx.promised & pools.free:
+                pools = pools.hold("share", ctx.promised & pools.free)  # (stays in the pool)
+            decision = decide(pools, ctx.topology, request, ctx.policy, kind=kind, keep_shared=True)
             cpus, withheld, policy_name = (
                 decision.cpus,
                 decision.withheld | decision.cpus,
@@ -277,7 +281,8 @@ def _resize(
         cpus = shrink(ctx.topology, kept, len(kept) - c.count)
     else:
         try:
-            added = grow(ctx.topology, kept, c.count - len(kept), state.pools.free, ctx.policy, c)
+            free = state.pools.free - ctx.promised
+            added = grow(ctx.topology, kept, c.count - len(kept), free, ctx.policy, c)
         except CorepinError as exc:
             notes.append(
                 Note(

@@ -1,0 +1,367 @@
+"""`corepin extender`: the kube-scheduler extender v1 over HTTP (CONTRACTS 7.7).
+
+Routes (every answer is JSON as `wire` writes it):
+
+- `POST /filter` (ExtenderArgs -> ExtenderFilterResult): nodes named by `NodeNames` are
+  answered by `NodeNames`, nodes sent as `Nodes` by `Nodes` (the passing node objects, as
+  received); a node without a NodeCPUTopology goes to `FailedAndUnresolvableNodes`, a node
+  that cannot take the pod (not ready, stale, not enough CPUs at the asked level...) to
+  `FailedNodes`, each with the reason;
+- `POST /prioritize` (ExtenderArgs -> HostPriorityList): 0..10 per node (the placement
+  score 0..100 scaled; a node that does not pass scores 0);
+- `POST /bind` (ExtenderBindingArgs -> ExtenderBindingResult): the pod is placed (counted in
+  flight on the node, so the next pod does not get the same CPUs) and bound through
+  `pods/binding`; `Error` says why when it cannot be;
+- `POST /preempt` (ExtenderPreemptionArgs -> ExtenderPreemptionResult): keeps the candidate
+  nodes where the pod fits once the proposed victims' CPUs are released;
+- `GET /healthz` (200 once the informers have listed everything), `GET /metrics`.
+
+Limits: a body larger than `max_body` bytes is refused with 413 before it is read, a body
+without a length with 411, a request that is not an extender message with 400 and the
+message's `Error` set; a connection silent for `timeout` seconds is closed. The standard
+library's threading server (one thread per kube-scheduler connection, kept alive): each
+answer is a few milliseconds of Python at 1,000 nodes, so a framework would add nothing but a
+dependency.
+"""
+
+from __future__ import annotations
+
+import logging
+import socket
+import threading
+import time
+from collections.abc import Callable
+from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+from typing import TYPE_CHECKING, Any, Final
+
+from corepin.api.extender import wire
+from corepin.core.errors import CorepinError, EnvironmentProblem
+
+if TYPE_CHECKING:
+    from corepin.agent.scheduler.feed import PlacementFeed
+    from corepin.agent.scheduler.metrics import PlacementMetrics
+    from corepin.kube.client import KubeClient
+    from corepin.placement.cluster import Cluster
+
+log = logging.getLogger("corepin.api.extender")
+
+#: 16 MiB: a NodeList of 1,000 real nodes is a few megabytes
+MAX_BODY: Final = 16 * 1024 * 1024
+#: seconds a connection may stay silent (also the longest a body may take to arrive)
+TIMEOUT: Final = 10.0
+JSON: Final = "application/json"
+
+Answer = tuple[int, Any]
+
+
+class ExtenderService:
+    """The verbs, without HTTP (the server calls them with the body bytes)."""
+
+    def __init__(
+        self,
+        cluster: Cluster,
+        feed: PlacementFeed,
+        client: KubeClient,
+        *,
+        metrics: PlacementMetrics | None = None,
+        clock: Callable[[], float] = time.time,
+    ) -> None:
+        self.cluster = cluster
+        self.feed = feed
+        self.client = client
+        self.metrics = metrics
+        self.clock = clock
+
+    def _request(self, body: bytes) -> tuple[Any, list[str], list[dict[str, Any]] | None]:
+        args = wire.decode(body, wire.EXTENDER_ARGS)
+        if not isinstance(args, dict):
+            raise wire.WireError("the request must be an ExtenderArgs JSON object")
+        pod = wire.pod_of(args)
+        names, nodes = wire.node_names_of(args)
+        return self.feed.request_of(pod), names, nodes
+
+    def filter(self, body: bytes) -> Answer:
+        try:
+            request, names, nodes = self._request(body)
+        except CorepinError as exc:
+            return 400, wire.filter_result(error=exc.message)
+        answers = self.cluster.evaluate(request, names, self.clock())
+        passed: list[str] = []
+        failed: dict[str, str] = {}
+        unresolvable: dict[str, str] = {}
+        for a in answers:
+            if a.ok:
+                passed.append(a.node)
+            elif a.unresolvable:
+                unresolvable[a.node] = a.reason
+            else:
+                failed[a.node] = a.reason
+            if not a.ok and self.metrics is not None:
+                self.metrics.failed(a.code)
+        if nodes is None:
+            return 200, wire.filter_result(names=passed, failed=failed, unresolvable=unresolvable)
+        items = [n for n, a in zip(nodes, answers, strict=True) if a.ok]
+        return 200, wire.filter_result(nodes=items, failed=failed, unresolvable=unresolvable)
+
+    def prioritize(self, body: bytes) -> Answer:
+        try:
+            request, names, _ = self._request(body)
+        except CorepinError as exc:
+            return 400, {"Error": exc.message}
+        answers = self.cluster.evaluate(request, names, self.clock())
+        return 200, [{"Host": a.node, "Score": a.extender} for a in answers]
+
+    def bind(self, body: bytes) -> Answer:
+        from corepin.kube.resources import PODS
+
+        try:
+            namespace, name, uid, node = wire.binding_args(wire.decode(body, wire.BINDING_ARGS))
+        except CorepinError as exc:
+            return 400, wire.binding_result(exc.message)
+        pod = self.feed.pods.cache.get(name, namespace)
+        try:
+            if pod is None or (uid and (pod.get("metadata") or {}).get("uid") != uid):
+                pod = self.client.get(PODS, name, namespace)
+        except CorepinError as exc:
+            return 200, wire.binding_result(f"cannot read pod {namespace}/{name}: {exc}")
+        request = self.feed.request_of(pod)
+        now = self.clock()
+        answer = self.cluster.evaluate(request, [node], now)[0]
+        if not answer.ok:
+            if self.metrics is not None:
+                self.metrics.bindings.labels("refused").inc()
+            return 200, wire.binding_result(
+                f"pod {namespace}/{name} no longer fits: {answer.reason}"
+            )
+        if answer.fit is not None:
+            self.cluster.assume(request, node, answer.fit, now)
+        try:
+            self.client.bind(namespace, name, node, uid=uid or None)
+        except CorepinError as exc:
+            self.cluster.forget_pod(request.uid)
+            if self.metrics is not None:
+                self.metrics.bindings.labels("failed").inc()
+            return 200, wire.binding_result(f"binding pod {namespace}/{name} to {node}: {exc}")
+        if self.metrics is not None:
+            self.metrics.bindings.labels("bound").inc()
+        log.info("event=bound pod=%s/%s node=%s", namespace, name, node)
+        return 200, wire.binding_result()
+
+    def preempt(self, body: bytes) -> Answer:
+        try:
+            args = wire.decode(body, wire.PREEMPTION_ARGS)
+            if not isinstance(args, dict):
+                raise wire.WireError("the request must be an ExtenderPreemptionArgs object")
+            request = self.feed.request_of(wire.pod_of(args))
+            victims = wire.victims_of(args)
+        except CorepinError as exc:
+            return 400, {"Error": exc.message}
+        now = self.clock()
+        keep = {
+            node: found
+            for node, found in victims.items()
+            if self.cluster.fits_without(request, node, found[0], now).ok
+        }
+        return 200, wire.preemption_result(keep)
+
+    def answer(self, verb: str, body: bytes) -> Answer:
+        handler = {
+            "filter": self.filter,
+            "prioritize": self.prioritize,
+            "bind": self.bind,
+            "preempt": self.preempt,
+        }[verb]
+        if self.metrics is None:
+            return handler(body)
+        with self.metrics.timed(verb):
+            code, payload = handler(body)
+        self.metrics.requests.labels(verb, str(code)).inc()
+        return code, payload
+
+
+class _Server(ThreadingHTTPServer):
+    daemon_threads = True
+    block_on_close = False
+    request_queue_size = 128
+
+    def __init__(self, host: str, port: int, handler: type[BaseHTTPRequestHandler]) -> None:
+        family = socket.AF_INET6 if ":" in host else socket.AF_INET
+        dual = False
+        if not host:
+            family, host, dual = (
+                (socket.AF_INET6, "::", True)
+                if socket.has_ipv6
+                else (
+                    socket.AF_INET,
+                    "0.0.0.0",
+                    False,
+                )
+            )
+        self.address_family = family
+        self._dual = dual
+        super().__init__((host, port), handler)
+
+    def server_bind(self) -> None:
+        if self._dual:
+            self.socket.setsockopt(socket.IPPROTO_IPV6, socket.IPV6_V6ONLY, 0)
+        self.socket.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
+        super().server_bind()
+
+
+class ExtenderServer:
+    """The HTTP side (see the module docstring); `start()` binds, `stop()` returns within a
+    few seconds."""
+
+    VERBS: Final = ("filter", "prioritize", "bind", "preempt")
+
+    def __init__(
+        self,
+        service: ExtenderService,
+        address: str,
+        *,
+        ready: Callable[[], bool] = lambda: True,
+        metrics: Any = None,
+        max_body: int = MAX_BODY,
+        timeout: float = TIMEOUT,
+    ) -> None:
+        from corepin.api.http import parse_address
+
+        self.service = service
+        self.address = address
+        self.host, self.requested_port = parse_address(address)
+        self.ready = ready
+        self.registry = metrics
+        self.max_body = max_body
+        self.timeout = timeout
+        self._server: _Server | None = None
+        self._thread: threading.Thread | None = None
+
+    @property
+    def port(self) -> int:
+        if self._server is None:
+            raise RuntimeError("the server is not started")
+        return int(self._server.server_address[1])
+
+    @property
+    def url(self) -> str:
+        host = self.host or "127.0.0.1"
+        return f"http://{f'[{host}]' if ':' in host else host}:{self.port}"
+
+    def start(self) -> None:
+        try:
+            self._server = _Server(self.host, self.requested_port, _handler_for(self))
+        except OSError as exc:
+            raise EnvironmentProblem(
+                f"cannot serve the extender on {self.address}: {exc.strerror or exc}",
+                reason="listen_failed",
+            ) from exc
+        self._thread = threading.Thread(
+            target=self._server.serve_forever,
+            kwargs={"poll_interval": 0.2},
+            name="corepin-extender",
+            daemon=True,
+        )
+        self._thread.start()
+        log.info("event=serving address=%s port=%d", self.address, self.port)
+
+    def stop(self, timeout: float = 3.0) -> None:
+        server, thread = self._server, self._thread
+        if server is None:
+            return
+        self._server = self._thread = None
+        stopper = threading.Thread(target=server.shutdown, daemon=True)
+        stopper.start()
+        stopper.join(timeout)
+        server.server_close()
+        if thread is not None:
+            thread.join(max(0.0, timeout))
+
+
+def _handler_for(owner: ExtenderServer) -> type[BaseHTTPRequestHandler]:
+    class Handler(BaseHTTPRequestHandler):
+        timeout = owner.timeout
+        server_version = "corepin-extender"
+        protocol_version = "HTTP/1.1"
+
+        def setup(self) -> None:
+            super().setup()
+            # headers and body go out in two writes: without this, Nagle's algorithm holds
+            # the body until the client's delayed ACK of the headers (40 ms on Linux)
+            self.request.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
+
+        def _send(self, code: int, body: bytes, content_type: str = JSON) -> None:
+            self.send_response(code)
+            self.send_header("Content-Type", content_type)
+            self.send_header("Content-Length", str(len(body)))
+            self.end_headers()
+            self.wfile.write(body)
+
+        def _refuse(self, code: int, message: str) -> None:
+            self.close_connection = True
+            self._send(code, wire.encode({"Error": message}))
+
+        def do_POST(self) -> None:
+            verb = self.path.split("?", 1)[0].strip("/")
+            if verb not in ExtenderServer.VERBS:
+                self._refuse(404, f"no such verb {verb!r}: POST /filter, /prioritize, /bind")
+                return
+            if "chunked" in (self.headers.get("Transfer-Encoding") or "").lower():
+                self._refuse(411, "send the body with a Content-Length")
+                return
+            length_text = self.headers.get("Content-Length")
+            if length_text is None or not length_text.strip().isdigit():
+                self._refuse(411, "a Content-Length is required")
+                return
+            length = int(length_text)
+            if length > owner.max_body:
+                self._refuse(413, f"the body is larger than {owner.max_body} bytes")
+                return
+            try:
+                body = self.rfile.read(length)
+            except OSError:  # (a client too slow for the timeout)
+                self.close_connection = True
+                return
+            if len(body) < length:
+                self.close_connection = True
+                return
+            try:
+                code, payload = owner.service.answer(verb, body)
+                data = wire.encode(payload)
+            except Exception:
+                log.exception("event=answer_failed verb=%s", verb)
+                code, data = 500, wire.encode({"Error": "internal error (a bug: see the log)"})
+            self._send(code, data)
+
+        def do_GET(self) -> None:
+            path = self.path.split("?", 1)[0]
+            if path == "/healthz":
+                ok = bool(owner.ready())
+                self._send(200 if ok else 503, b"ok\n" if ok else b"not ready\n", "text/plain")
+            elif path == "/metrics" and owner.registry is not None:
+                from corepin.api.metrics import render
+
+                body, content_type = render(owner.registry, self.headers.get("Accept"))
+                self._send(200, body, content_type)
+            elif path.strip("/") in ExtenderServer.VERBS:
+                self.send_response(405)
+                self.send_header("Allow", "POST")
+                self.send_header("Content-Length", "0")
+                self.end_headers()
+            else:
+                self._send(404, b"not found: try /healthz or /metrics\n", "text/plain")
+
+        def _not_allowed(self) -> None:
+            self.send_response(405)
+            self.send_header("Allow", "GET, POST")
+            self.send_header("Content-Length", "0")
+            self.end_headers()
+
+        do_PUT = do_DELETE = do_PATCH = _not_allowed
+
+        def log_message(self, format: str, *args: Any) -> None:
+            log.debug("http_request client=%s %s", self.client_address[0], format % args)
+
+    return Handler
+
+
+__all__ = ["MAX_BODY", "ExtenderServer", "ExtenderService"]

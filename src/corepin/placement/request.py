@@ -1,0 +1,126 @@
+"""What a pod asks of a node, as the node agent will read it (pure).
+
+`pod_request(pod, binding=None)` runs the agent's own plan of the pod
+(`corepin.kube.podplan.plan_pod`, with the user's PodCPUBinding when there is one) and keeps
+what placement needs: per app container, in order, the kind of CPUs the agent will give it
+(`exclusive`, `share`, or `shared` for the shared pool), how many, at which exclusiveness
+level, its workload family and its explicit CPUs. A container whose request the agent would
+ignore (an ineligible CPU limit, a malformed annotation) runs on the shared pool there, so it
+asks for nothing here either.
+
+`PodRequest.signature` is a hashable summary of what decides fit: two pods with the same
+signature fit the same nodes, which lets `Cluster` reuse one decision for a burst of alike pods.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from typing import Any, Final
+
+from corepin.core.cpuset import CPUSet
+from corepin.core.record import record
+from corepin.kube.podplan import plan_pod
+
+#: the agent's assignment kind per effective container policy
+KIND_OF: Final = {"none": "shared", "share": "share", "exclusive": "exclusive"}
+#: what a pod without any corepin request fits with
+NOTHING: Final[tuple[tuple[Any, ...], ...]] = ()
+
+
+@record
+class ContainerAsk:
+    """One app container: `kind` exclusive | share | shared, `count` CPUs (0 for shared)."""
+
+    name: str
+    kind: str = "shared"
+    count: int = 0
+    level: str = "cpu"
+    workload: str | None = None
+    cpus: CPUSet | None = None  # explicit CPUs of a PodCPUBinding
+    ignored: str = ""  # why the agent will ignore what it asked ("" when it will not)
+
+    @property
+    def holds(self) -> bool:
+        return self.kind != "shared"
+
+    @property
+    def key(self) -> tuple[Any, ...]:
+        return (self.kind, self.count, self.level, self.workload, self.cpus)
+
+
+@record
+class PodRequest:
+    """A pod's request: its identity and its containers in order."""
+
+    namespace: str
+    name: str
+    uid: str
+    containers: tuple[ContainerAsk, ...] = ()
+    workload: str | None = None
+    problem: str = ""  # malformed annotations: every container runs on the shared pool
+
+    @property
+    def key(self) -> str:
+        return f"{self.namespace}/{self.name}"
+
+    @property
+    def holds(self) -> bool:
+        """Whether any container asks for CPUs of its own."""
+        return any(c.holds for c in self.containers)
+
+    @property
+    def cpus(self) -> int:
+        """CPUs asked for in all (exclusive and share)."""
+        return sum(c.count for c in self.containers if c.holds)
+
+    @property
+    def signature(self) -> tuple[tuple[Any, ...], ...]:
+        """What decides fit: the holding containers' asks, in order."""
+        return tuple((c.name, *c.key) for c in self.containers if c.holds) or NOTHING
+
+    def describe(self) -> str:
+        """One line for messages: `2 exclusive CPU(s) at level core for container 'app'`..."""
+        parts = []
+        for c in self.containers:
+            if not c.holds:
+                continue
+            where = f" at level {c.level}" if c.level != "cpu" else ""
+            cpus = f" (CPUs {c.cpus})" if c.cpus is not None else ""
+            parts.append(f"{c.count} {c.kind} CPU(s){where}{cpus} for container {c.name!r}")
+        return "; ".join(parts) if parts else "no CPUs of its own"
+
+
+def pod_request(pod: Mapping[str, Any], binding: Mapping[str, Any] | None = None) -> PodRequest:
+    """The request of `pod` (never raises: what cannot be read asks for nothing, as the agent
+    runs it on the shared pool)."""
+    plan = plan_pod(pod, binding)
+    asks = []
+    workload: str | None = None
+    for c in plan.containers:
+        kind = KIND_OF.get(c.policy, "shared")
+        count = c.count if kind != "shared" else 0
+        if kind != "shared" and count <= 0:
+            kind, count = "shared", 0
+        asks.append(
+            ContainerAsk(
+                name=c.name,
+                kind=kind,
+                count=count,
+                level=c.level,
+                workload=c.workload,
+                cpus=c.cpus if kind != "shared" else None,
+                ignored=c.problem,
+            )
+        )
+        workload = workload or c.workload
+    return PodRequest(
+        namespace=plan.namespace,
+        name=plan.name,
+        uid=plan.uid,
+        containers=tuple(asks),
+        workload=workload,
+        problem=plan.problem,
+    )
+
+
+__all__ = ["KIND_OF", "ContainerAsk", "PodRequest", "pod_request"]
