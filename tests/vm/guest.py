@@ -130,6 +130,7 @@ class Guest:
         boot_timeout: float = 120.0,
         boot_files: BootFiles | None = None,
         cmdline: Sequence[str] = (),
+        pool: GuestPool | None = None,
     ) -> None:
         self.shape = shape
         self.workdir = Path(workdir)
@@ -138,6 +139,7 @@ class Guest:
         self.boot_timeout = boot_timeout
         self.boot_files = boot_files
         self.extra_cmdline = tuple(cmdline)
+        self.pool = pool
         self.process: subprocess.Popen[bytes] | None = None
         self.boot_seconds: float | None = None
         self.release: str | None = None
@@ -218,6 +220,8 @@ class Guest:
         """Boot the guest and wait for READY (GuestBootError with the console tail if not)."""
         if self.running:
             return
+        if self.pool is not None:
+            self.pool.activate(self)
         self.workdir.mkdir(parents=True, exist_ok=True)
         if self.share.exists():
             shutil.rmtree(self.share)
@@ -320,9 +324,10 @@ class Guest:
         cwd: str | os.PathLike[str] | None = None,
     ) -> Result:
         """Run `command` (shell text, or an argv that is quoted for the shell) in the guest."""
-        if self._broken is not None:
-            raise type(self._broken)(f"guest {self.shape.name} is broken: {self._broken}")
+        if isinstance(self._broken, GuestBootError):
+            raise GuestBootError(f"guest {self.shape.name} could not boot: {self._broken}")
         if not self.running:
+            # first use, stopped for another shape, or dead after a failed command: boot
             self.start()
         text = command if isinstance(command, str) else shlex.join(command)
         n = self._seq
@@ -379,6 +384,57 @@ class Guest:
         return self.run(
             ["python", "-m", "pytest", "-p", "no:cacheprovider", *args], timeout=timeout
         )
+
+
+class GuestPool:
+    """Guests of several shapes, at most one running at a time (a guest of another shape is
+    stopped before one boots), the boot files built once. `get(name)` boots a shape's guest on
+    first use and keeps it up until another shape is asked for; a boot that fails is tried once
+    more (a second failure raises GuestBootError). `boots` records (shape, seconds) of every
+    boot, for the timing report."""
+
+    def __init__(self, workdir: Path, shapes: Mapping[str, Shape] | None = None) -> None:
+        from .shapes import SHAPES
+
+        self.workdir = Path(workdir)
+        self.shapes = dict(shapes or SHAPES)
+        self.guests: dict[str, Guest] = {}
+        self.boots: list[tuple[str, float]] = []
+        self._files: BootFiles | None = None
+
+    def boot_files(self) -> BootFiles:
+        if self._files is None:
+            self._files = prepare(self.workdir / "boot")
+        return self._files
+
+    def activate(self, guest: Guest) -> None:
+        """Stop every other guest of the pool (called by a guest about to boot)."""
+        for other in self.guests.values():
+            if other is not guest and other.running:
+                other.stop()
+
+    def get(self, name: str, shape: Shape | None = None) -> Guest:
+        """The booted guest of shape `name` (one of `shapes`, or `shape` given here)."""
+        if shape is not None:
+            self.shapes.setdefault(name, shape)
+        guest = self.guests.get(name)
+        if guest is None:
+            guest = Guest(
+                self.shapes[name], self.workdir / name, boot_files=self.boot_files(), pool=self
+            )
+            self.guests[name] = guest
+        if not guest.running:
+            try:
+                guest.start()
+            except GuestBootError:
+                guest.start()
+            assert guest.boot_seconds is not None
+            self.boots.append((name, guest.boot_seconds))
+        return guest
+
+    def close(self) -> None:
+        for guest in self.guests.values():
+            guest.stop()
 
 
 @atexit.register

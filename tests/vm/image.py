@@ -12,7 +12,8 @@ SeaBIOS), and `build_initramfs` writes a newc cpio archive holding busybox, the 
    sysfs, devtmpfs, cgroup2 (the only cgroup hierarchy: the kernel runs with
    `cgroup_no_v1=all`) and tmpfs on /tmp and /run inside it, and the writable share (tag
    `share`) at the same path it has on the host,
-3. takes the shape's offline CPUs offline,
+3. brings up the loopback interface (the guest has no network device) and takes the shape's
+   offline CPUs offline,
 4. says READY on the console and in the share, then runs the commands the host drops into
    `<share>/.vm/` one at a time, chrooted into the host's root, each in its own session with a
    time limit (a command past its limit gets its session SIGKILLed and exit code 137).
@@ -61,7 +62,8 @@ done
 [ -n "$share" ] || fail "no corepin.share= on the kernel command line"
 R=/mnt/root
 opts=trans=virtio,version=9p2000.L,msize=512000
-mount -t 9p -o "$opts,ro,cache=loose" hostroot $R || fail "cannot mount the host root (9p tag hostroot)"
+mount -t 9p -o "$opts,ro,cache=loose" hostroot $R ||
+    fail "cannot mount the host root (9p tag hostroot)"
 mount -t proc proc $R/proc || fail "mount proc in the host root"
 mount -t sysfs sysfs $R/sys || fail "mount sysfs in the host root"
 mount -t devtmpfs devtmpfs $R/dev || fail "mount devtmpfs in the host root"
@@ -75,6 +77,7 @@ mkdir -p "$R$share"
 mount -t 9p -o "$opts,cache=none" share "$R$share" || fail "cannot mount the share (9p tag share)"
 q="$R$share/.vm"
 mkdir -p "$q" || fail "the share is not writable"
+ip link set lo up || ifconfig lo 127.0.0.1 up || fail "cannot bring up the loopback interface"
 for cpu in $(echo "$offline" | tr , ' '); do
     echo 0 > "/sys/devices/system/cpu/cpu$cpu/online" || fail "cannot take CPU $cpu offline"
 done

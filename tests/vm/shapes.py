@@ -133,7 +133,9 @@ class Shape:
             "sockets": [
                 [c for c in self.online if self.place(c)[0] == s] for s in range(self.sockets)
             ],
-            "nodes": {n: [c for c in self.cpus_of_node(n) if c in online] for n in range(self.nodes)},
+            "nodes": {
+                n: [c for c in self.cpus_of_node(n) if c in online] for n in range(self.nodes)
+            },
             "distances": {
                 n: {m: self.distance(n, m) for m in range(self.nodes)} for n in range(self.nodes)
             },
@@ -163,9 +165,11 @@ class Shape:
             ]
         for cpu in range(self.cpus):
             socket, die, core, thread = self.place(cpu)
+            # QEMU takes die-id only when the machine has dies
+            die_id = f"die-id={die}," if self.dies > 1 else ""
             args += [
                 "-numa",
-                f"cpu,node-id={self.node_of(cpu)},socket-id={socket},die-id={die},"
+                f"cpu,node-id={self.node_of(cpu)},socket-id={socket},{die_id}"
                 f"core-id={core},thread-id={thread}",
             ]
         for a in range(self.nodes):
