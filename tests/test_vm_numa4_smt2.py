@@ -72,7 +72,7 @@ def pid_of(name: str) -> str:
 
 
 def release(name: str) -> str:
-    return f"touch /tmp/h/{name}.done; wait $(cat /tmp/h/{name}.runner)"
+    return f"echo > /tmp/h/{name}.done; wait $(cat /tmp/h/{name}.runner)"
 
 
 def test_corepin_topology_is_the_shape_qemu_was_asked_for(vm_numa4_smt2: Guest) -> None:

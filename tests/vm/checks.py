@@ -76,3 +76,101 @@ def lines(text: str) -> list[dict[str, Any]]:
 def probe_self(*args: str) -> str:
     """The shell words of the probe printing its own pinning (plus `args`)."""
     return f"{PROBE} self {' '.join(shlex.quote(a) for a in args)}"
+
+
+def cpus(text: str) -> set[int]:
+    """The CPUs of a Linux list ("0-3,8")."""
+    out: set[int] = set()
+    for part in text.strip().split(","):
+        if part:
+            lo, _, hi = part.partition("-")
+            out.update(range(int(lo), int(hi or lo) + 1))
+    return out
+
+
+#: shell: the guest's own NUMA nodes and L3 caches, as `NODE <cpus>` and `L3 <cpus>` lines
+SYSFS_GROUPS = (
+    "for f in /sys/devices/system/node/node*/cpulist; do echo NODE $(cat $f); done; "
+    "cat /sys/devices/system/cpu/cpu*/cache/index3/shared_cpu_list 2> /dev/null | sort -u | "
+    "sed 's/^/L3 /'"
+)
+
+
+def churn_script(trace: list[tuple[str, str, int]], policy: str, state: str) -> str:
+    """Shell replaying `trace` - ("add", id, n) or ("remove", id, 0) - through `corepin run
+    --exclusive n --policy POLICY`: every run holds a shell that records its own
+    Cpus_allowed_list as `RUN <policy> <id> <n> <cpus>` and then blocks reading a FIFO until
+    it is removed (no polling: the guest's CPUs are all emulated by one host thread)."""
+    held = f"/tmp/churn-{policy}"
+    out = [f"mkdir -p {held}; rm -rf {state}; mkdir -m 700 {state}"]
+    for op, rid, n in trace:
+        flag = f"{held}/{rid}"
+        if op == "add":
+            body = (
+                f"mkfifo {flag}.done; echo RUN {policy} {rid} {n} $(sed -n "
+                f"'s/^Cpus_allowed_list:\\s*//p' /proc/$$/status) > {flag}.tmp; "
+                f"mv {flag}.tmp {flag}; read _ < {flag}.done"
+            )
+            out.append(
+                f"corepin run --state-dir {state} --policy {policy} --exclusive {n} -- "
+                f"sh -c {shlex.quote(body)} > {flag}.log 2>&1 & echo $! > {flag}.runner"
+            )
+            out.append(
+                f"while [ ! -e {flag} ]; do kill -0 $(cat {flag}.runner) 2> /dev/null || "
+                f"{{ cat {flag}.log >&2; exit 1; }}; sleep 0.1; done; cat {flag}"
+            )
+        else:
+            out.append(f"echo > {flag}.done; wait $(cat {flag}.runner)")
+    live = [rid for op, rid, _ in trace if op == "add"]
+    live = [rid for rid in live if ("remove", rid, 0) not in trace]
+    out.append(f"for r in {' '.join(live)}; do echo > {held}/$r.done; done; wait")
+    return "\n".join(out)
+
+
+def alignment(runs: list[tuple[int, set[int]]], units: list[set[int]]) -> float:
+    """The share of `runs` (n, cpus) spanning the fewest of `units` (equal-sized groups of
+    CPUs: NUMA nodes or L3 caches) that n CPUs could span."""
+    size = max(len(u) for u in units)
+    aligned = 0
+    for n, got in runs:
+        spans = sum(1 for u in units if u & got)
+        aligned += spans == -(-n // size)
+    return aligned / len(runs)
+
+
+def placement(guest: Guest, trace: list[tuple[str, str, int]]) -> dict[str, Any]:
+    """Replay `trace` under topology-aware and kubelet-static in the guest; per policy the
+    NUMA and L3 alignment of what the runs' processes were allowed (from /proc), against the
+    guest's sysfs. Also checks that runs held at the same time never shared a CPU."""
+    policies = ("topology-aware", "kubelet-static")
+    text = "\n".join(
+        ["set -e", SYSFS_GROUPS]
+        + [churn_script(trace, p, f"/tmp/churn-state-{p}") for p in policies]
+    )
+    result = guest.run(text, timeout=600).check()
+    nodes = [cpus(line[5:]) for line in result.stdout.splitlines() if line.startswith("NODE ")]
+    l3 = [cpus(line[3:]) for line in result.stdout.splitlines() if line.startswith("L3 ")]
+    got: dict[str, dict[str, tuple[int, set[int]]]] = {p: {} for p in policies}
+    for line in result.stdout.splitlines():
+        if line.startswith("RUN "):
+            _, policy, rid, n, allowed = line.split()
+            got[policy][rid] = (int(n), cpus(allowed))
+    report: dict[str, Any] = {"nodes": nodes, "l3": l3}
+    for policy in policies:
+        live: dict[str, set[int]] = {}
+        for op, rid, _ in trace:
+            if op == "add":
+                n, mine = got[policy][rid]
+                assert len(mine) == n, f"{policy} {rid}: {sorted(mine)} is not {n} CPUs"
+                for other, theirs in live.items():
+                    assert not mine & theirs, f"{policy}: {rid} and {other} share CPUs"
+                live[rid] = mine
+            else:
+                live.pop(rid)
+        runs = list(got[policy].values())
+        report[policy] = {
+            "numa": alignment(runs, nodes),
+            "l3": alignment(runs, l3),
+            "cpus": {rid: sorted(c) for rid, (_, c) in got[policy].items()},
+        }
+    return report

@@ -39,7 +39,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from .image import BootFiles, ImageError, prepare
-from .shapes import Shape, cpu_list
+from .shapes import Shape
 
 REPO = Path(__file__).resolve().parents[2]
 QEMU = "qemu-system-x86_64"
@@ -175,7 +175,7 @@ class Guest:
             *self.extra_cmdline,
         ]
         if self.shape.offline:
-            words.append(f"corepin.offline={cpu_list(self.shape.offline)}")
+            words.append(f"corepin.offline={','.join(map(str, self.shape.offline))}")
         return " ".join(words)
 
     def qemu_argv(self, files: BootFiles) -> list[str]:
@@ -283,8 +283,12 @@ class Guest:
         proc = self.process
         if proc is None or proc.stdout is None or proc.poll() is None:
             return ""
-        text = proc.stdout.read().decode(errors="replace").strip()
-        return f"\nQEMU said: {text[-2000:]}" if text else ""
+        said = [
+            line
+            for line in proc.stdout.read().decode(errors="replace").splitlines()
+            if line.strip() and "TCG doesn't support requested feature" not in line
+        ]
+        return "\nQEMU said: " + "\n".join(said[-20:]) if said else ""
 
     def console_tail(self, lines: int = 40) -> str:
         try:

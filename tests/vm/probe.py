@@ -19,7 +19,6 @@ import mmap
 import os
 import re
 import sys
-import time
 from pathlib import Path
 from typing import Any
 
@@ -96,14 +95,15 @@ def main(argv: list[str]) -> int:
             line["pages"] = allocate(int(args[args.index("--alloc-mb") + 1]))
         text = json.dumps(line)
         if "--hold" in args:
+            # FILE.done is a FIFO: the probe sleeps in the kernel until someone writes to it
             target = Path(args[args.index("--hold") + 1])
+            done = target.with_name(target.name + ".done")
+            os.mkfifo(done)
             scratch = target.with_name(target.name + ".tmp")
             scratch.write_text(text + "\n")
             scratch.rename(target)
-            deadline = time.monotonic() + 300
-            done = target.with_name(target.name + ".done")
-            while not done.exists() and time.monotonic() < deadline:
-                time.sleep(0.1)
+            with open(done) as fifo:
+                fifo.read()
         print(text)
         return 0
     if what == "pid":
