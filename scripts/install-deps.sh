@@ -2,13 +2,16 @@
 # Install the Debian/Ubuntu packages corepin needs (uses sudo when not root).
 #   sh scripts/install-deps.sh          make and Python's venv module (enough for `make demo`)
 #   sh scripts/install-deps.sh --test   also containerd, runc and busybox-static, which the
-#                                       real-container end-to-end tests run, and prometheus,
-#                                       which scrapes the metrics server in its test (`make test`)
+#                                       real-container end-to-end tests run, prometheus,
+#                                       which scrapes the metrics server in its test, and
+#                                       qemu-system-x86 with linux-image-amd64, which the
+#                                       virtual-machine tests boot (tests/vm; the qboot
+#                                       firmware comes with qemu-system-data) (`make test`)
 set -eu
 packages="make"
 python3 -c 'import ensurepip' 2>/dev/null || packages="$packages python3-venv"
 if [ "${1:-}" = "--test" ]; then
-    packages="$packages containerd runc busybox-static prometheus"
+    packages="$packages containerd runc busybox-static prometheus qemu-system-x86 linux-image-amd64"
 fi
 missing=""
 for p in $packages; do

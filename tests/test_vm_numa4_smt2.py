@@ -236,3 +236,24 @@ def test_reconcile_reports_a_partition_the_kernel_invalidated_and_falls_back(
     assert cpus(after["cpuset.cpus"]) == NODE_CPUS[0] == cpus(proc["cpus"])
     report = json.dumps(lines(result.stdout)[-1]["changes"])
     assert "partition root invalid" in report and "-> member" in report
+
+
+def test_the_node_agent_pins_kubelet_processes_on_cgroup_v2(vm_numa4_smt2: Guest) -> None:
+    """`corepin agent` against the fake API server in the guest, pods in the kubelet's cgroupfs
+    layout under a scratch kubelet cgroup root, one process per container (agent_scenario.py)."""
+    result = vm_numa4_smt2.run("python tests/vm/agent_scenario.py /tmp/agent-e2e", timeout=600)
+    [out] = lines(result.stdout)
+    assert result.returncode == 0 and "error" not in out, out
+    pinned = out["pinned"]
+    big, small, shared = (cpus(pinned[n]["allowed"]) for n in ("big", "small", "shared"))
+    # the kernel pins each process to its container's cpuset, as the agent wrote it
+    for name in ("big", "small", "shared"):
+        assert pinned[name]["allowed"] == pinned[name]["cpus"], name
+    assert len(big) == 4 and len(small) == 2 and not big & small
+    [node] = [n for n, c in NODE_CPUS.items() if big <= c]
+    assert pinned["big"]["mems"] == str(node)
+    assert any(small <= c for c in NODE_CPUS.values())
+    assert shared == ALL - big - small
+    # the exclusive pods went away: the burstable one has the whole machine again
+    assert cpus(out["after_delete"]["allowed"]) == ALL
+    assert out["agent_exit"] == 0
