@@ -51,6 +51,15 @@ def allowed(pid: int) -> str:
     return ""
 
 
+def parse(text: str) -> list[int]:
+    out: list[int] = []
+    for part in text.split(","):
+        if part:
+            lo, _, hi = part.partition("-")
+            out.extend(range(int(lo), int(hi or lo) + 1))
+    return out
+
+
 def enable(group: Path) -> None:
     (group / "cgroup.subtree_control").write_text("+cpuset +cpu")
 
@@ -78,7 +87,12 @@ class Kubelet:
         body = {
             "apiVersion": "v1",
             "kind": "Pod",
-            "metadata": {"name": name, "namespace": "default"},
+            "metadata": {
+                "name": name,
+                "namespace": "default",
+                # corepin pins a Guaranteed pod's containers exclusively when the pod asks
+                "annotations": {"corepin.io/cpu-policy": "exclusive"} if cpu else {},
+            },
             "spec": {"nodeName": NODE, "containers": [spec]},
         }
         pod = self.client.create(PODS, body, "default")
@@ -199,7 +213,10 @@ def main(workdir: Path) -> int:
                         "cpus": (CGROUP / group / "cpuset.cpus").read_text().strip(),
                         "mems": (CGROUP / group / "cpuset.mems").read_text().strip(),
                     }
-                if seen["big"]["cpus"] and seen["small"]["cpus"] and seen["shared"]["cpus"]:
+                # settled: every group written, the shared one off the exclusive CPUs (the
+                # test then checks the values)
+                mine = [set(parse(seen[n]["cpus"])) for n in ("big", "small", "shared")]
+                if all(mine) and not (mine[0] | mine[1]) & mine[2]:
                     return seen
                 if agent is not None and agent.poll() is not None:
                     raise SystemExit(f"the agent exited {agent.returncode}")
