@@ -17,7 +17,8 @@ bin/ first on PATH. Everything is bounded in time:
   `GuestTimeout` is raised, the guest stays usable); if the guest does not answer within a grace
   period after that, it is declared hung, killed, and `GuestDied` is raised with the tail;
 - `stop()` (also on leaving the `with` block, and at interpreter exit for any guest still up)
-  SIGTERMs and then SIGKILLs QEMU and removes the share's scratch files.
+  SIGTERMs and then SIGKILLs QEMU and removes the share's scratch files; QEMU also gets SIGKILL
+  from the kernel if the process that started it dies (PR_SET_PDEATHSIG).
 
 QEMU runs single-threaded TCG (`-accel tcg,thread=single`) with `mitigations=off`: /dev/kvm cannot
 be relied on here, and multi-threaded TCG hung or aborted in about one boot out of six.
@@ -240,6 +241,7 @@ class Guest:
             stdout=subprocess.PIPE,
             stderr=subprocess.STDOUT,
             start_new_session=True,
+            preexec_fn=_die_with_parent,
         )
         _LIVE.add(self)
         ready = self.queue / "ready"
@@ -390,6 +392,16 @@ class Guest:
         )
 
 
+def _die_with_parent() -> None:
+    """In the forked QEMU: SIGKILL when the process that started it dies, however it dies
+    (a killed pytest must not leave guests running)."""
+    import ctypes
+
+    pr_set_pdeathsig = 1
+    libc = ctypes.CDLL(None, use_errno=True)
+    libc.prctl(pr_set_pdeathsig, signal.SIGKILL, 0, 0, 0)
+
+
 class GuestPool:
     """Guests of several shapes, at most one running at a time (a guest of another shape is
     stopped before one boots), the boot files built once. `get(name)` boots a shape's guest on
@@ -437,8 +449,10 @@ class GuestPool:
         return guest
 
     def close(self) -> None:
+        """Stop every guest and remove the pool's scratch files (boot files, shares, logs)."""
         for guest in self.guests.values():
             guest.stop()
+        shutil.rmtree(self.workdir, ignore_errors=True)
 
 
 @atexit.register
