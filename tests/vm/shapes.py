@@ -211,7 +211,7 @@ SHAPES: Mapping[str, Shape] = {
             cores=2,
             threads=2,
             nodes=4,
-            mem_mb=192,
+            mem_mb=256,
             distances=((10, 12, 20, 20), (12, 10, 20, 20), (20, 20, 10, 12), (20, 20, 12, 10)),
         ),
         # 1 socket, one NUMA node, two L3 caches (dies) of 3 cores x SMT2 = 12 CPUs
@@ -223,7 +223,7 @@ SHAPES: Mapping[str, Shape] = {
             cores=4,
             threads=1,
             nodes=4,
-            mem_mb=160,
+            mem_mb=256,
             distances=((10, 11, 21, 21), (11, 10, 21, 21), (21, 21, 10, 11), (21, 21, 11, 10)),
         ),
         # 1 socket of 4 cores x SMT2 with CPUs 6 and 7 (a whole core) offline, 2-3 isolated
