@@ -5,7 +5,10 @@ on the way down, partitions asked of v1 or of shared runs, v2 without cpuset, an
 
 from __future__ import annotations
 
+import contextlib
+import json
 import os
+import signal
 import subprocess
 from pathlib import Path
 
@@ -15,7 +18,7 @@ from corepin.agent.settings import state_dir_key
 from corepin.core.cpuset import CPUSet
 from corepin.enforcement.cgroups import CgroupV2, PartitionState, open_cpuset_hierarchy
 from corepin.enforcement.faketree import make_fake_v1, make_fake_v2
-from helpers import run_corepin
+from helpers import corepin_argv, run_corepin, wait_for
 
 ONLINE = CPUSet(os.sched_getaffinity(0))
 CPU = str(ONLINE.first())
@@ -174,3 +177,37 @@ def test_set_partition_reads_back_what_the_group_says(v2_root: Path) -> None:
     assert driver.set_partition("part", "root") == PartitionState("root")
     with pytest.raises(ValueError, match="unknown partition mode"):
         driver.set_partition("part", "exclusive")
+
+
+def test_a_partitioned_run_released_to_the_shared_pool_becomes_a_member_first(
+    tmp_path: Path, v2_root: Path
+) -> None:
+    state = str(tmp_path / "state")
+    common = ["--state-dir", state, "--cgroups", "on", "--cgroup-root", str(v2_root)]
+    runner = subprocess.Popen(
+        corepin_argv(
+            "run", *common, "--exclusive", "1", "--partition", "root", "--", "sleep", "60"
+        ),
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+    )
+    child = 0
+    try:
+        wait_for(lambda: list(v2_root.glob("corepin.*/cpuset.cpus.partition")), what="the group")
+        [group] = v2_root.glob("corepin.*")
+        assert (group / "cpuset.cpus.partition").read_text().strip() == "root"
+        report = json.loads(run_corepin("report", "-o", "json", "--state-dir", state).stdout)
+        [run] = report["allocations"]
+        child = run["pid"]
+        out = run_corepin("release", run["id"], *common)
+        assert out.returncode == 0, out.stderr
+        # no longer exclusive: the partition is undone before its CPUs become the shared pool
+        assert "partition root -> member (the run is not exclusive any more" in out.stdout
+        assert (group / "cpuset.cpus.partition").read_text().strip() == "member"
+        assert CPUSet.parse((group / "cpuset.cpus").read_text().strip()) == ONLINE
+    finally:
+        if child:
+            with contextlib.suppress(ProcessLookupError):
+                os.kill(child, signal.SIGKILL)
+        runner.kill()
+        runner.wait()
