@@ -17,16 +17,15 @@ pytestmark = [
 
 SHAPE = SHAPES["numa4-nosmt"]
 
-#: a churn trace on which kubelet-static splits a 2-CPU run over two nodes (found by replaying
-#: random traces through `corepin simulate` with this guest's topology)
+#: a churn trace on which kubelet-static splits a 2-CPU run over two nodes (the shortest found by
+#: replaying small traces through the simulator with this guest's topology)
 TRACE = [
-    ("add", "r1", 1),
-    ("add", "r2", 2),
+    ("add", "r0", 2),
+    ("add", "r1", 3),
+    ("remove", "r0", 0),
+    ("add", "r2", 1),
     ("add", "r3", 2),
-    ("remove", "r2", 0),
-    ("add", "r4", 1),
-    ("add", "r5", 2),
-    ("add", "r6", 2),
+    ("add", "r4", 2),
 ]
 
 
