@@ -325,7 +325,7 @@ class Guest:
         self,
         command: str | Sequence[str],
         *,
-        timeout: float = 120.0,
+        timeout: float = 300.0,
         env: Mapping[str, str] | None = None,
         cwd: str | os.PathLike[str] | None = None,
     ) -> Result:
