@@ -3,6 +3,10 @@
 - `containerd`, `busybox_rootfs`: one private containerd and one busybox root filesystem for
   the whole session (see `containerd_harness.py`), shared by the container end-to-end tests;
   skipped with the reason when the host cannot run containers.
+- `vm_pool`: the QEMU guests of the session (`tests/vm`), one running at a time; `vm_<shape>`
+  (`vm_numa4_smt2`, `vm_l3x2`, `vm_numa4_nosmt`, `vm_offline_isol`): a booted guest of that
+  shape, booted once per session (again only if another shape ran in between); skipped with the
+  reason where QEMU cannot run, failed with the console's tail where the guest does not boot.
 - `fake_api`: a started fake Kubernetes API server (plain http, no auth; `fakeapi` package),
   stopped after the test; `fake_kubeconfig` a kubeconfig for it; `kube` a corepin KubeClient
   on it; `tls_material` a CA, server and client certificates for the https variants.
@@ -14,7 +18,7 @@
 
 from __future__ import annotations
 
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import TYPE_CHECKING
 
@@ -27,6 +31,8 @@ from containerd_harness import (
     private_containerd,
     skip_reason,
 )
+from vm import SHAPES, Guest, GuestBootError, GuestPool
+from vm import skip_reason as vm_skip_reason
 
 if TYPE_CHECKING:
     from corepin.kube.client import KubeClient
@@ -52,6 +58,40 @@ def busybox_rootfs(tmp_path_factory: pytest.TempPathFactory) -> Path:
     if reason:
         pytest.skip(reason)
     return build_busybox_rootfs(tmp_path_factory.mktemp("rootfs"))
+
+
+# ---------------------------------------------------------------- virtual machines (tests/vm)
+@pytest.fixture(scope="session")
+def vm_pool(tmp_path_factory: pytest.TempPathFactory) -> Iterator[GuestPool]:
+    """The session's QEMU guests, one running at a time (skipped where QEMU cannot run)."""
+    reason = vm_skip_reason()
+    if reason:
+        pytest.skip(reason)
+    pool = GuestPool(tmp_path_factory.mktemp("vm"))
+    try:
+        yield pool
+    finally:
+        pool.close()
+        for name, seconds in pool.boots:
+            print(f"\nvm: booted {name} in {seconds:.1f}s")
+
+
+def _guest(name: str) -> Callable[[GuestPool], Guest]:
+    def fixture(vm_pool: GuestPool) -> Guest:
+        try:
+            return vm_pool.get(name)
+        except GuestBootError as exc:
+            pytest.fail(f"the {name} guest did not boot (twice): {exc}", pytrace=False)
+
+    fixture.__name__ = "vm_" + name.replace("-", "_")
+    fixture.__doc__ = f"A booted guest of shape {SHAPES[name].describe()}."
+    return pytest.fixture(scope="session", name=fixture.__name__)(fixture)
+
+
+vm_numa4_smt2 = _guest("numa4-smt2")
+vm_l3x2 = _guest("l3x2")
+vm_numa4_nosmt = _guest("numa4-nosmt")
+vm_offline_isol = _guest("offline-isol")
 
 
 @pytest.fixture

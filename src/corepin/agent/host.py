@@ -85,6 +85,8 @@ class RunSpec:
     exclusive: int | None = None
     with_shared: bool = False
     options: Mapping[str, str] | None = None
+    #: cgroup v2 cpuset partition of an exclusive run: None, "root" or "isolated"
+    partition: str | None = None
 
     def request(self) -> Request:
         from corepin.allocation.api import build_request
@@ -294,9 +296,22 @@ class HostAgent:
                 run_mems = decision.mems if kind == "exclusive" else self.topology.mems_of(affinity)
                 cgroup: str | None = None
                 procs: str | None = None
+                if spec.partition is not None:
+                    self._check_partition(spec, kind)
                 if self.pinner.cgroups_enabled:
-                    cgroup = self.pinner.cgroup_path_for(assignment_id)
+                    if spec.partition is not None:
+                        cgroup = self.pinner.partition_path_for(assignment_id)
+                    else:
+                        cgroup = self.pinner.cgroup_path_for(assignment_id)
                     procs = self.pinner.prepare(cgroup, affinity, run_mems)
+                    if spec.partition is not None:
+                        got = self.pinner.claim_partition(cgroup, spec.partition)
+                        if not got.valid:
+                            print(
+                                f"corepin run: warning: cgroup {cgroup}: partition {got}; "
+                                f"the run keeps a plain cpuset on CPUs {affinity}",
+                                file=sys.stderr,
+                            )
                 elif foreground:
                     _become_subreaper()
                 launch = Launch(
@@ -350,6 +365,21 @@ class HostAgent:
         code = launch.wait()
         self._finish_quietly(assignment_id)
         return code
+
+    def _check_partition(self, spec: RunSpec, kind: str) -> None:
+        """A partition needs an exclusive run and cpuset cgroups on cgroup v2."""
+        if kind != "exclusive":
+            raise InputError(
+                f"--partition {spec.partition} needs an exclusive run (this one is {kind})",
+                reason="bad_usage",
+            )
+        driver = self.pinner.driver
+        if driver is None or driver.version != 2:
+            raise EnvironmentProblem(
+                f"--partition {spec.partition} needs cpuset cgroups on cgroup v2 "
+                + ("(cgroups are off or unusable here)" if driver is None else "(this is v1)"),
+                reason="cgroup_unsupported",
+            )
 
     def _finish_quietly(self, assignment_id: str) -> None:
         """`finish`, but a release that cannot be written (lock busy, disk full, corrupt

@@ -124,10 +124,8 @@ class Launch:
                     signal.signal(sig, signal.SIG_DFL)
                 if new_session:
                     os.setsid()
-                os.sched_setaffinity(0, cpus)
-                if bind is not None:
-                    stage = "mempolicy"
-                    bind()
+                # the cgroup first: outside it the CPUs may not be allowed at all (a cpuset
+                # partition takes them away from every other group)
                 if procs is not None:
                     stage = "cgroup"
                     fd = os.open(procs, os.O_WRONLY)
@@ -135,6 +133,11 @@ class Launch:
                         os.write(fd, str(os.getpid()).encode())
                     finally:
                         os.close(fd)
+                stage = "affinity"
+                os.sched_setaffinity(0, cpus)
+                if bind is not None:
+                    stage = "mempolicy"
+                    bind()
                 if os.read(go_r, 1) != b"1":
                     os._exit(125)
                 os.close(go_r)

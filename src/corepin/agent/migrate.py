@@ -26,14 +26,12 @@ operator action) renames it aside first.
 
 from __future__ import annotations
 
-import os
 import time
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any, Final
 
 from corepin.core.cpuset import CPUSet
 from corepin.core.errors import (
-    CgroupError,
     CorepinError,
     InputError,
     StateError,
@@ -161,20 +159,15 @@ def convert(
 
 def open_cgroup_driver(settings: HostSettings) -> CgroupDriver | None:
     """A read-only view of the cpuset hierarchy host mode would use (none when cgroups are off
-    or there is no cgroup v1 cpuset hierarchy; with cgroups `on`, its absence is an error).
+    or there is no cpuset hierarchy, v1 or v2; with cgroups `on`, its absence is an error).
     Unlike the pinner it never creates corepin's own cgroup: looking up is all migrate does."""
     if settings.cgroups == "off":
         return None
+    from corepin.agent.pinning import usable_hierarchy
     from corepin.enforcement.cgroups import open_cpuset_hierarchy
 
     try:
-        driver = open_cpuset_hierarchy(settings.cgroup_root)
-        if driver.version != 1 or not os.path.isdir(driver.root):
-            raise CgroupError(
-                os.fspath(driver.root),
-                "no cgroup v1 cpuset hierarchy here: use --cgroups off",
-                reason="no_cpuset_hierarchy",
-            )
+        driver = usable_hierarchy(open_cpuset_hierarchy(settings.cgroup_root))
     except CorepinError:
         if settings.cgroups == "on":
             raise

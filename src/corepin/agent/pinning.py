@@ -9,7 +9,17 @@ Host mode pins a run two ways:
   processes with `cpuset.cpus` = its CPUs and `cpuset.mems` = the NUMA nodes of those CPUs, so
   memory is allocated on the same nodes and a process cannot widen its own affinity. Setting
   `cgroups`: `auto` uses it when the cpuset hierarchy is writable, `on` requires it, `off` never.
-  The cgroup parent is per state directory (`HostSettings.cgroup_parent`).
+  The cgroup parent is per state directory (`HostSettings.cgroup_parent`). Both cgroup v1 (the
+  cpuset controller's own mount) and v2 (the unified hierarchy offering `cpuset`: each group
+  corepin creates gets `+cpuset` in its parent's `cgroup.subtree_control`) work the same way.
+- on cgroup v2, an exclusive run may ask for a cpuset partition (`corepin run --partition
+  root|isolated`): its group is then `<cgroup parent with / as .>.<assignment id>` directly
+  below the hierarchy root (the kernel wants a partition's parent to be a partition, and the
+  root is one), and `cpuset.cpus.partition` takes its CPUs away from every other cgroup of the
+  host (`isolated` also from the scheduler's load balancing). The kernel may refuse or
+  invalidate a partition (CPUs another group holds, an offline CPU): the state is read back,
+  and an invalid one is undone (`member`), so the run keeps a plain cpuset (see
+  `claim_partition`).
 
 Both go through the one enforcement engine (`corepin.enforcement.reconcile.Reconciler`): read
 first, write only what differs, so a steady state writes nothing. A thread that narrowed its own
@@ -33,13 +43,42 @@ from corepin.core.errors import CgroupError, CorepinError
 if TYPE_CHECKING:
     from corepin.agent.host import Change
     from corepin.agent.settings import HostSettings
-    from corepin.enforcement.cgroups import CgroupDriver
+    from corepin.enforcement.cgroups import CgroupDriver, PartitionState
     from corepin.enforcement.reconcile import CgroupTarget, ProcessTarget
     from corepin.state.model import Assignment
     from corepin.topology.model import Topology
 
 #: first path components of the kubelet's pod cgroups (cgroupfs and systemd drivers)
 KUBELET_PARENTS = ("kubepods", "kubepods.slice")
+
+
+def usable_hierarchy(driver: CgroupDriver) -> CgroupDriver:
+    """`driver` when its hierarchy is there and carries the cpuset controller; CgroupError
+    (no_cpuset_hierarchy) otherwise. A cgroup v2 driver is set to enable only `cpuset` in the
+    groups it creates (host mode needs nothing else, and a v2 host may not offer `cpu`)."""
+    from corepin.enforcement.cgroups import CgroupV2
+
+    if not os.path.isdir(driver.root):
+        raise CgroupError(
+            os.fspath(driver.root),
+            "no cpuset hierarchy here (cgroup v1 cpuset, or cgroup v2 with the cpuset "
+            "controller): use --cgroups off",
+            reason="no_cpuset_hierarchy",
+        )
+    if isinstance(driver, CgroupV2):
+        try:
+            offered = driver.read_file("", "cgroup.controllers").split()
+        except CgroupError:
+            offered = []
+        if "cpuset" not in offered:
+            raise CgroupError(
+                os.path.join(driver.root, "cgroup.controllers"),
+                "this cgroup v2 hierarchy offers no cpuset controller (is it bound to a v1 "
+                "hierarchy? boot with cgroup_no_v1=cpuset or all): use --cgroups off",
+                reason="no_cpuset_hierarchy",
+            )
+        driver.controllers = ("cpuset",)
+    return driver
 
 
 class Pinner:
@@ -72,23 +111,7 @@ class Pinner:
 
         try:
             driver = open_cpuset_hierarchy(self.settings.cgroup_root)
-            if driver.version != 1:
-                # cgroup v2 needs cpuset delegated through cgroup.subtree_control; host mode
-                # keeps to affinity there unless asked (the kube agent drives v2 directly).
-                if mode == "on":
-                    raise CgroupError(
-                        os.fspath(driver.root),
-                        "host mode places runs in cpuset cgroups on cgroup v1 only; use "
-                        "--cgroups off (affinity only)",
-                        reason="cgroup_unsupported",
-                    )
-                return False
-            if not os.path.isdir(driver.root):
-                raise CgroupError(
-                    os.fspath(driver.root),
-                    "no cpuset hierarchy here (is cgroup v1 cpuset mounted?): use --cgroups off",
-                    reason="no_cpuset_hierarchy",
-                )
+            usable_hierarchy(driver)
             if not os.access(driver.root, os.W_OK):
                 raise CgroupError(
                     os.fspath(driver.root),
@@ -110,10 +133,28 @@ class Pinner:
 
         return f"{self.settings.cgroup_parent}/{validate_component(assignment_id, 'run id')}"
 
+    def partition_path_for(self, assignment_id: str) -> str:
+        """The group of a partitioned run: `<parent, / as .>.<id>` below the hierarchy root."""
+        from corepin.core.ids import validate_component
+
+        return f"{self._partition_prefix}{validate_component(assignment_id, 'run id')}"
+
+    @property
+    def _partition_prefix(self) -> str:
+        return self.settings.cgroup_parent.strip("/").replace("/", ".") + "."
+
+    def is_partition_path(self, path: str | None) -> bool:
+        return (
+            path is not None
+            and "/" not in path.strip("/")
+            and path.strip("/").startswith(self._partition_prefix)
+        )
+
     def trusted_cgroup(self, a: Assignment) -> str | None:
         """The assignment's cgroup when corepin may touch it: a run's own group below this
-        state directory's parent (`<parent>/<id>`), or a container's group in the kubelet's
-        layout. None for anything else (a forged or foreign path is never written)."""
+        state directory's parent (`<parent>/<id>`) or its partition group (`<parent with / as
+        .>.<id>`), or a container's group in the kubelet's layout. None for anything else (a
+        forged or foreign path is never written)."""
         from corepin.core.ids import IdError, split_cgroup_path
 
         path = a.cgroup
@@ -126,9 +167,10 @@ class Pinner:
         rel = "/".join(parts)
         if a.process is not None:
             try:
-                return rel if rel == self.cgroup_path_for(a.id) else None
+                own = (self.cgroup_path_for(a.id), self.partition_path_for(a.id))
             except IdError:
                 return None
+            return rel if rel in own else None
         if a.container is not None and parts and parts[0] in KUBELET_PARENTS and len(parts) > 1:
             return rel
         return None
@@ -148,9 +190,11 @@ class Pinner:
                 view: CgroupDriver | None = open_cpuset_hierarchy(self.settings.cgroup_root)
             except CorepinError:
                 view = None
-            if view is not None and view.version == 1 and os.path.isdir(view.root):
-                self._inspector = view
-            else:
+            try:
+                if view is not None:
+                    usable_hierarchy(view)
+                self._inspector = view or False
+            except CorepinError:
                 self._inspector = False
         return self._inspector or None
 
@@ -201,6 +245,69 @@ class Pinner:
         if report.errors:
             raise report.errors[0]
         return os.path.join(driver.dir(path), "cgroup.procs")
+
+    def claim_partition(self, path: str, mode: str) -> PartitionState:
+        """Make the run group `path` (prepared, no tasks yet) a cpuset partition of `mode`
+        (root or isolated) and read back what the kernel made of it. An invalid partition is
+        undone (`member`): the run keeps a plain cpuset with the same CPUs. The returned
+        state is the kernel's answer to the request (invalid ones carry the reason)."""
+        from corepin.enforcement.cgroups import CgroupV2
+
+        driver = self.driver
+        if not isinstance(driver, CgroupV2):
+            raise CgroupError(
+                self.settings.cgroup_root,
+                "cpuset partitions need a cgroup v2 cpuset hierarchy",
+                reason="cgroup_unsupported",
+            )
+        got = driver.set_partition(path, mode)
+        self.writes += 1
+        if not got.valid:
+            self._fall_back(driver, path)
+        return got
+
+    def _fall_back(self, driver: CgroupDriver, path: str) -> None:
+        """Undo a partition of `path` the kernel does not honour (back to `member`)."""
+        from corepin.enforcement.cgroups import CgroupV2
+
+        if isinstance(driver, CgroupV2) and driver.read_partition(path).mode != "member":
+            driver.set_partition(path, "member")
+            self.writes += 1
+
+    def check_partitions(self, assignments: list[Assignment]) -> list[Change]:
+        """Partitions of exclusive runs that the kernel invalidated since (an offline CPU, a
+        group elsewhere claiming the CPUs), and partitions of runs that are not exclusive any
+        more (released to the shared pool): each falls back to `member`, reported."""
+        from corepin.agent.host import Change
+        from corepin.enforcement.cgroups import CgroupV2
+
+        driver = self.driver
+        if not isinstance(driver, CgroupV2):
+            return []
+        out: list[Change] = []
+        for a in assignments:
+            path = self.trusted_cgroup(a)
+            if path is None or not self.is_partition_path(path) or not driver.exists(path):
+                continue
+            try:
+                state = driver.read_partition(path)
+                if state.mode == "member":
+                    continue
+                if state.valid and a.kind == "exclusive":
+                    continue
+                self._fall_back(driver, path)
+            except CgroupError as err:
+                out.append(Change("failed", a.id, err.message))
+                continue
+            why = "the run is not exclusive any more" if state.valid else "the kernel says so"
+            out.append(
+                Change(
+                    "repinned",
+                    a.id,
+                    f"cgroup {path}: partition {state} -> member ({why}; a plain cpuset now)",
+                )
+            )
+        return out
 
     def targets(
         self, a: Assignment, pool: CPUSet
@@ -262,6 +369,8 @@ class Pinner:
                 processes.append(process)
         if not cgroups and not processes:
             return refused
+        # a partition that is no longer exclusive must become a member before its CPUs widen
+        refused.extend(self.check_partitions(assignments))
         driver = self.driver
         owners = {driver.rel(t.path): t.owner for t in cgroups} if driver is not None else {}
         report = Reconciler(
@@ -308,8 +417,12 @@ class Pinner:
         out: list[Change] = []
         parent = self.settings.cgroup_parent
         groups = driver.child_groups(parent)
-        for group in groups:
+        prefix = self._partition_prefix
+        partitions = [g for g in driver.child_groups("") if g.startswith(prefix)]
+        for group in [*groups, *partitions]:
             name = group.rsplit("/", 1)[-1]
+            if group in partitions:
+                name = name[len(prefix) :]
             if name in live_ids:
                 continue
             try:

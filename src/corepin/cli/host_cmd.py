@@ -47,7 +47,8 @@ def add_arguments(parser: argparse.ArgumentParser, name: str) -> None:
     if name == "run":
         parser.usage = (
             "corepin run [--exclusive N [--with-shared] | --shared] [--level LEVEL] "
-            "[--option NAME[=VALUE]]... [--state-dir DIR] [--policy NAME] -- CMD ARGS..."
+            "[--option NAME[=VALUE]]... [--partition root|isolated] [--state-dir DIR] "
+            "[--policy NAME] -- CMD ARGS..."
         )
         parser.description = (
             "Run CMD pinned to CPUs of its own (--exclusive N) or to the shared pool. The "
@@ -91,6 +92,14 @@ def add_arguments(parser: argparse.ArgumentParser, name: str) -> None:
             "level=, smt=auto|whole-cores|spread, numa=NODES, "
             "workload=memory-bound|cpu-bound|io-bound|best-effort, prefer-isolated=, "
             "allow-isolated (shared runs), and the policy's own options",
+        )
+        parser.add_argument(
+            "--partition",
+            choices=("root", "isolated"),
+            help="with --exclusive on cgroup v2: make the run's cpuset a partition of this "
+            "kind, so no other process of the host runs on its CPUs (isolated: also outside "
+            "the scheduler's load balancing); a partition the kernel refuses is reported and "
+            "the run keeps a plain cpuset",
         )
         parser.add_argument(
             "--name",
@@ -211,7 +220,16 @@ def _cmd_run(settings: HostSettings, args: Any) -> int:
         raise InputError(
             "use --shared (not --option shared) for a run in the shared pool", reason="bad_option"
         )
-    spec = RunSpec(exclusive=args.exclusive, with_shared=bool(args.with_shared), options=options)
+    if args.partition is not None and (args.exclusive is None or args.with_shared):
+        raise InputError(
+            "--partition applies to --exclusive runs without --with-shared only", reason="bad_usage"
+        )
+    spec = RunSpec(
+        exclusive=args.exclusive,
+        with_shared=bool(args.with_shared),
+        options=options,
+        partition=args.partition,
+    )
     return HostAgent(settings).run(argv, spec, name=args.name)
 
 

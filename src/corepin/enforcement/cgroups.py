@@ -42,6 +42,7 @@ __all__ = [
     "CgroupV1",
     "CgroupV2",
     "CpuQuota",
+    "PartitionState",
     "detect_mounts",
     "open_cgroups",
 ]
@@ -574,6 +575,9 @@ class CgroupV2(CgroupDriver):
     cpuset.cpus.effective.
     """
 
+    #: the controllers `create` enables for the children of each parent it walks through
+    controllers: tuple[str, ...] = field(default=("cpuset", "cpu"), kw_only=True)
+
     def __post_init__(self) -> None:
         self.version = 2
         self.root = os.fspath(self.root)
@@ -608,24 +612,39 @@ class CgroupV2(CgroupDriver):
         self.write_file(path, "cpu.max", str(quota))
 
     def enable_controllers(self, path: str, controllers: Iterable[str]) -> None:
-        """Make `controllers` available to the children of `path` (cgroup.subtree_control)."""
+        """Make `controllers` available to the children of `path` (cgroup.subtree_control).
+
+        `cpuset` is required; any other controller is enabled only when `path` offers it
+        (its cgroup.controllers), so a host without, say, the cpu controller still gets
+        cpuset groups."""
         try:
             text = self.read_file(path, "cgroup.subtree_control")
             current = {c.lstrip("+") for c in text.split()}
         except CgroupError:
             current = set()
-        missing = [c for c in controllers if c not in current]
+        try:
+            offered: set[str] | None = set(self.read_file(path, "cgroup.controllers").split())
+        except CgroupError:
+            offered = None
+        missing = [
+            c
+            for c in controllers
+            if c not in current and (c == "cpuset" or offered is None or c in offered)
+        ]
         if missing:
             self.write_file(path, "cgroup.subtree_control", " ".join(f"+{c}" for c in missing))
 
     def create(self, path: str) -> list[str]:
+        """mkdir `path` (and missing ancestors), enabling `controllers` in each parent's
+        cgroup.subtree_control first. A new v2 group starts with empty cpuset.cpus and
+        cpuset.mems: it uses its parent's effective sets until they are written."""
         parts = split_cgroup_path(path)
         created: list[str] = []
         for depth in range(1, len(parts) + 1):
             parent = "/".join(parts[: depth - 1])
             rel = "/".join(parts[:depth])
             if not os.path.isdir(self.dir(rel)):
-                self.enable_controllers(parent, ("cpuset", "cpu"))
+                self.enable_controllers(parent, self.controllers)
             if self._mkdir(rel, self.root):
                 created.append(rel)
                 if self.fake_tree:
@@ -639,6 +658,8 @@ class CgroupV2(CgroupDriver):
             ("cpu.max", "max 100000"),
             ("cgroup.procs", ""),
             ("cgroup.subtree_control", ""),
+            ("cgroup.controllers", "cpuset cpu"),
+            ("cpuset.cpus.partition", "member"),
         ):
             file = os.path.join(self.dir(path), name)
             if not os.path.exists(file):
@@ -649,6 +670,73 @@ class CgroupV2(CgroupDriver):
         if not split_cgroup_path(path):
             raise CgroupError(os.fspath(self.root), "refusing to remove the hierarchy root")
         self._rmdir(path, self.root)
+
+    # ------------------------------------------------------------------ partitions
+    def read_partition(self, path: str) -> PartitionState:
+        """The group's `cpuset.cpus.partition` (kernels before 5.2 have none: member)."""
+        try:
+            text = self.read_file(path, "cpuset.cpus.partition")
+        except CgroupError as err:
+            if err.reason == "cgroup_missing" and self.exists(path):
+                return PartitionState("member")
+            raise
+        return PartitionState.parse(text)
+
+    def set_partition(self, path: str, mode: str) -> PartitionState:
+        """Write `mode` (member, root, isolated) to the group's `cpuset.cpus.partition` and
+        read back what the kernel made of it: a partition the kernel cannot honour is left
+        `root invalid (<why>)` by some kernels and refused with EINVAL by others; both come
+        back as an invalid PartitionState (a refused write gives the errno's text as the
+        reason), never as an exception. Other failures (no such group, no permission) raise
+        CgroupError."""
+        if mode not in PARTITION_MODES:
+            raise ValueError(f"unknown partition mode {mode!r} (one of {PARTITION_MODES})")
+        try:
+            self.write_file(path, "cpuset.cpus.partition", mode)
+        except CgroupError as err:
+            if err.reason != "cgroup_invalid_value":
+                raise
+            return PartitionState(mode, valid=False, reason="the kernel refused it (EINVAL)")
+        return self.read_partition(path)
+
+
+#: the values of cgroup v2 `cpuset.cpus.partition`
+PARTITION_MODES: Final = ("member", "root", "isolated")
+
+
+@record
+class PartitionState:
+    """What `cpuset.cpus.partition` says: `mode` (member, root, isolated), whether the kernel
+    holds it `valid`, and the kernel's `reason` when not (`root invalid (Cpu list in
+    cpuset.cpus not exclusive)`; older kernels give no reason)."""
+
+    mode: str
+    valid: bool = True
+    reason: str | None = None
+
+    @classmethod
+    def parse(cls, text: str) -> PartitionState:
+        words = text.strip()
+        mode, _, rest = words.partition(" ")
+        rest = rest.strip()
+        if not rest:
+            return cls(mode or "member")
+        if rest.startswith("invalid"):
+            reason = rest[len("invalid") :].strip()
+            if reason.startswith("(") and reason.endswith(")"):
+                reason = reason[1:-1]
+            return cls(mode, valid=False, reason=reason or None)
+        return cls(mode, valid=False, reason=rest)
+
+    @property
+    def exclusive(self) -> bool:
+        """True for a valid root or isolated partition (its CPUs serve nobody else)."""
+        return self.valid and self.mode in ("root", "isolated")
+
+    def __str__(self) -> str:
+        if self.valid:
+            return self.mode
+        return f"{self.mode} invalid" + (f" ({self.reason})" if self.reason else "")
 
 
 # ---------------------------------------------------------------------- detection
@@ -735,9 +823,14 @@ def open_cpuset_hierarchy(
     """The driver of the cpuset hierarchy below `cgroup_root` (CONTRACTS 7.1 `--cgroup-root`):
     at the default root the mounted hierarchy found in /proc/self/mountinfo (v1 or v2); else
     `<cgroup_root>/cpuset` as cgroup v1 - a real mount, or a plain directory tree standing in
-    for one (tests, dry runs), driven with `fake_tree` so the kernel's rules still apply."""
+    for one (tests, dry runs), driven with `fake_tree` so the kernel's rules still apply; or,
+    when there is no `cpuset` below it but a `cgroup.controllers` file in it, `cgroup_root`
+    itself as cgroup v2 (a cgroup2 mount, or a tree standing in for one)."""
     root = os.fspath(cgroup_root).rstrip("/") or "/"
     if root == DEFAULT_CGROUP_ROOT:
         return open_cgroups()
     cpuset = os.path.join(root, "cpuset")
+    if not os.path.isdir(cpuset) and os.path.isfile(os.path.join(root, "cgroup.controllers")):
+        # a cgroup v2 root: a cgroup2 mount, or a directory tree standing in for one
+        return CgroupV2(root, fake_tree=not is_cgroup_mount(root))
     return CgroupV1(cpuset, fake_tree=os.path.isdir(cpuset) and not is_cgroup_mount(cpuset))
