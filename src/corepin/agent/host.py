@@ -826,31 +826,57 @@ class HostAgent:
         pin its whole tree by affinity, as `corepin run` pins CMD (no cgroup: a running
         process is not moved; its memory policy stays its own).
 
-        `kind` defaults to what `spec` asks (`RunSpec.kind`); `share` is accepted too. The
-        process must exist (InputError `no_such_process`) and hold no allocation yet
-        (InputError `already_pinned`)."""
+        `kind` defaults to what `spec` asks (`RunSpec.kind`); `share` is accepted too; with
+        `spec.cpus`, exactly those CPUs. The process must exist (InputError `no_such_process`),
+        be a user process (InputError `kernel_thread`) and not belong to an allocation yet
+        (InputError `already_pinned`: its own, or as a process of another run). Its processes
+        are freed when they are gone (pid and start time). With a cpuset shield up, processes
+        of it that sit in a group not allowing their new CPUs move to the shield's managed
+        group first."""
+        from corepin.agent.shield import process_owners
         from corepin.state.model import Assignment
         from corepin.state.owners import ProcessOwner
-        from corepin.sysfs.procfs import ProcessGone, process_start_time
+        from corepin.sysfs.procfs import ProcessGone, ProcessGroup, read_stat
 
         request = spec.request()
         kind = kind or spec.kind(request)
         if kind != "shared" and request.workload == "best-effort":
             kind = "shared"
         try:
-            start = process_start_time(pid, self.settings.proc_root)
+            st = read_stat(pid, self.settings.proc_root)
         except ProcessGone:
             raise InputError(f"no process {pid}", reason="no_such_process") from None
+        if st.kernel_thread or pid == 2:
+            raise InputError(
+                f"process {pid} ({printable(st.comm)}) is a kernel thread: corepin pins user "
+                "processes (`corepin shield on --kthreads` confines kernel threads)",
+                reason="kernel_thread",
+            )
+        if not st.alive:
+            raise InputError(f"process {pid} has exited (a zombie)", reason="no_such_process")
+        start = st.start_time
         comm, command = _process_labels(pid, self.settings.proc_root)
         with self.transaction() as txn:
             state, _ = self.reap(txn.state)
+            state = self._reserve(state)
+            table = self._table()
             for held in state:
                 if held.pid == pid:
                     raise InputError(
                         f"process {pid} already holds allocation {held.id}",
                         reason="already_pinned",
                     )
-            decision = self.decide(state, request, kind)
+            owner = process_owners(state, table, cgroup_pids=self.pinner.cgroup_pids).get(pid)
+            if owner is not None:
+                raise InputError(
+                    f"process {pid} already belongs to allocation {owner} (a process of that "
+                    "run): release it first",
+                    reason="already_pinned",
+                )
+            if spec.cpus is not None:
+                decision = self.decide_cpus(state, spec.cpus, kind)
+            else:
+                decision = self.decide(state, request, kind)
             while True:
                 assignment_id = f"pid-{pid}-{os.urandom(2).hex()}"
                 if assignment_id not in state:
@@ -870,16 +896,52 @@ class HostAgent:
                 policy=decision.policy,
                 workload=request.workload,
             )
-            state = txn.commit(state.add(assignment))
+            state = state.add(assignment)
+            if state.shield is not None:
+                tree = ProcessGroup(pid, start).pids(table)
+                record = self.shield.make_room(state, tree, assignment.affinity(state.shared_pool))
+                if record is not None:
+                    state = state.evolve(shield=record)
+            state = txn.commit(self._sync_shield(state, strict=assignment.exclusive))
             failed = [c for c in self.enforce(state, {assignment.id}) if c.action == "failed"]
             if failed:  # not ours to pin (permission), or gone meanwhile: undo the record
-                txn.commit(state.remove(assignment.id))
+                txn.commit(self._sync_shield(state.remove(assignment.id)))
                 raise EnvironmentProblem(
                     f"cannot pin process {pid}: {failed[0].detail}", reason="pin_failed"
                 )
             if assignment.exclusive:
                 self.repin_shared(state)
         return assignment
+
+    # ------------------------------------------------------------------ shield
+    def shield_on(self, *, scope: str, kthreads: bool, irqs: bool) -> Any:
+        """`corepin shield on`: raise the shield and record it (a ShieldResult)."""
+        with self.transaction() as txn:
+            state, _ = self.reap(txn.state)
+            state = self._reserve(state)
+            result = self.shield.on(
+                state,
+                self._table(),
+                scope=scope,
+                kthreads=kthreads,
+                irqs=irqs,
+                cgroup_pids=self.pinner.cgroup_pids,
+            )
+            txn.commit(state.evolve(shield=result.record))
+        return result
+
+    def shield_off(self) -> Any:
+        """`corepin shield off`: undo the shield; what could not be undone stays recorded
+        (EnvironmentProblem after the commit, so another `off` can finish it)."""
+        with self.transaction() as txn:
+            state, _ = self.reap(txn.state)
+            result = self.shield.off(state, self._table(), cgroup_pids=self.pinner.cgroup_pids)
+            txn.commit(state.evolve(shield=result.record))
+        return result
+
+    def shield_status(self) -> dict[str, Any]:
+        state = self.read_state()
+        return self.shield.status(state, self._table())
 
     # ------------------------------------------------------------------ reconcile
     def reconcile_once(self) -> list[Change]:
@@ -919,11 +981,84 @@ class HostAgent:
         table = self._table()
         return {a.id: self.status(a, table) for a in state}
 
-    def report(self, state: HostState) -> dict[str, Any]:
-        """What `corepin report -o json` prints (`corepin.state.report.report_data`)."""
+    def report(self, state: HostState, *, sample: float = 0.0) -> dict[str, Any]:
+        """What `corepin report -o json` prints (`corepin.state.report.report_data`), with
+        each allocation's live processes (see `live`)."""
         from corepin.state.report import report_data
 
-        return report_data(state, self.statuses(state))
+        data = report_data(state, self.statuses(state))
+        live = self.live(state, sample=sample)
+        for row in data["allocations"]:
+            row.update(live.get(row["id"], {}))
+        return data
+
+    def live(self, state: HostState, *, sample: float = 0.0) -> dict[str, dict[str, Any]]:
+        """Assignment id -> what /proc says of its processes now: `processes` (how many),
+        `live_cpus` (the union of their allowed CPUs), `cpu_seconds` (utime + stime) and
+        `cpu_percent` of one CPU, over `sample` seconds when given, else since the run's
+        oldest process started (`cpu_percent_over` says which)."""
+        from corepin.sysfs.procfs import ProcessGone, ProcessGroup, cpus_allowed_list
+        from corepin.sysfs.procfs import process_table as scan
+
+        table = self._table()
+        tick = float(os.sysconf("SC_CLK_TCK"))
+        groups: dict[str, list[int]] = {}
+        for a in state:
+            pids: set[int] = set()
+            process = a.process
+            if process is not None:
+                group = ProcessGroup(
+                    process.pid, process.start_time, process.session, process.members
+                )
+                pids.update(group.pids(table))
+            pids.update(p for p in self.pinner.cgroup_pids(a) or () if p in table)
+            groups[a.id] = sorted(p for p in pids if table[p].alive)
+        later = None
+        if sample > 0 and any(groups.values()):
+            time.sleep(sample)
+            later = scan(self.settings.proc_root)
+        uptime = _uptime(self.settings.proc_root)
+        out: dict[str, dict[str, Any]] = {}
+        for ident, members in groups.items():
+            row: dict[str, Any] = {
+                "processes": len(members),
+                "live_cpus": None,
+                "cpu_seconds": None,
+                "cpu_percent": None,
+                "cpu_percent_over": None,
+            }
+            out[ident] = row
+            if not members:
+                continue
+            allowed = CPUSet()
+            for pid in members:
+                try:
+                    allowed |= cpus_allowed_list(pid, self.settings.proc_root)
+                except (ProcessGone, CorepinError):
+                    continue
+            ticks = sum(table[p].utime + table[p].stime for p in members)
+            row["live_cpus"] = str(allowed)
+            row["cpu_seconds"] = round(ticks / tick, 2)
+            if later is not None:
+                after = sum(
+                    later[p].utime + later[p].stime
+                    for p in members
+                    if p in later and later[p].start_time == table[p].start_time
+                )
+                before = sum(
+                    table[p].utime + table[p].stime
+                    for p in members
+                    if p in later and later[p].start_time == table[p].start_time
+                )
+                row["cpu_percent"] = round(100.0 * (after - before) / tick / sample, 1)
+                row["cpu_percent_over"] = f"{sample:g} s"
+            elif uptime is not None:
+                started = min(table[p].start_time for p in members) / tick
+                elapsed = uptime - started
+                if elapsed > 0:
+                    row["cpu_percent"] = round(100.0 * ticks / tick / elapsed, 1)
+                    row["cpu_percent_over"] = "since start"
+        return out
 
 
 _MEMORY_FLAGS: Final = {"bind": "membind", "interleave": "interleave", "preferred": "preferred"}
@@ -934,6 +1069,15 @@ def _same_process(table: dict[int, ProcStat], pid: int | None, start_time: int |
         return False
     st = table.get(pid)
     return st is not None and st.alive and (start_time is None or st.start_time == start_time)
+
+
+def _uptime(proc_root: str) -> float | None:
+    """Seconds since boot (<proc>/uptime), None when unreadable."""
+    try:
+        with open(os.path.join(proc_root, "uptime"), encoding="ascii") as handle:
+            return float(handle.read().split()[0])
+    except (OSError, ValueError, IndexError):
+        return None
 
 
 def _signal_exactly(pid: int, start_time: int, sig: int, proc_root: str) -> None:

@@ -66,26 +66,36 @@ def normalize_scope(text: str) -> str:
         raise InputError(f"--scope {text!r}: {exc}", reason="bad_scope") from None
 
 
-def managed(
+def process_owners(
     state: HostState, table: Mapping[int, ProcStat], *, cgroup_pids: Any = None
-) -> dict[int, CPUSet]:
-    """pid -> CPUs it needs, for every live process of every assignment of `state`.
-    `cgroup_pids(a)`, when given, lists the processes in an assignment's own cgroup."""
+) -> dict[int, str]:
+    """pid -> assignment id, for every live process of every assignment of `state` (its
+    process group; with `cgroup_pids(a)`, the processes in the assignment's own cgroup too)."""
     from corepin.sysfs.procfs import ProcessGroup
 
-    pool = state.shared_pool
-    out: dict[int, CPUSet] = {}
+    out: dict[int, str] = {}
+    procs = dict(table)
     for a in state:
-        needs = a.affinity(pool)
         pids: set[int] = set()
         process = a.process
         if process is not None:
             group = ProcessGroup(process.pid, process.start_time, process.session, process.members)
-            pids.update(group.pids(dict(table)))
+            pids.update(group.pids(procs))
         if cgroup_pids is not None:
             pids.update(cgroup_pids(a) or ())
         for pid in pids:
-            out[pid] = out.get(pid, CPUSet()) | needs
+            out.setdefault(pid, a.id)
+    return out
+
+
+def managed(
+    state: HostState, table: Mapping[int, ProcStat], *, cgroup_pids: Any = None
+) -> dict[int, CPUSet]:
+    """pid -> CPUs it needs, for every live process of every assignment of `state`."""
+    pool = state.shared_pool
+    out: dict[int, CPUSet] = {}
+    for pid, ident in process_owners(state, table, cgroup_pids=cgroup_pids).items():
+        out[pid] = state.assignments[ident].affinity(pool)
     return out
 
 
@@ -152,11 +162,19 @@ class Shield:
 
         driver = None
         if record.mode == "cpuset":
-            _mode, driver, why = self.mode_for()
-            if driver is None or driver.version != record.cgroup_version:
+            # the shield's own hierarchy, whatever this command's --cgroups says for its runs
+            try:
+                driver = self._driver or self._open_driver()
+            except CorepinError as exc:
                 raise EnvironmentProblem(
                     f"the shield was raised on cgroup v{record.cgroup_version} cpusets, which "
-                    f"are not usable now ({why or 'another hierarchy'})",
+                    f"are not usable now ({exc})",
+                    reason="shield_hierarchy_gone",
+                ) from None
+            if driver.version != record.cgroup_version:
+                raise EnvironmentProblem(
+                    f"the shield was raised on cgroup v{record.cgroup_version} cpusets; the "
+                    f"cpuset hierarchy is cgroup v{driver.version} now",
                     reason="shield_hierarchy_gone",
                 )
         return ShieldEngine(driver, self.proc_root, unified=self._membership())

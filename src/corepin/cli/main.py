@@ -29,9 +29,11 @@ COMMANDS: dict[str, tuple[str, str]] = {
     "allocate": ("corepin.cli.allocate_cmd", "compute one allocation decision (no side effects)"),
     "simulate": ("corepin.cli.simulate_cmd", "replay a trace through policies and compare them"),
     "run": ("corepin.cli.host_cmd", "run a command pinned to exclusive or shared CPUs"),
+    "pin": ("corepin.cli.host_cmd", "adopt a running process: pin it and its children"),
     "report": ("corepin.cli.host_cmd", "show who holds which CPUs on this host"),
     "reconcile": ("corepin.cli.host_cmd", "free dead allocations and re-apply drifted pins"),
     "release": ("corepin.cli.host_cmd", "end an allocation on purpose (optionally its processes)"),
+    "shield": ("corepin.cli.shield_cmd", "keep unmanaged tasks off exclusive CPUs (on|off|status)"),
     "migrate": ("corepin.cli.migrate_cmd", "import the kubelet's cpu_manager_state into corepin"),
     "agent": ("corepin.cli.agent_cmd", "run the Kubernetes node agent of one node"),
 }

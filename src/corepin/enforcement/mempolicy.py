@@ -129,9 +129,9 @@ class MemoryPolicy:
         self.nodes = nodes
 
     def __eq__(self, other: object) -> bool:
-        return (
-            isinstance(other, MemoryPolicy)
-            and (self.mode, self.nodes) == (other.mode, other.nodes)
+        return isinstance(other, MemoryPolicy) and (self.mode, self.nodes) == (
+            other.mode,
+            other.nodes,
         )
 
     def __hash__(self) -> int:

@@ -480,7 +480,9 @@ class ShieldEngine:
                 continue
             path = "/".join(parts[:depth])
             try:
-                current = drv.read_file(path, "cgroup.subtree_control").split()
+                current = [
+                    c.lstrip("+") for c in drv.read_file(path, "cgroup.subtree_control").split()
+                ]
             except CgroupError:
                 current = []
             if "cpuset" in current:

@@ -194,9 +194,7 @@ def parse_stat(text: str, path: str = "stat") -> ProcStat:
             "fields 4 (ppid), 5 (pgrp), 6 (session), 9 (flags), 14 (utime), 15 (stime) or 22 "
             "(starttime) are not integers",
         ) from None
-    return ProcStat(
-        pid, comm, rest[0], ppid, start_time, pgrp, session, flags, utime, stime
-    )
+    return ProcStat(pid, comm, rest[0], ppid, start_time, pgrp, session, flags, utime, stime)
 
 
 def read_stat(pid: int, proc_root: str | os.PathLike[str] = "/proc") -> ProcStat:
