@@ -539,6 +539,7 @@ class HostAgent:
                 probe = Assignment(assignment_id, kind, cpus, withheld)
                 affinity = probe.affinity(pool)
                 run_mems = decision.mems if kind == "exclusive" else self.topology.mems_of(affinity)
+                env_mems = decision.mems if kind != "shared" else run_mems
                 memory = spec.memory
                 if memory is not None:
                     run_mems = self._mems_for(memory)
@@ -556,7 +557,7 @@ class HostAgent:
                 launch = Launch(
                     argv,
                     affinity,
-                    _environment(kind, cpus, pool, decision.mems if kind != "shared" else run_mems),
+                    _environment(kind, cpus, pool, run_mems if memory else env_mems),
                     cgroup_procs=procs,
                     bind_mems=run_mems
                     if cgroup is None and run_mems and self._binds_memory()
@@ -582,7 +583,8 @@ class HostAgent:
                     kind=kind,
                     cpus=cpus,
                     withheld=withheld,
-                    mems=decision.mems if kind != "shared" else CPUSet(),
+                    # the nodes its cpuset keeps allowing: a memory policy's, else its CPUs'
+                    mems=run_mems if memory else decision.mems if kind != "shared" else CPUSet(),
                     level=request.level,
                     owner=owner,
                     created=time.time(),

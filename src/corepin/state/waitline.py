@@ -81,7 +81,7 @@ class WaitLine:
     def __enter__(self) -> WaitLine:
         try:
             self._dir_fd = os.open(self.directory, os.O_RDONLY | os.O_DIRECTORY | os.O_CLOEXEC)
-            self._queue_fd = _open_queue(self._dir_fd, self.queue_path)
+            self._queue_fd = _open_queue(self._dir_fd, self.queue_path, WAIT_QUEUE)
             self._ticket_fd, self._ticket = _take_ticket(self._queue_fd)
         except OSError as exc:
             self.__exit__(None, None, None)
