@@ -479,7 +479,7 @@ def _cmd_report_remote(args: Any) -> int:
     from corepin.core.errors import InputError
     from corepin.state.report import report_data
 
-    for option in ("state_dir", "cgroups", "cgroup_root", "sysfs_root", "proc_root", "sample"):
+    for option in ("state_dir", "cgroups", "cgroup_root", "sysfs_root", "proc_root"):
         if getattr(args, option, None):
             raise InputError(
                 f"--{option.replace('_', '-')} applies to this host's state, not to --agent "
@@ -495,11 +495,24 @@ def _cmd_report_remote(args: Any) -> int:
             listed = client.list_state()
             topology = client.topology()[1] if args.output == "svg" else None
         data = report_data(listed.state, listed.statuses)
+        # the agent's socket is on this host: its processes are in this /proc
+        from corepin.agent.host import HostAgent
+        from corepin.agent.settings import HostSettings
+
+        live = HostAgent(HostSettings()).live(listed.state, sample=args.sample or 0.0)
+        for row in data["allocations"]:
+            row.update(live.get(row["id"], {}))
         text = _render_report(args.output, data, listed.state, lambda: _given(topology))
         write_output(text, args.out)
         return 0
     if not args.node:
         raise InputError("--kubeconfig needs --node NAME", reason="bad_usage")
+    if args.sample:
+        raise InputError(
+            "--sample measures processes of this host: it applies to this host's state and "
+            "--agent, not to --node",
+            reason="bad_usage",
+        )
     report, node_topology = _read_node(args.node, args.kubeconfig)
     data = report_data(report.state, pools=report.pools)
     text = _render_report(args.output, data, report.state, lambda: node_topology)
