@@ -325,3 +325,59 @@ def test_a_second_exclusive_run_that_would_empty_the_system_set_is_refused(
     assert more.returncode == 3, more.stderr
     assert "shared pool" in more.stderr
     held.terminate()
+
+
+def test_pin_of_a_shielded_task_moves_it_out_of_the_system_set_and_off_puts_it_back(
+    scope: Scope,
+) -> None:
+    task = scope.sleeper()
+    other = scope.sleeper()
+    assert scope.shield("on").returncode == 0
+    assert cpuset_group(task.pid) == f"/{scope.name}/corepin.system"
+    out = scope.corepin("pin", "--pid", str(task.pid), "--exclusive", "1", "-o", "json")
+    assert out.returncode == 0, out.stderr
+    cpus = CPUSet.parse(json.loads(out.stdout)["cpus"])
+    assert cpuset_group(task.pid) == f"/{scope.name}/corepin.managed"
+    assert set(threads_allowed(task.pid).values()) == {cpus}
+    assert set(threads_allowed(other.pid).values()) == {ONLINE - cpus}, "the system set shrank"
+    off = scope.shield("off")
+    assert off.returncode == 0, off.stdout + off.stderr
+    assert cpuset_group(task.pid) == f"/{scope.name}", "back where it was before the shield"
+    assert set(threads_allowed(task.pid).values()) == {cpus}, "still pinned by corepin"
+
+
+def test_an_affinity_only_run_started_inside_the_system_set_gets_its_cpu(scope: Scope) -> None:
+    scope.sleeper()
+    assert scope.shield("on").returncode == 0
+    # a shell the shield moved into the system set starts an exclusive run without a cgroup of
+    # its own: the system set gives up the CPU, so the command must start elsewhere
+    out = subprocess.run(
+        [
+            "sh",
+            "-c",
+            f'echo $$ > "{scope.path}/corepin.system/cgroup.procs" && exec "$@"',
+            "sh",
+            *corepin_argv(
+                "run",
+                "--state-dir",
+                str(scope.state),
+                "--cgroups",
+                "off",
+                "--exclusive",
+                "1",
+                "--",
+                "sh",
+                "-c",
+                'echo "$COREPIN_CPUS_EXCLUSIVE"; grep Cpus_allowed_list: /proc/self/status; '
+                "grep cpuset /proc/self/cgroup",
+            ),
+        ],
+        capture_output=True,
+        text=True,
+        timeout=60,
+    )
+    assert out.returncode == 0, out.stderr
+    mine, allowed, group = out.stdout.splitlines()
+    assert allowed.split()[-1] == mine
+    assert group.endswith(f"/{scope.name}/corepin.managed")
+    assert scope.shield("off").returncode == 0

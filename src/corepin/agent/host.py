@@ -393,17 +393,6 @@ class HostAgent:
             )
         return state.evolve(shield=result.record)
 
-    def _shield_launch_group(
-        self, state: HostState, affinity: CPUSet
-    ) -> tuple[str | None, str | None]:
-        """(cgroup.procs file, the caller's group) for a run without a cgroup of its own that
-        would start in a group of the shield not allowing `affinity`; (None, None) else."""
-        procs = self.shield.launch_group(state, affinity)
-        if procs is None:
-            return None, None
-        caller = self.shield.engine(state.shield).group_of(os.getpid()) if state.shield else None
-        return procs, caller
-
     # ------------------------------------------------------------------ enforce
     def enforce(self, state: HostState, ids: set[str] | None = None) -> list[Change]:
         """Make the pins of the assignments (or just `ids`) match the state."""
@@ -553,7 +542,10 @@ class HostAgent:
                     if foreground:
                         _become_subreaper()
                     if state.shield is not None:
-                        procs, caller_group = self._shield_launch_group(state, affinity)
+                        system = (pool | state.reserved) & state.online  # after this run
+                        found = self.shield.launch_group(state, affinity, system)
+                        if found is not None:
+                            procs, caller_group = found
                 launch = Launch(
                     argv,
                     affinity,

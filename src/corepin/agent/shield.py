@@ -263,21 +263,25 @@ class Shield:
         that does not allow those CPUs; None when no cpuset shield is up."""
         if state.shield is None or state.shield.mode != "cpuset":
             return None
-        result = self.engine(state.shield).make_room(state.shield, pids, needs)
+        engine = self.engine(state.shield)
+        result = engine.make_room(state.shield, pids, needs, system_cpus(state))
         return result.record
 
-    def launch_group(self, state: HostState, needs: CPUSet) -> str | None:
-        """The `cgroup.procs` file a new command that needs `needs` must join (it would start
-        in a group of the shield that does not allow them), or None."""
+    def launch_group(
+        self, state: HostState, needs: CPUSet, system: CPUSet
+    ) -> tuple[str, str] | None:
+        """(the `cgroup.procs` file, the caller's group) when a new command that needs `needs`
+        would start in a group of the shield that will not allow them once the system set is
+        `system`; None when it may start where its caller is."""
         record = state.shield
         if record is None or record.mode != "cpuset":
             return None
         engine = self.engine(record)
         caller = engine.group_of(os.getpid())
-        group = engine.launch_group(record, caller, needs)
-        if group is None or engine.driver is None:
+        group = engine.launch_group(record, caller, needs, system)
+        if group is None or caller is None or engine.driver is None:
             return None
-        return os.path.join(engine.driver.dir(group), "cgroup.procs")
+        return os.path.join(engine.driver.dir(group), "cgroup.procs"), caller
 
     # ------------------------------------------------------------------ status
     def status(self, state: HostState, table: Mapping[int, ProcStat]) -> dict[str, Any]:

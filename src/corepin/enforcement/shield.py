@@ -834,9 +834,12 @@ class ShieldEngine:
         )
 
     # ------------------------------------------------------------------ managed processes
-    def make_room(self, record: ShieldRecord, pids: Iterable[int], needs: CPUSet) -> ShieldResult:
-        """Cpuset mode: move processes (about to be managed) whose group does not allow
-        `needs` into the managed group; the record remembers where they came from."""
+    def make_room(
+        self, record: ShieldRecord, pids: Iterable[int], needs: CPUSet, system: CPUSet
+    ) -> ShieldResult:
+        """Cpuset mode: move processes (about to be managed with `needs`) whose group will not
+        allow those CPUs once the system set is `system` into the managed group; the record
+        remembers where they came from."""
         result = ShieldResult(record)
         if record.mode != "cpuset":
             return result
@@ -848,7 +851,7 @@ class ShieldEngine:
             if st is None:
                 continue
             where = self.group_of(pid)
-            if where is None or self._allows(where, needs):
+            if where is None or self._will_allow(record, where, needs, system):
                 continue
             target = self._ensure_managed(record, result.notes)
             if where == target:
@@ -881,10 +884,25 @@ class ShieldEngine:
         except CorepinError:
             return True
 
-    def launch_group(self, record: ShieldRecord, caller: str | None, needs: CPUSet) -> str | None:
+    def _will_allow(self, record: ShieldRecord, path: str, needs: CPUSet, system: CPUSet) -> bool:
+        """Whether the group `path` allows `needs` once the system set is `system`: the system
+        group and the groups the shield narrows hold no CPU outside it; the managed group, the
+        scope group itself and groups outside the scope or excluded keep what they have."""
+        if path == record.managed_group:
+            return True
+        inside = not record.scope or path.startswith(record.scope + "/")
+        if path == record.system_group or (inside and not self._excluded(path, record)):
+            return needs <= system
+        return self._allows(path, needs)
+
+    def launch_group(
+        self, record: ShieldRecord, caller: str | None, needs: CPUSet, system: CPUSet
+    ) -> str | None:
         """Cpuset mode: the group a new command must join to get `needs` when it starts from
-        the group `caller` (None: it may stay where it is)."""
-        if record.mode != "cpuset" or caller is None or self._allows(caller, needs):
+        the group `caller` while the system set becomes `system` (None: it may stay)."""
+        if record.mode != "cpuset" or caller is None:
+            return None
+        if self._will_allow(record, caller, needs, system):
             return None
         return self._ensure_managed(record, [])
 
