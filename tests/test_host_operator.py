@@ -420,7 +420,9 @@ def test_report_shows_live_use_and_marks_dead_and_lingering_runs_in_every_format
     os.killpg(busy.pid, signal.SIGKILL)
     busy.wait()
     table = corepin(state, "report").stdout
-    assert "DEAD" in table and "LINGERING" in table
+    rows_by_status = {line.split()[0]: line.split() for line in table.splitlines()[1:3]}
+    assert "dead" in rows_by_status[hot["id"]] and "lingering" in rows_by_status[rows["sh"]["id"]]
+    assert "dead: nothing of the run is left" in table
     yaml_text = corepin(state, "report", "-o", "yaml").stdout
     assert "status: dead" in yaml_text and "status: lingering" in yaml_text
     svg = corepin(state, "report", "-o", "svg").stdout

@@ -566,10 +566,7 @@ def _report_table(data: Mapping[str, Any]) -> str:
         if live:
             percent = a.get("cpu_percent")
             cells += [a.get("live_cpus") or "-", "-" if percent is None else f"{percent:.1f}"]
-        status = a["status"] or "-"
-        if status in ("dead", "lingering"):
-            status = status.upper()  # nothing (dead) or not CMD alone (lingering) holds it
-        cells += [a["mems"] or "-", status, a["command"][:40]]
+        cells += [a["mems"] or "-", a["status"] or "-", a["command"][:40]]
         rows.append(tuple(printable(cell) for cell in cells))
     widths = [max(len(r[i]) for r in rows) for i in range(len(rows[0]))]
     lines = ["  ".join(c.ljust(w) for c, w in zip(r, widths, strict=True)).rstrip() for r in rows]
@@ -583,8 +580,8 @@ def _report_table(data: Mapping[str, Any]) -> str:
     marked = [a for a in data["allocations"] if a["status"] in ("dead", "lingering")]
     if marked:
         lines.append(
-            "DEAD: nothing of the run is left (freed by the next run or `corepin reconcile`); "
-            "LINGERING: CMD exited, processes it left behind still hold the CPUs "
+            "dead: nothing of the run is left (freed by the next run or `corepin reconcile`); "
+            "lingering: CMD exited, processes it left behind still hold the CPUs "
             "(`corepin release ID [--kill]`)"
         )
     if live:
