@@ -203,8 +203,18 @@ class StandInAffinity:
                 f"Cpus_allowed_list:\t{cpus}" if line.startswith("Cpus_allowed_list:") else line
                 for line in lines
             ]
-            with open(path, "w", encoding="utf-8") as handle:
-                handle.write("\n".join(out) + "\n")
+            try:
+                with open(path, "w", encoding="utf-8") as handle:
+                    handle.write("\n".join(out) + "\n")
+            except OSError as exc:  # a real procfs of another pid namespace, say
+                raise AffinityError(
+                    pid,
+                    tid,
+                    cpus,
+                    f"{path} is not a stand-in tree ({exc.strerror or exc}): the proc root must "
+                    "be this process's own /proc to pin real threads",
+                    reason="affinity_failed",
+                ) from exc
 
 
 def affinity_for(proc_root: str) -> ThreadAffinity:
@@ -446,6 +456,23 @@ class ShieldEngine:
                     "shield off` with that state directory, or remove the group)",
                     reason="shield_exists",
                 )
+        try:
+            self._create_system_group(result, record, system, managed)
+        except BaseException:
+            # nothing is recorded yet: take back the group (still without tasks) and the
+            # cpuset controller turned on for it
+            self._undo_creation(record)
+            raise
+
+    def _create_system_group(
+        self,
+        result: ShieldResult,
+        record: ShieldRecord,
+        system: CPUSet,
+        managed: Mapping[int, CPUSet],
+    ) -> None:
+        drv = self._drv
+        scope = record.scope
         if drv.version == 2:
             parent = drv.parent(scope) if scope else None
             enabled = list(self._enable_cpuset(parent)) if parent is not None else []
@@ -468,6 +495,17 @@ class ShieldEngine:
             ShieldNote("created", record.system_group, f"system set: CPUs {system}")
         )
         result.record = record
+
+    def _undo_creation(self, record: ShieldRecord) -> None:
+        drv = self._drv
+        group = record.system_group
+        try:
+            if drv.exists(group):
+                for pid in self._procs(group):  # tasks an EBUSY fallback moved already
+                    drv.write_file(record.scope, "cgroup.procs", str(pid))
+                drv.remove(group)
+        except CorepinError:
+            pass
 
     def _enable_cpuset(self, scope: str, *, only_last: bool = False) -> tuple[str, ...]:
         """cgroup v2: `cpuset` in the subtree_control of the root and every group down to
