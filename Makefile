@@ -1,7 +1,7 @@
 # corepin: the targets the README tells people to run.
 #   make demo   set up .venv; show this machine's topology, pin an exclusive run beside shared ones, report
 #   make test   set up .venv with the dev tools, lint, type-check, check layers, run every test
-# Other targets: venv, check, bench, docs, clean.
+# Other targets: venv, check, bench, docs, man, completion, clean.
 
 PYTHON ?= python3
 VENV ?= .venv
@@ -10,7 +10,7 @@ DEMO_DIR ?= build
 FIXTURES ?= ../shared/fixtures/sysfs
 PYTEST_ARGS ?=
 
-.PHONY: all venv dev demo test check pytest bench docs clean
+.PHONY: all venv dev demo test check pytest bench docs man completion clean
 
 all: test
 
@@ -75,6 +75,13 @@ docs: venv
 	  --out docs/topology-intel-2s-ht.svg
 	$(BIN)/corepin topology --sysfs-root $(FIXTURES)/amd-2s-epyc7451-naples-16l3 -o svg \
 	  --out docs/topology-amd-epyc-16l3.svg
+
+# The man page and bash completion are generated from corepin's own argparse parser.
+man: venv
+	$(BIN)/python scripts/gen_man.py build/man/man1/corepin.1
+
+completion: venv
+	$(BIN)/python scripts/gen_completion.py build/completion/corepin
 
 clean:
 	rm -rf $(VENV) $(DEMO_DIR) .corepin-demo dist .pytest_cache .mypy_cache .ruff_cache .hypothesis \

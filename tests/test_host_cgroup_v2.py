@@ -100,7 +100,7 @@ def test_a_partition_of_a_run_that_shares_cpus_is_refused_with_exit_2(
 ) -> None:
     out = corepin_run(tmp_path, v2_root, *mode, "--partition", "root")
     assert out.returncode == 2, out.stderr
-    assert "--partition applies to --exclusive runs" in out.stderr
+    assert "--partition applies to exclusive runs" in out.stderr
 
 
 def test_a_v2_hierarchy_without_the_cpuset_controller_exits_4_naming_cgroup_controllers(

@@ -472,3 +472,39 @@ def test_without_the_nrt_crd_the_agent_carries_on(node: FakeNode) -> None:
     wait_for(lambda: node.annotation(pod) is not None, what="the pin")
     settle(node)
     assert agent.errors == 0 and ncpt(node)["status"]["conditions"][0]["status"] == "True"
+
+
+def test_shield_system_keeps_everything_outside_kubepods_off_exclusive_cpus(
+    node: FakeNode,
+) -> None:
+    import subprocess
+
+    # processes of ours standing in for system daemons in the (fake) root cpuset group
+    daemons = [subprocess.Popen(["sleep", "600"]) for _ in range(2)]
+    try:
+        for d in daemons:
+            node.driver.write_file("", "cgroup.procs", str(d.pid))
+        agent = node.agent(shield_system=True)
+        settle(node)
+        online = node.topology.online_cpus
+        assert node.driver.read_cpus("corepin.system") == online
+        assert sorted(node.driver.procs("corepin.system")) == sorted(d.pid for d in daemons)
+        pod = node.pod("db", container("app", "4"), annotations=EXCLUSIVE)
+        node.run(pod)
+        wait_for(lambda: node.annotation(pod) is not None, what="the exclusive pod")
+        settle(node)
+        taken = node.cpus(pod, "app")
+        assert node.driver.read_cpus("corepin.system") == online - taken
+        assert not node.driver.exists("kubepods/corepin.system"), "kubepods is left alone"
+        state = agent.snapshot()
+        assert state.shield is not None and state.shield.scope == ""
+        assert "kubepods" in state.shield.excluded
+        node.delete(pod)
+        wait_for(
+            lambda: node.driver.read_cpus("corepin.system") == online, what="the system set to grow"
+        )
+        assert agent.errors == 0
+    finally:
+        for d in daemons:
+            d.kill()
+            d.wait()

@@ -45,6 +45,25 @@ class AgentMachine(RuleBasedStateMachine):
         self.api.stop()
 
     def settle(self) -> None:
+        """The agent has seen every pod as the API has it now (after dropped watches and a
+        compaction its informers back off and relist first: it is idle meanwhile, without
+        having looked at them) and has nothing left to do."""
+        import time
+
+        deadline = time.monotonic() + 30
+        while time.monotonic() < deadline:
+            cache = self.agent._pods.cache
+            if all(
+                (cache.get(p["metadata"]["name"], p["metadata"]["namespace"]) or {})
+                .get("metadata", {})
+                .get("resourceVersion")
+                == self.node.get(p)["metadata"]["resourceVersion"]
+                for p in self.pods.values()
+            ):
+                break
+            time.sleep(0.05)
+        else:
+            raise AssertionError("the agent's pod informer did not catch up within 30 s")
         assert self.agent.wait_idle(30), "the agent did not settle"
 
     @rule(

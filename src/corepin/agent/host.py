@@ -43,8 +43,11 @@ from corepin.core.record import record
 from corepin.core.text import printable
 
 if TYPE_CHECKING:
+    from corepin.agent.launch import Launch
     from corepin.agent.pinning import Pinner
+    from corepin.agent.shield import Shield
     from corepin.allocation.types import Decision, Request
+    from corepin.enforcement.mempolicy import MemoryPolicy
     from corepin.state.model import Assignment, HostState
     from corepin.sysfs.procfs import ProcStat
     from corepin.topology.model import Topology
@@ -87,11 +90,26 @@ class RunSpec:
     options: Mapping[str, str] | None = None
     #: cgroup v2 cpuset partition of an exclusive run: None, "root" or "isolated"
     partition: str | None = None
+    #: exactly these CPUs (`corepin run --cpus LIST`, `pin --cpus`): an exclusive request
+    cpus: CPUSet | None = None
+    #: the memory policy CMD gets (`--membind`, `--interleave`, `--preferred`); None: bind to
+    #: the NUMA nodes of its CPUs, as without a policy
+    memory: MemoryPolicy | None = None
 
     def request(self) -> Request:
         from corepin.allocation.api import build_request
 
         options = dict(self.options or {})
+        if self.cpus is not None:
+            if self.exclusive is not None:
+                raise InputError("--cpus and --exclusive exclude each other", reason="bad_usage")
+            for name in ("level", "smt", "numa", "prefer-isolated", "workload"):
+                if name in options:
+                    raise InputError(
+                        f"option {name!r} chooses CPUs: it does not apply with --cpus",
+                        reason="bad_usage",
+                    )
+            return build_request(max(1, len(self.cpus)), options)
         if self.exclusive is None:
             for name in ("level", "smt", "numa", "prefer-isolated"):
                 if name in options:
@@ -102,6 +120,8 @@ class RunSpec:
         return build_request(self.exclusive or 1, options)
 
     def kind(self, request: Request) -> str:
+        if self.cpus is not None:
+            return "mixed" if self.with_shared else "exclusive"
         if self.exclusive is None or request.workload == "best-effort":
             return "shared"
         return "mixed" if self.with_shared else "exclusive"
@@ -110,11 +130,23 @@ class RunSpec:
 class HostAgent:
     """One host's view: settings, live topology, state transactions, pinning."""
 
-    def __init__(self, settings: HostSettings, topology: Topology | None = None) -> None:
+    def __init__(
+        self,
+        settings: HostSettings,
+        topology: Topology | None = None,
+        *,
+        reserve: tuple[int, CPUSet | None] | None = None,
+    ) -> None:
         self.settings = settings
         self._topology = topology
         self._pinner: Pinner | None = None
+        self._shield: Shield | None = None
         self._snapshot: dict[int, ProcStat] | None = None
+        #: reserved CPUs asked for on the command line: (count, explicit CPUs or None); each
+        #: transaction of a command records them in the state (`_reserve`)
+        self.reserve = reserve
+        #: what the shield did in the last transaction that synced it (reports, warnings)
+        self.shield_notes: list[Any] = []
 
     # ------------------------------------------------------------------ parts
     @property
@@ -132,6 +164,18 @@ class HostAgent:
 
             self._pinner = Pinner(self.settings, self.topology)
         return self._pinner
+
+    @property
+    def shield(self) -> Shield:
+        if self._shield is None:
+            from corepin.agent.shield import Shield
+
+            self._shield = Shield(
+                cgroup_root=self.settings.cgroup_root,
+                proc_root=self.settings.proc_root,
+                cgroups=self.settings.cgroups,
+            )
+        return self._shield
 
     @contextmanager
     def transaction(self) -> Iterator[Any]:
@@ -228,6 +272,11 @@ class HostAgent:
         from corepin.allocation.pools import decide
 
         check_request(self.topology, request)
+        keep = bool(state.shared_assignments())
+        if not keep and state.shield is not None:
+            from corepin.agent.shield import keep_system
+
+            keep = keep_system(state)
         return decide(
             state.pools,
             self.topology,
@@ -235,8 +284,116 @@ class HostAgent:
             get_policy(self.settings.policy),
             kind=kind,
             usage=state.usage_counts(),
-            keep_shared=bool(state.shared_assignments()),
+            keep_shared=keep,
         )
+
+    def decide_cpus(self, state: HostState, cpus: CPUSet, kind: str) -> Decision:
+        """The decision for exactly `cpus` (`--cpus LIST`): InputError for CPUs this machine
+        does not have online; AllocationError naming the holder when any is taken, and for
+        reserved CPUs, or when the shared pool (or a shield's system set) would be left empty."""
+        from corepin.allocation.types import Decision
+        from corepin.core.errors import AllocationError
+
+        if not cpus:
+            raise InputError("--cpus names no CPU", reason="bad_usage")
+        online = self.topology.online_cpus
+        if not cpus <= online:
+            raise InputError(
+                f"CPUs {cpus - online} are not online CPUs of this machine (online: {online})",
+                reason="bad_cpus",
+            )
+        clash = cpus & state.held
+        if clash:
+            holders = sorted({o for c in clash if (o := state.owner_of(c)) is not None})
+            names = ", ".join(f"{h} ({printable(state.assignments[h].label)})" for h in holders)
+            raise AllocationError(f"CPUs {clash} are held by {names}", reason="cpus_taken")
+        state.pools.check_hold(kind, cpus)
+        keep = bool(state.shared_assignments())
+        if not keep and state.shield is not None:
+            from corepin.agent.shield import keep_system
+
+            keep = keep_system(state)
+        if keep and not state.pools.keeps_shared_pool(cpus):
+            raise AllocationError(
+                f"CPUs {cpus} would leave no CPU in the shared pool for the running shared "
+                "workloads (or the shield's system set)",
+                reason="shared_pool_exhausted",
+            )
+        return Decision(cpus, self.topology.mems_of(cpus), cpus, "explicit")
+
+    # ------------------------------------------------------------------ reserved CPUs
+    def _reserve(self, state: HostState) -> HostState:
+        """`state` with the reserved CPUs this command was given (`--reserved-cpus`,
+        `--reserved-count`); unchanged without. AllocationError (reason `reserved_held`) when
+        an assignment holds one of them: reserved CPUs are never handed out."""
+        if self.reserve is None:
+            return state
+        from corepin.allocation.pools import select_reserved
+        from corepin.core.errors import AllocationError
+
+        count, explicit = self.reserve
+        if explicit is not None and not explicit <= self.topology.online_cpus:
+            raise InputError(
+                f"--reserved-cpus {explicit}: CPUs {explicit - self.topology.online_cpus} are "
+                "not online CPUs of this machine",
+                reason="bad_reservation",
+            )
+        wanted = select_reserved(self.topology, count, explicit)
+        if wanted == state.reserved:
+            return state
+        clash = [a for a in state if a.holds and a.withheld & wanted]
+        if clash:
+            held = ", ".join(f"{a.id} holds {a.withheld & wanted}" for a in clash)
+            raise AllocationError(
+                f"cannot reserve CPUs {wanted}: {held}; release those first (reserved CPUs are "
+                f"never handed out), or reserve others (reserved now: {state.reserved or 'none'})",
+                reason="reserved_held",
+            )
+        return state.evolve(reserved=wanted)
+
+    # ------------------------------------------------------------------ memory
+    def _check_nodes(self, nodes: CPUSet, mode: str) -> None:
+        known = CPUSet(self.topology.numa_node_ids())
+        unknown = nodes - known
+        if unknown:
+            raise InputError(
+                f"--{_MEMORY_FLAGS[mode]} {nodes}: NUMA node(s) {unknown} do not exist here "
+                f"(NUMA nodes: {known or 'none'})",
+                reason="bad_nodes",
+            )
+
+    def _mems_for(self, memory: MemoryPolicy) -> CPUSet:
+        """The memory nodes a run's cpuset allows with `memory`: its nodes (bind, interleave),
+        every node (preferred: other nodes when the preferred one is full)."""
+        if memory.mode == "preferred":
+            return CPUSet(self.topology.numa_node_ids()) or memory.nodes
+        return memory.nodes
+
+    # ------------------------------------------------------------------ shield
+    def _sync_shield(self, state: HostState, *, strict: bool = False) -> HostState:
+        """`state` with its shield made to match its pools (see `corepin.agent.shield`): the
+        system set resized before what it loses is handed out. With `strict` (CPUs are being
+        handed out) a system set that cannot shrink is an EnvironmentProblem."""
+        if state.shield is None:
+            return state
+        result = self.shield.sync(state, self._table(), cgroup_pids=self.pinner.cgroup_pids)
+        if result is None:
+            return state
+        self.shield_notes = list(result.notes)
+        system = state.shield.system_group
+        failed = [n for n in result.notes if n.action == "failed"]
+        if strict and any(n.target == system for n in failed):
+            raise EnvironmentProblem(
+                f"the shield cannot take CPUs away from its system set: "
+                f"{next(n.detail for n in failed if n.target == system)}",
+                reason="shield_resize_failed",
+            )
+        for n in failed:
+            print(
+                printable(f"corepin: warning: shield: {n.target}: {n.detail}"),
+                file=sys.stderr,
+            )
+        return state.evolve(shield=result.record)
 
     # ------------------------------------------------------------------ enforce
     def enforce(self, state: HostState, ids: set[str] | None = None) -> list[Change]:
@@ -258,13 +415,18 @@ class HostAgent:
         return self.pinner.remove_orphans({a.id for a in state})
 
     # ------------------------------------------------------------------ run
-    def run(self, argv: list[str], spec: RunSpec, *, name: str | None = None) -> int:
-        """Run `argv` pinned as `spec` asks; CMD's exit code (see the module docstring)."""
-        from corepin.agent.launch import Launch
-        from corepin.state.model import Assignment
-        from corepin.state.owners import ProcessOwner
-        from corepin.sysfs.procfs import process_start_time
+    def run(
+        self,
+        argv: list[str],
+        spec: RunSpec,
+        *,
+        name: str | None = None,
+        wait: float | None = None,
+    ) -> int:
+        """Run `argv` pinned as `spec` asks; CMD's exit code (see the module docstring).
 
+        With `wait` (seconds; `math.inf` for no limit) a run that cannot get its CPUs queues
+        for them in arrival order (`corepin.state.waitline`) instead of failing at once."""
         if not argv:
             raise InputError(
                 "no command given: use `corepin run [options] -- CMD ARGS...`",
@@ -275,6 +437,76 @@ class HostAgent:
         request = spec.request()  # bad options are refused before the state is touched
         kind = spec.kind(request)
         label = name or os.path.basename(argv[0]) or "cmd"
+        if spec.memory is not None:
+            self._check_nodes(spec.memory.nodes, spec.memory.mode)
+        if wait is None:
+            launch, assignment_id = self._start(argv, spec, request, kind, label)
+        else:
+            launch, assignment_id = self._start_in_line(argv, spec, request, kind, label, wait)
+        code = launch.wait()
+        self._finish_quietly(assignment_id)
+        return code
+
+    def _start_in_line(
+        self, argv: list[str], spec: RunSpec, request: Request, kind: str, label: str, wait: float
+    ) -> tuple[Launch, str]:
+        """`_start`, retried in the run's place in line until it gets CPUs or `wait` seconds
+        have passed (then AllocationError saying so)."""
+        from corepin.core.errors import AllocationError
+        from corepin.state.store import StateStore
+        from corepin.state.waitline import WaitLine
+
+        began = time.monotonic()
+        deadline = began + wait
+        StateStore(self.settings.state_dir, proc_root=self.settings.proc_root).ensure_directory()
+        said = False
+        with WaitLine(self.settings.state_dir) as line:
+            while True:
+                problem: AllocationError | None = None
+                if line.first():
+                    try:
+                        return self._start(argv, spec, request, kind, label, line=line)
+                    except AllocationError as exc:
+                        if exc.reason in ("cpus_reserved", "cpus_offline", "reserved_held"):
+                            raise  # waiting would not help
+                        problem = exc
+                now = time.monotonic()
+                if now >= deadline:
+                    why = problem.message if problem is not None else "runs ahead still wait"
+                    raise AllocationError(
+                        f"waited {now - began:.1f} s for CPUs (--wait {wait:g}): {why}",
+                        reason=problem.reason if problem is not None else "wait_timeout",
+                    )
+                if not said:
+                    ahead = line.ahead()
+                    why = problem.message if problem is not None else "runs ahead of it wait"
+                    print(
+                        printable(
+                            f"corepin run: waiting for CPUs ({ahead} run(s) ahead in line): {why}"
+                        ),
+                        file=sys.stderr,
+                        flush=True,
+                    )
+                    said = True
+                line.nap(deadline)
+
+    def _start(
+        self,
+        argv: list[str],
+        spec: RunSpec,
+        request: Request,
+        kind: str,
+        label: str,
+        *,
+        line: Any = None,
+    ) -> tuple[Launch, str]:
+        """Decide, fork CMD held, commit, pin, let it exec: (the Launch, the assignment id).
+        AllocationError (nothing started) when there are no CPUs for it."""
+        from corepin.agent.launch import Launch
+        from corepin.state.model import Assignment
+        from corepin.state.owners import ProcessOwner
+        from corepin.sysfs.procfs import process_start_time
+
         me = os.getpid()
         my_start = process_start_time(me, self.settings.proc_root)
         foreground = _foreground_job()
@@ -285,7 +517,11 @@ class HostAgent:
             with self.transaction() as txn:
                 mask = signal.pthread_sigmask(signal.SIG_BLOCK, HELD_SIGNALS)
                 state, _ = self.reap(txn.state)
-                decision = self.decide(state, request, kind)
+                state = self._reserve(state)
+                if spec.cpus is not None:
+                    decision = self.decide_cpus(state, spec.cpus, kind)
+                else:
+                    decision = self.decide(state, request, kind)
                 assignment_id = _new_id(state)
                 cpus = decision.cpus if kind != "shared" or spec.exclusive else CPUSet()
                 withheld = decision.withheld if kind != "shared" else CPUSet()
@@ -294,8 +530,13 @@ class HostAgent:
                 probe = Assignment(assignment_id, kind, cpus, withheld)
                 affinity = probe.affinity(pool)
                 run_mems = decision.mems if kind == "exclusive" else self.topology.mems_of(affinity)
+                env_mems = decision.mems if kind != "shared" else run_mems
+                memory = spec.memory
+                if memory is not None:
+                    run_mems = self._mems_for(memory)
                 cgroup: str | None = None
                 procs: str | None = None
+                caller_group: str | None = None
                 if spec.partition is not None:
                     self._check_partition(spec, kind)
                 if self.pinner.cgroups_enabled:
@@ -312,23 +553,31 @@ class HostAgent:
                                 f"the run keeps a plain cpuset on CPUs {affinity}",
                                 file=sys.stderr,
                             )
-                elif foreground:
-                    _become_subreaper()
+                else:
+                    if foreground:
+                        _become_subreaper()
+                    if state.shield is not None:
+                        system = (pool | state.reserved) & state.online  # after this run
+                        found = self.shield.launch_group(state, affinity, system)
+                        if found is not None:
+                            procs, caller_group = found
                 launch = Launch(
                     argv,
                     affinity,
-                    _environment(kind, cpus, pool, decision.mems if kind != "shared" else run_mems),
+                    _environment(kind, cpus, pool, run_mems if memory else env_mems),
                     cgroup_procs=procs,
                     bind_mems=run_mems
-                    if procs is None and run_mems and self._binds_memory()
+                    if cgroup is None and run_mems and self._binds_memory()
                     else None,
+                    memory=memory,
                     new_session=not foreground,
                     sigmask=mask,
                 )
                 child = launch.start()
+                child_start = process_start_time(child, self.settings.proc_root)
                 owner = ProcessOwner(
                     pid=child,
-                    start_time=process_start_time(child, self.settings.proc_root),
+                    start_time=child_start,
                     runner_pid=me,
                     runner_start_time=my_start,
                     cgroup=cgroup,
@@ -341,14 +590,26 @@ class HostAgent:
                     kind=kind,
                     cpus=cpus,
                     withheld=withheld,
-                    mems=decision.mems if kind != "shared" else CPUSet(),
+                    # the nodes its cpuset keeps allowing: a memory policy's, else its CPUs'
+                    mems=run_mems if memory else decision.mems if kind != "shared" else CPUSet(),
                     level=request.level,
                     owner=owner,
                     created=time.time(),
                     policy=decision.policy,
                     workload=request.workload,
                 )
-                state = txn.commit(state.add(assignment))
+                state = state.add(assignment)
+                if caller_group is not None and state.shield is not None:
+                    from corepin.state.shield import MovedTask, merge_moved
+
+                    moved = MovedTask(child, child_start, caller_group)
+                    state = state.evolve(
+                        shield=state.shield.evolve(moved=merge_moved(state.shield.moved, [moved]))
+                    )
+                # a shield shrinks its system set before CMD starts on the CPUs it takes
+                state = txn.commit(self._sync_shield(state, strict=assignment.exclusive))
+                if line is not None:
+                    line.leave()  # the next run in line may try now
                 # the pool changed: shrink the shared processes before CMD starts on its CPUs
                 if assignment.exclusive:
                     self.repin_shared(state)
@@ -362,9 +623,7 @@ class HostAgent:
         finally:
             if mask is not None:
                 signal.pthread_sigmask(signal.SIG_SETMASK, mask)
-        code = launch.wait()
-        self._finish_quietly(assignment_id)
-        return code
+        return launch, assignment_id
 
     def _check_partition(self, spec: RunSpec, kind: str) -> None:
         """A partition needs an exclusive run and cpuset cgroups on cgroup v2."""
@@ -414,7 +673,7 @@ class HostAgent:
                     _say_lingering(a, self.pinner.cgroup_pids(a), table)
                     return
                 state, _ = self.reap(state.remove(assignment_id), table)
-                state = txn.commit(state)
+                state = txn.commit(self._sync_shield(state))
                 self._remove_cgroups(state)
                 if a.exclusive:
                     self.repin_shared(state)
@@ -469,7 +728,7 @@ class HostAgent:
                 moved = a.evolve(
                     kind="shared", cpus=CPUSet(), withheld=CPUSet(), mems=CPUSet(), level="cpu"
                 )
-                state = txn.commit(state.replace_assignment(moved))
+                state = txn.commit(self._sync_shield(state.replace_assignment(moved)))
                 changes.append(
                     Change(
                         "released",
@@ -479,7 +738,7 @@ class HostAgent:
                 )
                 changes.extend(self.enforce(state))
                 return changes
-            state = txn.commit(state.remove(assignment_id))
+            state = txn.commit(self._sync_shield(state.remove(assignment_id)))
             self._remove_cgroups(state)
             changes.append(Change("released", a.id, f"CPUs {a.withheld or '-'}"))
             if a.exclusive:
@@ -591,31 +850,57 @@ class HostAgent:
         pin its whole tree by affinity, as `corepin run` pins CMD (no cgroup: a running
         process is not moved; its memory policy stays its own).
 
-        `kind` defaults to what `spec` asks (`RunSpec.kind`); `share` is accepted too. The
-        process must exist (InputError `no_such_process`) and hold no allocation yet
-        (InputError `already_pinned`)."""
+        `kind` defaults to what `spec` asks (`RunSpec.kind`); `share` is accepted too; with
+        `spec.cpus`, exactly those CPUs. The process must exist (InputError `no_such_process`),
+        be a user process (InputError `kernel_thread`) and not belong to an allocation yet
+        (InputError `already_pinned`: its own, or as a process of another run). Its processes
+        are freed when they are gone (pid and start time). With a cpuset shield up, processes
+        of it that sit in a group not allowing their new CPUs move to the shield's managed
+        group first."""
+        from corepin.agent.shield import process_owners
         from corepin.state.model import Assignment
         from corepin.state.owners import ProcessOwner
-        from corepin.sysfs.procfs import ProcessGone, process_start_time
+        from corepin.sysfs.procfs import ProcessGone, ProcessGroup, read_stat
 
         request = spec.request()
         kind = kind or spec.kind(request)
         if kind != "shared" and request.workload == "best-effort":
             kind = "shared"
         try:
-            start = process_start_time(pid, self.settings.proc_root)
+            st = read_stat(pid, self.settings.proc_root)
         except ProcessGone:
             raise InputError(f"no process {pid}", reason="no_such_process") from None
+        if st.kernel_thread or pid == 2:
+            raise InputError(
+                f"process {pid} ({printable(st.comm)}) is a kernel thread: corepin pins user "
+                "processes (`corepin shield on --kthreads` confines kernel threads)",
+                reason="kernel_thread",
+            )
+        if not st.alive:
+            raise InputError(f"process {pid} has exited (a zombie)", reason="no_such_process")
+        start = st.start_time
         comm, command = _process_labels(pid, self.settings.proc_root)
         with self.transaction() as txn:
             state, _ = self.reap(txn.state)
+            state = self._reserve(state)
+            table = self._table()
             for held in state:
                 if held.pid == pid:
                     raise InputError(
                         f"process {pid} already holds allocation {held.id}",
                         reason="already_pinned",
                     )
-            decision = self.decide(state, request, kind)
+            owner = process_owners(state, table, cgroup_pids=self.pinner.cgroup_pids).get(pid)
+            if owner is not None:
+                raise InputError(
+                    f"process {pid} already belongs to allocation {owner} (a process of that "
+                    "run): release it first",
+                    reason="already_pinned",
+                )
+            if spec.cpus is not None:
+                decision = self.decide_cpus(state, spec.cpus, kind)
+            else:
+                decision = self.decide(state, request, kind)
             while True:
                 assignment_id = f"pid-{pid}-{os.urandom(2).hex()}"
                 if assignment_id not in state:
@@ -635,10 +920,16 @@ class HostAgent:
                 policy=decision.policy,
                 workload=request.workload,
             )
-            state = txn.commit(state.add(assignment))
+            state = state.add(assignment)
+            if state.shield is not None:
+                tree = ProcessGroup(pid, start).pids(table)
+                record = self.shield.make_room(state, tree, assignment.affinity(state.shared_pool))
+                if record is not None:
+                    state = state.evolve(shield=record)
+            state = txn.commit(self._sync_shield(state, strict=assignment.exclusive))
             failed = [c for c in self.enforce(state, {assignment.id}) if c.action == "failed"]
             if failed:  # not ours to pin (permission), or gone meanwhile: undo the record
-                txn.commit(state.remove(assignment.id))
+                txn.commit(self._sync_shield(state.remove(assignment.id)))
                 raise EnvironmentProblem(
                     f"cannot pin process {pid}: {failed[0].detail}", reason="pin_failed"
                 )
@@ -646,15 +937,65 @@ class HostAgent:
                 self.repin_shared(state)
         return assignment
 
+    # ------------------------------------------------------------------ shield
+    def shield_on(self, *, scope: str, kthreads: bool, irqs: bool) -> Any:
+        """`corepin shield on`: raise the shield and record it (a ShieldResult)."""
+        with self.transaction() as txn:
+            state, _ = self.reap(txn.state)
+            state = self._reserve(state)
+            result = self.shield.on(
+                state,
+                self._table(),
+                scope=scope,
+                kthreads=kthreads,
+                irqs=irqs,
+                cgroup_pids=self.pinner.cgroup_pids,
+            )
+            txn.commit(state.evolve(shield=result.record))
+        return result
+
+    def shield_off(self) -> Any:
+        """`corepin shield off`: undo the shield; what could not be undone stays recorded
+        (EnvironmentProblem after the commit, so another `off` can finish it)."""
+        with self.transaction() as txn:
+            state, _ = self.reap(txn.state)
+            result = self.shield.off(state, self._table(), cgroup_pids=self.pinner.cgroup_pids)
+            txn.commit(state.evolve(shield=result.record))
+        return result
+
+    def shield_status(self) -> dict[str, Any]:
+        state = self.read_state()
+        return self.shield.status(state, self._table())
+
     # ------------------------------------------------------------------ reconcile
     def reconcile_once(self) -> list[Change]:
-        """Free what died, re-apply drifted pins; steady state: no writes at all."""
+        """Free what died, re-apply drifted pins, repair the shield (resize it, adopt new
+        tasks); steady state: no writes at all."""
         with self.transaction() as txn:
             before = txn.state
             state, changes = self.reap(before)
-            if changes:
+            reserved = self._reserve(state)
+            if reserved.reserved != state.reserved:
+                changes.append(
+                    Change(
+                        "reserved",
+                        "host",
+                        f"reserved CPUs {state.reserved or '-'} -> {reserved.reserved or '-'}",
+                    )
+                )
+                state = reserved
+            if state is not before:
                 state = txn.commit(state)
             changes.extend(self.enforce(state))
+            if state.shield is not None:
+                synced = self._sync_shield(state)
+                changes.extend(
+                    Change(n.action, n.target, n.detail)
+                    for n in self.shield_notes
+                    if n.action not in ("left",)
+                )
+                if synced.shield != state.shield:
+                    state = txn.commit(synced)
             changes.extend(self._remove_cgroups(state))
         return changes
 
@@ -664,11 +1005,87 @@ class HostAgent:
         table = self._table()
         return {a.id: self.status(a, table) for a in state}
 
-    def report(self, state: HostState) -> dict[str, Any]:
-        """What `corepin report -o json` prints (`corepin.state.report.report_data`)."""
+    def report(self, state: HostState, *, sample: float = 0.0) -> dict[str, Any]:
+        """What `corepin report -o json` prints (`corepin.state.report.report_data`), with
+        each allocation's live processes (see `live`)."""
         from corepin.state.report import report_data
 
-        return report_data(state, self.statuses(state))
+        data = report_data(state, self.statuses(state))
+        live = self.live(state, sample=sample)
+        for row in data["allocations"]:
+            row.update(live.get(row["id"], {}))
+        return data
+
+    def live(self, state: HostState, *, sample: float = 0.0) -> dict[str, dict[str, Any]]:
+        """Assignment id -> what /proc says of its processes now: `processes` (how many),
+        `live_cpus` (the union of their allowed CPUs), `cpu_seconds` (utime + stime) and
+        `cpu_percent` of one CPU, over `sample` seconds when given, else since the run's
+        oldest process started (`cpu_percent_over` says which)."""
+        from corepin.sysfs.procfs import ProcessGone, ProcessGroup, cpus_allowed_list
+        from corepin.sysfs.procfs import process_table as scan
+
+        table = self._table()
+        tick = float(os.sysconf("SC_CLK_TCK"))
+        groups: dict[str, list[int]] = {}
+        for a in state:
+            pids: set[int] = set()
+            process = a.process
+            if process is not None:
+                group = ProcessGroup(
+                    process.pid, process.start_time, process.session, process.members
+                )
+                pids.update(group.pids(table))
+            pids.update(p for p in self.pinner.cgroup_pids(a) or () if p in table)
+            groups[a.id] = sorted(p for p in pids if table[p].alive)
+        later = None
+        if sample > 0 and any(groups.values()):
+            time.sleep(sample)
+            later = scan(self.settings.proc_root)
+        uptime = _uptime(self.settings.proc_root)
+        out: dict[str, dict[str, Any]] = {}
+        for ident, members in groups.items():
+            row: dict[str, Any] = {
+                "processes": len(members),
+                "live_cpus": None,
+                "cpu_seconds": None,
+                "cpu_percent": None,
+                "cpu_percent_over": None,
+            }
+            out[ident] = row
+            if not members:
+                continue
+            allowed = CPUSet()
+            for pid in members:
+                try:
+                    allowed |= cpus_allowed_list(pid, self.settings.proc_root)
+                except (ProcessGone, CorepinError):
+                    continue
+            ticks = sum(table[p].utime + table[p].stime for p in members)
+            row["live_cpus"] = str(allowed)
+            row["cpu_seconds"] = round(ticks / tick, 2)
+            if later is not None:
+                after = sum(
+                    later[p].utime + later[p].stime
+                    for p in members
+                    if p in later and later[p].start_time == table[p].start_time
+                )
+                before = sum(
+                    table[p].utime + table[p].stime
+                    for p in members
+                    if p in later and later[p].start_time == table[p].start_time
+                )
+                row["cpu_percent"] = round(100.0 * (after - before) / tick / sample, 1)
+                row["cpu_percent_over"] = f"{sample:g} s"
+            elif uptime is not None:
+                started = min(table[p].start_time for p in members) / tick
+                elapsed = uptime - started
+                if elapsed > 0:
+                    row["cpu_percent"] = round(100.0 * ticks / tick / elapsed, 1)
+                    row["cpu_percent_over"] = "since start"
+        return out
+
+
+_MEMORY_FLAGS: Final = {"bind": "membind", "interleave": "interleave", "preferred": "preferred"}
 
 
 def _same_process(table: dict[int, ProcStat], pid: int | None, start_time: int | None) -> bool:
@@ -676,6 +1093,15 @@ def _same_process(table: dict[int, ProcStat], pid: int | None, start_time: int |
         return False
     st = table.get(pid)
     return st is not None and st.alive and (start_time is None or st.start_time == start_time)
+
+
+def _uptime(proc_root: str) -> float | None:
+    """Seconds since boot (<proc>/uptime), None when unreadable."""
+    try:
+        with open(os.path.join(proc_root, "uptime"), encoding="ascii") as handle:
+            return float(handle.read().split()[0])
+    except (OSError, ValueError, IndexError):
+        return None
 
 
 def _signal_exactly(pid: int, start_time: int, sig: int, proc_root: str) -> None:

@@ -8,13 +8,16 @@ failure (command not found, not executable) travels back over a close-on-exec pi
 exit 127 or 126, as in a shell.
 
 The whole process tree inherits the affinity: it is set in the child before `exec`, and every
-process CMD forks starts with it. With `new_session` the child leads a session of its own
+process CMD forks starts with it. The child joins its cgroup (when it has one) before it sets
+its affinity, because the cgroup it inherits - a shield's system set, say - may not allow the
+CPUs it gets. With `new_session` the child leads a session of its own
 (`setsid`), so every process CMD starts - even one that outlives CMD - is found by its session
 id; corepin's termination signals then go to CMD's whole process group. `sigmask`, when given,
 is the signal mask CMD starts with (the parent blocks termination signals while it commits).
 With `bind_mems` the child also binds its memory to those NUMA nodes (`set_mempolicy(MPOL_BIND)`,
 see `corepin.enforcement.mempolicy`), which is inherited the same way; used for runs without a
-cpuset cgroup, whose `cpuset.mems` would do it otherwise.
+cpuset cgroup, whose `cpuset.mems` would do it otherwise. With `memory` (a `MemoryPolicy` the
+user asked for: `--membind`, `--interleave`, `--preferred`) the child sets that policy instead.
 """
 
 from __future__ import annotations
@@ -26,10 +29,13 @@ import signal
 import sys
 from collections.abc import Mapping, Sequence
 from types import FrameType
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from corepin.core.cpuset import CPUSet
 from corepin.core.errors import CgroupError, CorepinError, EnvironmentProblem, InputError
+
+if TYPE_CHECKING:
+    from corepin.enforcement.mempolicy import MemoryPolicy
 
 #: Signals forwarded from corepin to CMD while it runs.
 FORWARDED: tuple[signal.Signals, ...] = (
@@ -61,6 +67,7 @@ class Launch:
         *,
         cgroup_procs: str | None = None,
         bind_mems: CPUSet | None = None,
+        memory: MemoryPolicy | None = None,
         new_session: bool = False,
         sigmask: set[int | signal.Signals] | None = None,
     ) -> None:
@@ -76,6 +83,8 @@ class Launch:
         self.cgroup_procs = cgroup_procs
         #: NUMA nodes the child binds its memory to before exec (None: leave the policy alone)
         self.bind_mems = bind_mems
+        #: a memory policy the child sets before exec (wins over `bind_mems`)
+        self.memory = memory
         #: the child leads a new session (and process group) of its own
         self.new_session = new_session
         #: the signal mask the child execs with (None: the one it inherits)
@@ -95,7 +104,11 @@ class Launch:
         new_session = self.new_session
         sigmask = self.sigmask
         bind = None
-        if self.bind_mems is not None:
+        if self.memory is not None:
+            from corepin.enforcement.mempolicy import prepare_policy
+
+            bind = prepare_policy(self.memory)
+        elif self.bind_mems is not None:
             # ctypes and libc are loaded here, in the parent, only for runs that bind memory
             from corepin.enforcement.mempolicy import prepare_bind
 
@@ -124,9 +137,10 @@ class Launch:
                     signal.signal(sig, signal.SIG_DFL)
                 if new_session:
                     os.setsid()
-                # the cgroup first: outside it the CPUs may not be allowed at all (a cpuset
-                # partition takes them away from every other group)
                 if procs is not None:
+                    # the cgroup first: outside it the CPUs may not be allowed at all (a cpuset
+                    # partition takes them away from every other group; the caller's own cpuset,
+                    # a shield's system set, does not hold them)
                     stage = "cgroup"
                     fd = os.open(procs, os.O_WRONLY)
                     try:
@@ -206,10 +220,11 @@ class Launch:
                     f"cannot pin {self.argv[0]!r} to CPUs {self.cpus}: {message}",
                     reason="affinity_failed",
                 )
-            if stage == "mempolicy" and self.bind_mems is not None:
+            if stage == "mempolicy":
                 from corepin.enforcement.mempolicy import MemoryPolicyError
 
-                raise MemoryPolicyError.from_errno(self.bind_mems, code, message)
+                nodes = self.memory.nodes if self.memory is not None else self.bind_mems
+                raise MemoryPolicyError.from_errno(nodes or CPUSet(), code, message)
             exit_code = 127 if code in (errno.ENOENT, errno.ENOTDIR) else 126
             raise CommandError(f"cannot run {self.argv[0]!r}: {message}", exit_code)
 

@@ -225,10 +225,10 @@ class Pinner:
     def wanted(self, a: Assignment, pool: CPUSet) -> tuple[CPUSet, CPUSet]:
         """(affinity, mems) an assignment should have with shared pool `pool`."""
         cpus = a.affinity(pool)
-        mems = (
-            a.mems if a.kind in ("exclusive", "share") and a.mems else self.topology.mems_of(cpus)
-        )
-        return cpus, mems
+        if a.kind in ("exclusive", "share") and a.mems:
+            return cpus, a.mems
+        # the nodes of its CPUs, and those of a memory policy it asked for (recorded mems)
+        return cpus, self.topology.mems_of(cpus) | a.mems
 
     def prepare(self, path: str, cpus: CPUSet, mems: CPUSet) -> str:
         """Create a run's cgroup with its CPUs and nodes; the `cgroup.procs` file to join it."""

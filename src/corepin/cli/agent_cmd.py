@@ -68,6 +68,13 @@ def add_arguments(parser: argparse.ArgumentParser, name: str) -> None:
         help="run beside the kubelet's static CPU manager: import its assignments, leave them",
     )
     parser.add_argument(
+        "--shield-system",
+        action="store_true",
+        help="keep everything outside the kubelet's pods (system daemons, the kubelet, the "
+        "runtime) on the reserved CPUs and the shared pool: a system cpuset re-sized with "
+        "every allocation (`corepin shield status --state-dir` shows it; `off` takes it down)",
+    )
+    parser.add_argument(
         "--kubelet-state",
         metavar="FILE",
         default="/var/lib/kubelet/cpu_manager_state",
@@ -99,6 +106,7 @@ def settings_from(args: Any, environ: dict[str, str]) -> Any:
         grpc_socket=args.grpc_socket,
         metrics_address=args.metrics_address,
         assignment_dir=args.assignment_dir,
+        shield_system=bool(args.shield_system),
     )
 
 

@@ -104,6 +104,24 @@ def _write_error(path: str, value: str, err: OSError, *, at_open: bool) -> Cgrou
     return CgroupError(path, f"writing {value!r}: {text}", reason=reason)
 
 
+def _fake_leave(root: str, name: str, pid: str) -> None:
+    """In a fake tree, take `pid` out of the `name` file (cgroup.procs, tasks) of every group
+    below `root` that lists it."""
+    for directory, _dirs, files in os.walk(root):
+        if name not in files:
+            continue
+        file = os.path.join(directory, name)
+        try:
+            with open(file, encoding="ascii") as handle:
+                listed = handle.read().split()
+        except OSError:
+            continue
+        if pid in listed:
+            rest = [p for p in listed if p != pid]
+            with open(file, "w", encoding="ascii") as handle:
+                handle.write("".join(f"{p}\n" for p in rest))
+
+
 @record
 class CpuQuota:
     """CFS bandwidth: `quota_us` per `period_us`; quota None means unlimited.
@@ -251,6 +269,8 @@ class CgroupDriver:
                     file, value, OSError(problem, os.strerror(problem)), at_open=False
                 )
             if name in ("cgroup.procs", "tasks"):
+                # a task is in exactly one group of a hierarchy: joining one leaves the other
+                _fake_leave(os.fspath(root or self.root), name, value.strip())
                 old = self.read_file(path, name, root) if os.path.exists(file) else ""
                 value = "\n".join([*old.split(), value]) + "\n"
         try:

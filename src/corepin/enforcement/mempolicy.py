@@ -1,9 +1,12 @@
-"""Memory placement for processes outside a cpuset cgroup: `set_mempolicy(MPOL_BIND)`.
+"""Memory placement of a command: `set_mempolicy(2)` with MPOL_BIND, MPOL_INTERLEAVE or
+MPOL_PREFERRED.
 
 A process pinned by affinity alone may still take its memory from any NUMA node. The Linux
-`set_mempolicy(2)` syscall binds the calling thread's future allocations to a set of nodes; the
+`set_mempolicy(2)` syscall sets the calling thread's policy for its future allocations; the
 policy is inherited across `fork` and kept across `execve`, so the launcher calls it in the child
-just before `exec` and the whole command tree inherits it.
+just before `exec` and the whole command tree inherits it. The three modes are numactl's:
+`bind` (`--membind`: only these nodes), `interleave` (`--interleave`: page by page across these
+nodes) and `preferred` (`--preferred`: this one node first, any other when it is full).
 
 glibc does not export `set_mempolicy` (libnuma does), so the call goes through libc's
 `syscall(2)` with the syscall number of the running architecture. `ctypes` is imported only
@@ -25,16 +28,26 @@ from corepin.core.cpuset import CPUSet
 from corepin.core.errors import EnvironmentProblem
 
 __all__ = [
+    "MODES",
     "MPOL_BIND",
+    "MPOL_INTERLEAVE",
+    "MPOL_PREFERRED",
+    "MemoryPolicy",
     "MemoryPolicyError",
     "bind_memory",
     "nodemask",
     "prepare_bind",
+    "prepare_policy",
     "syscall_number",
 ]
 
-#: `mode` of set_mempolicy(2) that restricts allocations to the given nodes (linux/mempolicy.h).
+#: `mode` values of set_mempolicy(2) (linux/mempolicy.h): prefer one node, restrict to the
+#: nodes, spread page by page over the nodes.
+MPOL_PREFERRED = 1
 MPOL_BIND = 2
+MPOL_INTERLEAVE = 3
+#: policy name (as numactl spells its options) -> set_mempolicy mode
+MODES = {"bind": MPOL_BIND, "interleave": MPOL_INTERLEAVE, "preferred": MPOL_PREFERRED}
 #: Bits in one `unsigned long` of the node mask (64-bit Linux ABIs only).
 WORD_BITS = 64
 #: `set_mempolicy` by `os.uname().machine` (arch/*/syscall tables; riscv64 and aarch64 use the
@@ -100,18 +113,60 @@ def syscall_number(machine: str) -> int:
     return number
 
 
+class MemoryPolicy:
+    """A memory policy for a command: `mode` (bind, interleave, preferred) over `nodes`."""
+
+    __slots__ = ("mode", "nodes")
+
+    def __init__(self, mode: str, nodes: CPUSet) -> None:
+        if mode not in MODES:
+            raise ValueError(f"unknown memory policy {mode!r} (one of {', '.join(MODES)})")
+        if not nodes:
+            raise MemoryPolicyError(nodes, "no NUMA node given")
+        if mode == "preferred" and len(nodes) != 1:
+            raise MemoryPolicyError(nodes, "--preferred takes exactly one NUMA node")
+        self.mode = mode
+        self.nodes = nodes
+
+    def __eq__(self, other: object) -> bool:
+        return isinstance(other, MemoryPolicy) and (self.mode, self.nodes) == (
+            other.mode,
+            other.nodes,
+        )
+
+    def __hash__(self) -> int:
+        return hash((self.mode, self.nodes))
+
+    def __repr__(self) -> str:
+        return f"MemoryPolicy({self.mode!r}, {str(self.nodes)!r})"
+
+    def __str__(self) -> str:
+        return f"{self.mode}:{self.nodes}"
+
+
 def prepare_bind(nodes: CPUSet) -> Callable[[], None]:
     """A callable that binds the calling thread's memory to `nodes`; it raises OSError (with
     the errno) and does nothing else, so it is safe between fork and exec."""
+    return prepare_policy(MemoryPolicy("bind", nodes))
+
+
+def prepare_policy(policy: MemoryPolicy) -> Callable[[], None]:
+    """A callable that sets the calling thread's memory policy to `policy`; it raises OSError
+    (with the errno) and does nothing else, so it is safe between fork and exec."""
     import ctypes
 
-    words, maxnode = nodemask(nodes)
+    words, maxnode = nodemask(policy.nodes)
     number = syscall_number(os.uname().machine)
     libc = ctypes.CDLL(None, use_errno=True)
     syscall = libc.syscall
     syscall.restype = ctypes.c_long
     array = (ctypes.c_ulong * len(words))(*words)
-    args = (ctypes.c_long(number), ctypes.c_int(MPOL_BIND), array, ctypes.c_ulong(maxnode))
+    args = (
+        ctypes.c_long(number),
+        ctypes.c_int(MODES[policy.mode]),
+        array,
+        ctypes.c_ulong(maxnode),
+    )
 
     def bind() -> None:
         if syscall(*args) != 0:

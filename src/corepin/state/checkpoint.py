@@ -2,7 +2,7 @@
 
 File format (UTF-8 JSON, one object, trailing newline):
 
-    {"version":3,"checksum":"sha256:<64 hex>","payload":<payload>}
+    {"version":4,"checksum":"sha256:<64 hex>","payload":<payload>}
 
 - `payload` is serialized canonically, exactly as
   `json.dumps(payload, sort_keys=True, separators=(",", ":"), ensure_ascii=False)` encoded
@@ -13,10 +13,11 @@ File format (UTF-8 JSON, one object, trailing newline):
 - `version` is the payload format version. Older versions are migrated in memory by the chain
   of functions in `MIGRATIONS` (vN -> vN+1); a newer version than this code knows is refused.
 
-Payload, version 3:
+Payload, version 4:
 
     {"revision": int, "topology": "sha256:...", "online": "0-7", "isolated": "",
      "reserved": "0", "infra": "", "options": {"name": "value"},
+     "shield": null | <shield>,
      "assignments": [{"id": str, "kind": "exclusive"|"mixed"|"share"|"shared",
                       "cpus": "2-3", "withheld": "2-3", "mems": "0", "level": "cpu",
                       "owner": <owner>|null, "created": float, "policy": str,
@@ -29,6 +30,16 @@ Payload, version 3:
             | {"type": "container", "pod_uid": str, "container": str, "namespace": str,
                "pod": str, "container_id": str, "qos": str, "runtime": str,
                "cgroup": str|null}
+
+    <shield> = {"scope": str, "mode": "cpuset"|"affinity", "cgroup_version": 0|1|2,
+                "kthreads": bool, "irqs": bool, "since": float, "excluded": [str],
+                "enabled": [str], "moved": [[pid, start_time, origin cgroup], ...],
+                "restricted": [[cgroup, original cpus text], ...],
+                "tasks": [[pid, start_time, "cpus"], ...], "kernel_threads": (same),
+                "irq_affinity": [[irq number or "default", "cpus"], ...]}
+    (`corepin.state.shield.ShieldRecord`: what `corepin shield off` puts back.)
+
+Version 3 was version 4 without `shield` (no shield could be on).
 
 Version 2 recorded per assignment `{"id", "kind", "cpus", "reserved" (the withheld set),
 "mems", "level", "pid", "start_time", "cgroup", "created", "policy", "meta": {str: str}}` with
@@ -68,7 +79,7 @@ except ImportError:  # pragma: no cover - Python >= 3.12 names it _sha2
     except ImportError:
         from hashlib import sha256 as _sha256
 
-CURRENT_VERSION: Final = 3
+CURRENT_VERSION: Final = 4
 STATE_FILE: Final = "state.json"
 TEMP_MARK: Final = ".tmp-"
 
@@ -121,6 +132,7 @@ def state_to_payload(state: HostState) -> dict[str, Any]:
         "infra": str(state.infra),
         "options": dict(state.options),
         "assignments": [_assignment_to_json(a) for a in state.assignments.values()],
+        "shield": state.shield.to_json() if state.shield is not None else None,
     }
 
 
@@ -245,6 +257,17 @@ def payload_to_state(payload: Any, source: str) -> HostState:
         if a.id in items:
             raise r.fail(f"payload.assignments[{i}]", f"duplicate id {a.id!r}")
         items[a.id] = a
+    shield = None
+    raw_shield = r.field(p, "shield", "payload")
+    if raw_shield is not None:
+        from corepin.state.shield import ShieldRecord
+
+        try:
+            shield = ShieldRecord.from_json(r.obj(raw_shield, "payload.shield"))
+        except StateFormatError:
+            raise
+        except CorepinError as exc:
+            raise r.fail("payload.shield", exc.message) from None
     try:
         return HostState(
             revision=r.int_(p, "revision", "payload"),
@@ -255,6 +278,7 @@ def payload_to_state(payload: Any, source: str) -> HostState:
             infra=r.cpus(p, "infra", "payload"),
             options=r.strmap(p, "options", "payload"),
             assignments=items,
+            shield=shield,
         )
     except StateFormatError:
         raise
@@ -383,10 +407,19 @@ def _v2_to_v3(payload: dict[str, Any], source: str) -> dict[str, Any]:
     return out
 
 
+def _v3_to_v4(payload: dict[str, Any], source: str) -> dict[str, Any]:
+    """v3 -> v4: the state gains `shield` (none: version 3 knew no shield). Every assignment
+    is kept as it is."""
+    out = dict(payload)
+    out["shield"] = None
+    return out
+
+
 #: version N -> function producing the version N+1 payload.
 MIGRATIONS: Final[dict[int, Callable[[dict[str, Any], str], dict[str, Any]]]] = {
     1: _v1_to_v2,
     2: _v2_to_v3,
+    3: _v3_to_v4,
 }
 
 

@@ -91,11 +91,13 @@ def _open_lock(dir_fd: int, lock_path: str) -> int:
     return fd
 
 
-def _open_queue(dir_fd: int, queue_path: str) -> int:
+def _open_queue(dir_fd: int, queue_path: str, name: str = QUEUE_DIR) -> int:
+    """The ticket directory `name` of the state directory (created 0700 when missing); the
+    state lock's own by default (`corepin.state.waitline` keeps another)."""
     flags = os.O_RDONLY | os.O_DIRECTORY | os.O_NOFOLLOW | os.O_CLOEXEC
     for _ in range(3):
         try:
-            return os.open(QUEUE_DIR, flags, dir_fd=dir_fd)
+            return os.open(name, flags, dir_fd=dir_fd)
         except FileNotFoundError:
             pass
         except OSError as exc:
@@ -107,7 +109,7 @@ def _open_queue(dir_fd: int, queue_path: str) -> int:
                 ) from None
             raise os_error(queue_path, exc, "open the lock queue") from None
         try:
-            os.mkdir(QUEUE_DIR, 0o700, dir_fd=dir_fd)
+            os.mkdir(name, 0o700, dir_fd=dir_fd)
         except FileExistsError:
             pass
         except OSError as exc:

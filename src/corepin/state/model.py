@@ -38,6 +38,7 @@ from corepin.core.record import field, record, replace
 from corepin.state.owners import ContainerOwner, Owner, ProcessOwner
 
 if TYPE_CHECKING:
+    from corepin.state.shield import ShieldRecord
     from corepin.topology.model import Topology
 
 #: Option that keeps the reserved CPUs out of the shared pool too (kubelet option name).
@@ -180,6 +181,7 @@ class HostState:
     - `reserved`: the system's CPUs, never handed out; `infra`: infrastructure CPUs;
     - `options`: policy options (for example `strict-cpu-reservation`);
     - `assignments`: id -> Assignment, a read-only mapping sorted by id;
+    - `shield`: the active shield (`corepin shield on`) and what it changed, or None;
     - `pools`: the derived `NodePools` (not stored).
     """
 
@@ -191,6 +193,7 @@ class HostState:
     infra: CPUSet = _EMPTY
     options: Mapping[str, str] = field(default_factory=lambda: _NO_OPTIONS)
     assignments: Mapping[str, Assignment] = field(default_factory=lambda: _NO_ASSIGNMENTS)
+    shield: ShieldRecord | None = None
     pools: NodePools = field(init=False, repr=False, compare=False)
     #: pod uid -> its assignments, built on first use (`pod_assignments`)
     _by_pod: dict[str, tuple[Assignment, ...]] | None = field(
@@ -211,6 +214,11 @@ class HostState:
                 if not isinstance(value, Assignment) or value.id != key:
                     raise RequestError(f"state assignment key {key!r} does not match its id")
             object.__setattr__(self, "assignments", MappingProxyType(dict(sorted(items.items()))))
+        if self.shield is not None:
+            from corepin.state.shield import ShieldRecord
+
+            if not isinstance(self.shield, ShieldRecord):
+                raise RequestError("state shield must be a ShieldRecord or None")
         pools = NodePools.build(
             self.online,
             isolated=self.isolated,

@@ -59,6 +59,12 @@ class ProcessGone(EnvironmentProblem, LookupError):
         super().__init__(f"process {pid} does not exist (no {path})")
 
 
+#: `flags` bits (field 9 of /proc/PID/stat, include/linux/sched.h): a kernel thread, and a
+#: thread whose affinity userspace may not change (per-CPU kernel threads).
+PF_KTHREAD = 0x00200000
+PF_NO_SETAFFINITY = 0x04000000
+
+
 @record
 class ProcStat:
     """The fields of /proc/PID/stat that corepin uses."""
@@ -70,11 +76,24 @@ class ProcStat:
     start_time: int  # field 22, clock ticks after boot
     pgrp: int = 0  # field 5
     session: int = 0  # field 6
+    flags: int = 0  # field 9 (PF_* bits)
+    utime: int = 0  # field 14, clock ticks spent in user mode
+    stime: int = 0  # field 15, clock ticks spent in the kernel
 
     @property
     def alive(self) -> bool:
         """Not a zombie (nor dead): it can still run and hold CPUs."""
         return self.state not in ("Z", "X")
+
+    @property
+    def kernel_thread(self) -> bool:
+        """A kernel thread (kthreadd and its children)."""
+        return bool(self.flags & PF_KTHREAD)
+
+    @property
+    def fixed_affinity(self) -> bool:
+        """The kernel refuses affinity changes (a per-CPU kernel thread)."""
+        return bool(self.flags & PF_NO_SETAFFINITY)
 
 
 @record
@@ -165,20 +184,17 @@ def parse_stat(text: str, path: str = "stat") -> ProcStat:
         ppid = int(rest[1])
         pgrp = int(rest[2])
         session = int(rest[3])
+        flags = int(rest[6])
+        utime = int(rest[11])
+        stime = int(rest[12])
         start_time = int(rest[19])
     except ValueError:
         raise SysfsError(
-            path, "fields 4 (ppid), 5 (pgrp), 6 (session) or 22 (starttime) are not integers"
+            path,
+            "fields 4 (ppid), 5 (pgrp), 6 (session), 9 (flags), 14 (utime), 15 (stime) or 22 "
+            "(starttime) are not integers",
         ) from None
-    return ProcStat(
-        pid=pid,
-        comm=comm,
-        state=rest[0],
-        ppid=ppid,
-        start_time=start_time,
-        pgrp=pgrp,
-        session=session,
-    )
+    return ProcStat(pid, comm, rest[0], ppid, start_time, pgrp, session, flags, utime, stime)
 
 
 def read_stat(pid: int, proc_root: str | os.PathLike[str] = "/proc") -> ProcStat:

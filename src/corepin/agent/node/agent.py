@@ -179,6 +179,8 @@ class NodeAgent:
         self.synced = threading.Event()
         self.errors = 0
         self.feed = StateFeed()
+        self._shield_engine: Any = None
+        self._shield_pending = False
 
     # ------------------------------------------------------------------ resources
     @property
@@ -444,7 +446,8 @@ class NodeAgent:
                     done.append(work)
             if done:
                 self.hooks.decided((time.monotonic() - started) / len(done))
-            state = txn.commit(state)
+            # the shield shrinks before the containers get the CPUs (after the commit)
+            state = txn.commit(self._shield(state, before, resync="resync" in kinds))
         targets: list[Assignment] = []
         quotas: dict[str, CpuQuota | None] = {}
         for work in done:
@@ -475,6 +478,60 @@ class NodeAgent:
             self._publish_later(("topology",), None)
         if len(state.free) > len(before.free):
             self._retry_pending(state)
+
+    # ------------------------------------------------------------------ shield
+    def _shield(self, state: HostState, before: HostState, *, resync: bool) -> HostState:
+        """`state` with the system shield (`--shield-system`) raised the first time, re-sized
+        when the pools changed, repaired (drift, new tasks) on a resync. A shield that cannot
+        be raised or synced is logged; the containers are pinned all the same."""
+        if not self.settings.shield_system and state.shield is None:
+            return state
+        from corepin.sysfs.procfs import process_table
+
+        changed = (state.shared_pool, state.reserved) != (before.shared_pool, before.reserved)
+        if state.shield is not None and not (changed or resync or self._shield_pending):
+            return state
+        shield = self._system_shield()
+        try:
+            table = process_table(self.settings.proc_root)
+            if state.shield is None:
+                result = shield.on(state, table, scope="", kthreads=False, irqs=False)
+                log.info("event=shield_on notes=%d", len(result.notes))
+            else:
+                synced = shield.sync(state, table)
+                assert synced is not None
+                result = synced
+        except CorepinError as exc:
+            if not self._shield_pending:
+                log.warning("event=shield_failed error=%s", exc)
+            self._shield_pending = True
+            return state
+        self._shield_pending = False
+        for note in result.notes:
+            if note.action in ("failed", "refused"):
+                log.warning(
+                    "event=shield_%s target=%s detail=%s", note.action, note.target, note.detail
+                )
+        return state.evolve(shield=result.record)
+
+    def _system_shield(self) -> Any:
+        from corepin.agent.shield import HOST_EXCLUDED, Shield
+        from corepin.enforcement.cgroups import CgroupV1
+
+        if self._shield_engine is None:
+            driver = self.cgroups.driver
+            if isinstance(driver, CgroupV1):  # the cpuset hierarchy alone, not the cpu one
+                driver = CgroupV1(driver.root, None, fake_tree=driver.fake_tree)
+            root = self.cgroups.kubelet_root
+            kube = tuple(f"{root}/{k}" if root else k for k in ("kubepods", "kubepods.slice"))
+            self._shield_engine = Shield(
+                cgroup_root=self.settings.cgroup_root,
+                proc_root=self.settings.proc_root,
+                cgroups="on",
+                excluded=(*HOST_EXCLUDED, *kube),
+                driver=driver,
+            )
+        return self._shield_engine
 
     # ------------------------------------------------------------------ publisher
     def _publish_later(self, key: Key, payload: Any) -> None:

@@ -44,6 +44,9 @@ class NodeSettings:
     #: one file per pinned container (CONTRACTS 7.7; the webhook mounts it at /etc/corepin);
     #: "" writes none
     assignment_dir: str = DEFAULT_ASSIGNMENT_DIR
+    #: raise a shield over the whole cpuset hierarchy: everything outside the kubelet's pods
+    #: (system daemons, the kubelet, the runtime) runs on the reserved CPUs and the shared pool
+    shield_system: bool = False
 
     def __post_init__(self) -> None:
         from corepin.core.ids import validate_component
