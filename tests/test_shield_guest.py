@@ -27,7 +27,11 @@ vm = pytest.importorskip("vm", reason="the VM test bed (tests/vm, branch vmbed) 
 #: guest shapes to shield, best first (names of `vm.SHAPES`)
 SHIELD_SHAPES = ("l3x2", "numa4-smt2", "numa4-nosmt")
 REASON = vm.skip_reason()
-pytestmark = [pytest.mark.slow, pytest.mark.skipif(REASON is not None, reason=REASON or "")]
+pytestmark = [
+    pytest.mark.slow,
+    pytest.mark.vm,
+    pytest.mark.skipif(REASON is not None, reason=REASON or ""),
+]
 REPO = Path(__file__).resolve().parents[1]
 
 
