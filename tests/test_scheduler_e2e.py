@@ -7,10 +7,7 @@ with a reason."""
 
 from __future__ import annotations
 
-import contextlib
-import threading
 import time
-from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
@@ -21,101 +18,9 @@ from corepin.core.cpuset import CPUSet
 from corepin.kube.client import KubeClient
 from corepin.kube.models import parse_cpus_annotation
 from corepin.kube.resources import EVENTS, PODS
-from corepin.topology import synthetic
-from node_harness import FakeNode, container
+from e2e_cluster import NAME, Kubelets, cluster, workload
+from node_harness import FakeNode
 from placement_publish import PCB
-
-NAME = "corepin-scheduler"
-TOPOLOGIES = {
-    "node-a": synthetic.named("single_socket_ht"),  # 16 CPUs
-    "node-b": synthetic.named("dual_socket_ht"),  # 32 CPUs, 2 sockets
-    "node-c": synthetic.named("multi_l3_per_numa"),  # 128 CPUs, 2 NUMA nodes, 16 L3s
-}
-
-
-class Kubelets:
-    """Starts the containers of every pod bound to one of the nodes (in the order of binding),
-    as the nodes' kubelets would."""
-
-    def __init__(self, kube: KubeClient, nodes: dict[str, FakeNode]) -> None:
-        self.kube = kube
-        self.nodes = nodes
-        self._stop = threading.Event()
-        self._thread = threading.Thread(target=self._loop, daemon=True)
-        self.started: set[str] = set()
-
-    def __enter__(self) -> Kubelets:
-        self._thread.start()
-        return self
-
-    def __exit__(self, *exc: object) -> None:
-        self._stop.set()
-        self._thread.join(5)
-
-    def _loop(self) -> None:
-        while not self._stop.wait(0.05):
-            items = self.kube.list(PODS, "default")["items"]
-            bound = [
-                p
-                for p in items
-                if p["spec"].get("nodeName") in self.nodes
-                and p["metadata"]["uid"] not in self.started
-            ]
-            bound.sort(key=lambda p: int(p["metadata"]["resourceVersion"]))
-            for p in bound:
-                with contextlib.suppress(Exception):
-                    self.nodes[p["spec"]["nodeName"]].run(p)
-                    self.started.add(p["metadata"]["uid"])
-
-
-@contextlib.contextmanager
-def cluster(kube: KubeClient, tmp: Path) -> Iterator[dict[str, FakeNode]]:
-    nodes: dict[str, FakeNode] = {}
-    try:
-        for name, topology in TOPOLOGIES.items():
-            nodes[name] = FakeNode(kube, topology, tmp / name, name=name)
-            nodes[name].agent()
-        yield nodes
-    finally:
-        for node in nodes.values():
-            node.close()
-
-
-def workload(i: int) -> tuple[dict[str, Any], bool]:
-    """Pod i of the 50 (name, containers, annotations) and whether some node can hold it."""
-    kinds = [
-        ("exclusive", "cpu", [1]),
-        ("exclusive", "core", [1]),
-        ("share", "cpu", [1]),
-        ("none", "cpu", [1]),
-        ("exclusive", "cpu", [2]),
-        ("share", "core", [1]),
-        ("exclusive", "cpu", [1, 1]),
-        ("none", "cpu", [2]),
-        ("exclusive", "core", [2, 1]),
-        ("share", "cpu", [1]),
-    ]
-    policy, level, counts = kinds[i % len(kinds)]
-    fits = True
-    if i == 5:  # a whole NUMA node
-        policy, level, counts = "exclusive", "numa", [2]
-    if i == 15:  # a whole L3 cache
-        policy, level, counts = "exclusive", "l3", [2]
-    if i in (13, 27, 41):  # bigger than any node
-        policy, level, counts, fits = "exclusive", "cpu", [200], False
-    if i == 33:  # a socket of 70 CPUs: no node has one
-        policy, level, counts, fits = "exclusive", "socket", [70], False
-    annotations = {"corepin.io/cpu-policy": policy, "corepin.io/exclusiveness-level": level}
-    if i % 7 == 3:
-        annotations["corepin.io/workload-type"] = "memory-bound"
-    containers = [container(f"c{j}", str(n)) for j, n in enumerate(counts)]
-    body = {
-        "apiVersion": "v1",
-        "kind": "Pod",
-        "metadata": {"name": f"pod-{i:02d}", "namespace": "default", "annotations": annotations},
-        "spec": {"schedulerName": NAME, "containers": containers},
-    }
-    return body, fits
 
 
 def _settled_one(p: dict[str, Any]) -> bool:
