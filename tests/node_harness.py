@@ -15,6 +15,7 @@ from __future__ import annotations
 import contextlib
 import os
 import secrets
+import time
 import uuid
 from collections.abc import Iterator, Mapping
 from pathlib import Path
@@ -174,12 +175,34 @@ class FakeNode:
     def _status(self, pod: Mapping[str, Any], statuses: list[dict[str, Any]]) -> dict[str, Any]:
         qos = qos_of(pod["spec"]["containers"])
         meta = pod["metadata"]
-        return self.client.patch_status(
+        written = self.client.patch_status(
             PODS,
             meta["name"],
             {"status": {"phase": "Running", "qosClass": qos, "containerStatuses": statuses}},
             meta["namespace"],
         )
+        self.seen(written)
+        return written
+
+    def seen(self, pod: Mapping[str, Any], *, or_gone: bool = False) -> None:
+        """Wait (up to 10 s) until every running agent of this node has the pod at this
+        version or later in its pod informer (`or_gone`: or no longer has it), so that a
+        test's next `wait_idle` covers the work this write causes (a watch event can arrive
+        after a loaded machine answered the write)."""
+        meta = pod["metadata"]
+        key, version = (meta["name"], meta["namespace"]), int(meta["resourceVersion"])
+        deadline = time.monotonic() + 10
+        for agent in self.agents:
+            if agent._stop.is_set() or not agent.synced.is_set():
+                continue
+            while time.monotonic() < deadline:
+                cached = agent._pods.cache.get(*key)
+                if cached is None and or_gone:
+                    break
+                have = ((cached or {}).get("metadata") or {}).get("resourceVersion")
+                if have is not None and int(have) >= version:
+                    break
+                time.sleep(0.005)
 
     def restart(self, pod: Mapping[str, Any], name: str) -> dict[str, Any]:
         return self.run(pod, name)
@@ -205,13 +228,16 @@ class FakeNode:
 
     def delete(self, pod: Mapping[str, Any]) -> None:
         meta = pod["metadata"]
-        self.client.delete(PODS, meta["name"], meta["namespace"])
+        answer = self.client.delete(PODS, meta["name"], meta["namespace"])
+        # gone, or (graceful deletion) still there at the version the delete left
+        self.seen(answer if (answer or {}).get("kind") == "Pod" else pod, or_gone=True)
 
     def annotate(self, pod: Mapping[str, Any], annotations: Mapping[str, str | None]) -> None:
         meta = pod["metadata"]
-        self.client.patch(
+        written = self.client.patch(
             PODS, meta["name"], {"metadata": {"annotations": dict(annotations)}}, meta["namespace"]
         )
+        self.seen(written)
 
     # ------------------------------------------------------------------ reading back
     def cid(self, pod: Mapping[str, Any], name: str) -> str:

@@ -171,13 +171,17 @@ class KubeScheduler:
         self.conn.close()
 
     def _post(self, verb: str, payload: Obj) -> Any:
-        self.conn.request(
-            "POST",
-            f"/{verb}",
-            body=json.dumps(payload).encode(),
-            headers={"Content-Type": "application/json"},
-        )
-        answer = self.conn.getresponse()
+        body = json.dumps(payload).encode()
+        headers = {"Content-Type": "application/json"}
+        try:
+            self.conn.request("POST", f"/{verb}", body=body, headers=headers)
+            answer = self.conn.getresponse()
+        except ConnectionError:  # BrokenPipe, reset, RemoteDisconnected
+            # the extender closes a keep-alive connection idle for its timeout: a client
+            # (kube-scheduler's too) opens a new one
+            self.conn.close()
+            self.conn.request("POST", f"/{verb}", body=body, headers=headers)
+            answer = self.conn.getresponse()
         body = answer.read()
         assert answer.status == 200, (verb, answer.status, body)
         return json.loads(body)

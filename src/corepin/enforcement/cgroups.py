@@ -48,6 +48,8 @@ __all__ = [
 ]
 
 DEFAULT_PERIOD_US: Final = 100_000
+#: the reason of a CgroupError for a file that holds no number where one belongs
+UNPARSEABLE: Final = "cgroup_unparseable"
 
 _WRITE_ERRORS: Final[Mapping[int, tuple[str, str]]] = {
     errno.EBUSY: (
@@ -345,8 +347,10 @@ class CgroupDriver:
     def read_quota(self, path: str) -> CpuQuota:
         raise NotImplementedError
 
-    def read_quota_fast(self, path: str, want: CpuQuota) -> CpuQuota:
-        """Read only what comparing against `want` needs (the period only when `want` sets it)."""
+    def read_quota_fast(self, path: str, want: CpuQuota) -> CpuQuota | None:
+        """Read only what comparing against `want` needs (the period only when `want` sets it);
+        None when a file holds no number (a group someone is still setting up): not what
+        `want` says, so it gets written."""
         raise NotImplementedError
 
     def write_quota(self, path: str, quota: CpuQuota) -> None:
@@ -446,19 +450,33 @@ class CgroupV1(CgroupDriver):
         return self.cpu_root
 
     def read_quota(self, path: str) -> CpuQuota:
-        root = self._cpu_root(path)
-        quota = int(self.read_file(path, "cpu.cfs_quota_us", root))
-        period = int(self.read_file(path, "cpu.cfs_period_us", root))
+        quota = self._read_int(path, "cpu.cfs_quota_us")
+        period = self._read_int(path, "cpu.cfs_period_us")
         return CpuQuota(None if quota < 0 else quota, period)
 
-    def read_quota_fast(self, path: str, want: CpuQuota) -> CpuQuota:
-        """Read only what `want` compares (quota, and period only when `want` sets one)."""
-        root = self._cpu_root(path)
-        quota = int(self.read_file(path, "cpu.cfs_quota_us", root))
-        period = None
-        if want.period_us is not None:
-            period = int(self.read_file(path, "cpu.cfs_period_us", root))
+    def read_quota_fast(self, path: str, want: CpuQuota) -> CpuQuota | None:
+        try:
+            quota = self._read_int(path, "cpu.cfs_quota_us")
+            period = None
+            if want.period_us is not None:
+                period = self._read_int(path, "cpu.cfs_period_us")
+        except CgroupError as err:
+            if err.reason == UNPARSEABLE:
+                return None
+            raise
         return CpuQuota(None if quota < 0 else quota, period)
+
+    def _read_int(self, path: str, name: str) -> int:
+        root = self._cpu_root(path)
+        text = self.read_file(path, name, root)
+        try:
+            return int(text)
+        except ValueError as err:
+            raise CgroupError(
+                os.path.join(self.dir(path, root), name),
+                f"unparseable value {text!r}",
+                reason=UNPARSEABLE,
+            ) from err
 
     def write_quota(self, path: str, quota: CpuQuota) -> None:
         root = self._cpu_root(path)
@@ -621,11 +639,18 @@ class CgroupV2(CgroupDriver):
             )
         except ValueError as err:
             raise CgroupError(
-                os.path.join(self.dir(path), "cpu.max"), f"unparseable value {text!r}"
+                os.path.join(self.dir(path), "cpu.max"),
+                f"unparseable value {text!r}",
+                reason=UNPARSEABLE,
             ) from err
 
-    def read_quota_fast(self, path: str, want: CpuQuota) -> CpuQuota:
-        got = self.read_quota(path)
+    def read_quota_fast(self, path: str, want: CpuQuota) -> CpuQuota | None:
+        try:
+            got = self.read_quota(path)
+        except CgroupError as err:
+            if err.reason == UNPARSEABLE:
+                return None
+            raise
         return got if want.period_us is not None else CpuQuota(got.quota_us, None)
 
     def write_quota(self, path: str, quota: CpuQuota) -> None:
