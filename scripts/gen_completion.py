@@ -11,8 +11,8 @@ from __future__ import annotations
 
 import argparse
 import shlex
-import sys
-from pathlib import Path
+
+from _output import write_output
 
 from corepin.cli.main import COMMANDS, build_parser
 
@@ -84,16 +84,7 @@ def script() -> str:
 
 
 def main() -> int:
-    out = sys.argv[1] if len(sys.argv) > 1 else "build/completion/corepin"
-    text = script()
-    if out == "-":
-        sys.stdout.write(text)
-        return 0
-    path = Path(out)
-    path.parent.mkdir(parents=True, exist_ok=True)
-    path.write_text(text, encoding="utf-8")
-    print(f"wrote {path}")
-    return 0
+    return write_output(script(), "build/completion/corepin")
 
 
 if __name__ == "__main__":

@@ -9,9 +9,9 @@ standard output). `make man` runs it.
 from __future__ import annotations
 
 import argparse
-import sys
 import time
-from pathlib import Path
+
+from _output import write_output
 
 from corepin import __version__
 from corepin.cli.main import COMMANDS, build_parser
@@ -108,16 +108,7 @@ def page() -> str:
 
 
 def main() -> int:
-    out = sys.argv[1] if len(sys.argv) > 1 else "build/man/man1/corepin.1"
-    text = page()
-    if out == "-":
-        sys.stdout.write(text)
-        return 0
-    path = Path(out)
-    path.parent.mkdir(parents=True, exist_ok=True)
-    path.write_text(text, encoding="utf-8")
-    print(f"wrote {path}")
-    return 0
+    return write_output(page(), "build/man/man1/corepin.1")
 
 
 if __name__ == "__main__":

@@ -350,13 +350,13 @@ class Shield:
     ) -> list[dict[str, Any]]:
         """Unmanaged tasks of the scope (user tasks; kernel threads only with --kthreads) with
         a thread allowed on a CPU outside the system set."""
+        from corepin.enforcement.shield import in_scope
         from corepin.sysfs.procfs import ProcessGone, cgroup_of, cpus_allowed_list, list_threads
         from corepin.sysfs.procfs import read_cgroup as read_groups
 
         record = state.shield
         assert record is not None
         mine = managed(state, table)
-        scope = "/" + record.scope if record.scope else "/"
         membership = {1: "cpuset", 2: None}.get(record.cgroup_version, self._membership())
         out: list[dict[str, Any]] = []
         for pid, st in sorted(table.items()):
@@ -368,10 +368,7 @@ class Shield:
                 path = cgroup_of(read_groups(pid, self.proc_root), membership) or ""
             except (ProcessGone, CorepinError):
                 continue
-            if scope != "/" and path != scope and not path.startswith(scope + "/"):
-                continue
-            rel = path.strip("/")
-            if any(rel == e or rel.startswith(e + "/") for e in record.excluded):
+            if not in_scope(record, path):
                 continue
             try:
                 for tid in list_threads(pid, self.proc_root):

@@ -17,6 +17,8 @@ server.stop()                                     # returns within about STOP_TI
 Threaded (one thread per connection, daemon threads), with a per-connection socket timeout
 so a stuck client never holds a thread or delays `stop()`. The standard library server is
 enough for a scrape every few seconds and keeps the agent's image free of a web framework.
+`ThreadedServer` is the start/stop lifecycle this server shares with the webhook's and the
+extender's.
 """
 
 from __future__ import annotations
@@ -26,7 +28,8 @@ import socket
 import threading
 from collections.abc import Callable
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
-from typing import TYPE_CHECKING, Any, Final
+from socketserver import TCPServer
+from typing import TYPE_CHECKING, Any, ClassVar, Final, Generic, Self, TypeVar
 
 from corepin.core.errors import EnvironmentProblem, InputError
 
@@ -39,6 +42,8 @@ CONNECTION_TIMEOUT: Final = 5.0
 STOP_TIMEOUT: Final = 3.0
 
 log = logging.getLogger("corepin.api.http")
+
+S = TypeVar("S", bound=TCPServer)
 
 
 def parse_address(address: str) -> tuple[str, int]:
@@ -83,8 +88,101 @@ class _Server(ThreadingHTTPServer):
         super().server_bind()
 
 
-class OpsServer:
+class ThreadedServer(Generic[S]):
+    """The lifecycle of corepin's HTTP servers (this module's, the webhook's, the extender's):
+    `start()` binds (EnvironmentProblem when it cannot) and serves in a daemon thread,
+    `stop()` returns within about `timeout` seconds; `with server:` does both.
+
+    A subclass builds its socketserver in `_make_server()` and names itself in the class
+    attributes (the URL scheme, the thread, what a bind failure says, the log line)."""
+
+    scheme: ClassVar[str] = "http"
+    thread_name: ClassVar[str]
+    #: a bind failure says "cannot serve {serves} on ADDRESS: why", with `bind_reason`
+    serves: ClassVar[str]
+    bind_reason: ClassVar[str]
+    #: once bound: `{serving_event} address=... port=...` on `logger`
+    logger: ClassVar[logging.Logger]
+    serving_event: ClassVar[str]
+
+    def __init__(self, address: str) -> None:
+        self.address = address
+        self.host, self.requested_port = parse_address(address)
+        self._server: S | None = None
+        self._thread: threading.Thread | None = None
+
+    def _make_server(self) -> S:
+        """A new socketserver bound to `host`:`requested_port` (OSError when it cannot bind)."""
+        raise NotImplementedError
+
+    def _closed(self, server: S) -> None:
+        """Called by `stop()` once the listening socket is closed (nothing here)."""
+
+    @property
+    def port(self) -> int:
+        """The bound port (the requested one, or the kernel's choice for port 0)."""
+        if self._server is None:
+            raise RuntimeError("the server is not started")
+        return int(self._server.server_address[1])
+
+    @property
+    def url(self) -> str:
+        host = self.host or "127.0.0.1"
+        if ":" in host:
+            host = f"[{host}]"
+        return f"{self.scheme}://{host}:{self.port}"
+
+    def start(self) -> None:
+        """Bind and serve in a background thread (EnvironmentProblem when it cannot bind)."""
+        if self._server is not None:
+            raise RuntimeError("the server is already started")
+        try:
+            server = self._make_server()
+        except OSError as exc:
+            raise EnvironmentProblem(
+                f"cannot serve {self.serves} on {self.address}: {exc.strerror or exc}",
+                reason=self.bind_reason,
+            ) from exc
+        self._server = server
+        self._thread = threading.Thread(
+            target=server.serve_forever,
+            kwargs={"poll_interval": 0.2},
+            name=self.thread_name,
+            daemon=True,
+        )
+        self._thread.start()
+        self.logger.info("%s address=%s port=%d", self.serving_event, self.address, self.port)
+
+    def stop(self, timeout: float = STOP_TIMEOUT) -> None:
+        """Stop serving and close the socket; returns within about `timeout` seconds."""
+        server, thread = self._server, self._thread
+        if server is None:
+            return
+        self._server = self._thread = None
+        stopper = threading.Thread(target=server.shutdown, daemon=True)
+        stopper.start()
+        stopper.join(timeout)
+        server.server_close()
+        self._closed(server)
+        if thread is not None:
+            thread.join(max(0.0, timeout))
+
+    def __enter__(self) -> Self:
+        self.start()
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.stop()
+
+
+class OpsServer(ThreadedServer[_Server]):
     """`/healthz` and `/metrics` of one process (see the module docstring)."""
+
+    thread_name = "corepin-http"
+    serves = "/healthz and /metrics"
+    bind_reason = "metrics_bind"
+    logger = log
+    serving_event = "http_serving"
 
     def __init__(
         self,
@@ -93,12 +191,12 @@ class OpsServer:
         metrics: CollectorRegistry | None = None,
         ready: bool | Callable[[], bool] = False,
     ) -> None:
-        self.address = address
-        self.host, self.requested_port = parse_address(address)
+        super().__init__(address)
         self.registry = metrics
         self._ready = ready
-        self._server: _Server | None = None
-        self._thread: threading.Thread | None = None
+
+    def _make_server(self) -> _Server:
+        return _Server(self.host, self.requested_port, _handler_for(self))
 
     # ------------------------------------------------------------------ readiness
     def set_ready(self, ready: bool | Callable[[], bool]) -> None:
@@ -114,62 +212,6 @@ class OpsServer:
                 log.exception("readiness_check_failed")
                 return False
         return bool(value)
-
-    # ------------------------------------------------------------------ lifecycle
-    @property
-    def port(self) -> int:
-        """The bound port (the requested one, or the kernel's choice for port 0)."""
-        if self._server is None:
-            raise RuntimeError("the server is not started")
-        return int(self._server.server_address[1])
-
-    @property
-    def url(self) -> str:
-        host = self.host or "127.0.0.1"
-        if ":" in host:
-            host = f"[{host}]"
-        return f"http://{host}:{self.port}"
-
-    def start(self) -> None:
-        """Bind and serve in a background thread (EnvironmentProblem when it cannot bind)."""
-        if self._server is not None:
-            raise RuntimeError("the server is already started")
-        try:
-            server = _Server(self.host, self.requested_port, _handler_for(self))
-        except OSError as exc:
-            raise EnvironmentProblem(
-                f"cannot serve /healthz and /metrics on {self.address}: {exc.strerror or exc}",
-                reason="metrics_bind",
-            ) from exc
-        self._server = server
-        self._thread = threading.Thread(
-            target=server.serve_forever,
-            kwargs={"poll_interval": 0.2},
-            name="corepin-http",
-            daemon=True,
-        )
-        self._thread.start()
-        log.info("http_serving address=%s port=%d", self.address, self.port)
-
-    def stop(self, timeout: float = STOP_TIMEOUT) -> None:
-        """Stop serving and close the socket; returns within about `timeout` seconds."""
-        server, thread = self._server, self._thread
-        if server is None:
-            return
-        self._server = self._thread = None
-        stopper = threading.Thread(target=server.shutdown, daemon=True)
-        stopper.start()
-        stopper.join(timeout)
-        server.server_close()
-        if thread is not None:
-            thread.join(max(0.0, timeout))
-
-    def __enter__(self) -> OpsServer:
-        self.start()
-        return self
-
-    def __exit__(self, *exc: object) -> None:
-        self.stop()
 
     # ------------------------------------------------------------------ pages
     def page(self, path: str, accept: str | None) -> tuple[int, bytes, str]:

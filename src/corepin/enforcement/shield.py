@@ -44,7 +44,7 @@ import errno
 import os
 import time
 from collections.abc import Callable, Iterable, Mapping
-from typing import Final, Protocol
+from typing import TYPE_CHECKING, Final, Protocol
 
 from corepin.core.cpuset import CPUSet
 from corepin.core.errors import CgroupError, CorepinError, EnvironmentProblem, SysfsError
@@ -75,6 +75,9 @@ from corepin.sysfs.procfs import (
     read_stat,
 )
 
+if TYPE_CHECKING:
+    from corepin.enforcement.reconcile import CgroupTarget
+
 __all__ = [
     "KernelAffinity",
     "ShieldEngine",
@@ -83,6 +86,7 @@ __all__ = [
     "StandInAffinity",
     "ThreadAffinity",
     "confine",
+    "in_scope",
     "kernel_proc",
     "plan_irqs",
     "plan_kernel_threads",
@@ -98,6 +102,16 @@ RMDIR_ATTEMPTS: Final = 40
 def confine(cpus: CPUSet, system: CPUSet) -> CPUSet:
     """`cpus` within the system set, or the whole system set when none of them is in it."""
     return (cpus & system) or system
+
+
+def in_scope(record: ShieldRecord, path: str) -> bool:
+    """Whether the group `path` (as /proc/PID/cgroup names it: `/a/b`) is the record's scope
+    or below it, outside its excluded groups."""
+    scope = "/" + record.scope if record.scope else "/"
+    if scope != "/" and path != scope and not path.startswith(scope + "/"):
+        return False
+    rel = path.strip("/")
+    return not any(rel == e or rel.startswith(e + "/") for e in record.excluded)
 
 
 @record
@@ -662,7 +676,7 @@ class ShieldEngine:
         `confine(original, parent's new CPUs)` top-down (v2: empty stays empty below the top;
         it takes its parent's). Managed processes in a group that loses CPUs they need move
         to the managed group first."""
-        from corepin.enforcement.reconcile import CgroupTarget, Reconciler
+        from corepin.enforcement.reconcile import CgroupTarget
 
         drv = self._drv
         saved = {g.path: g.cpus for g in record.restricted}
@@ -718,11 +732,7 @@ class ShieldEngine:
             else:
                 targets.append(CgroupTarget(path, cpus=want))
         if targets:
-            report = Reconciler(drv, proc_root=self.proc_root).reconcile(targets)
-            for c in report.changes:
-                notes.append(ShieldNote("restricted", c.path, f"CPUs {c.old} -> {c.new}"))
-            for err in report.errors:
-                notes.append(ShieldNote("failed", "-", str(err)))
+            self._reconcile_v1(targets, "restricted", notes)
         keep = {g.path for g in changes}
         for g in record.restricted:  # groups gone since: forget them
             if g.path not in keep and drv.exists(g.path):
@@ -735,21 +745,14 @@ class ShieldEngine:
     def _scope_members(self, record: ShieldRecord, table: dict[int, ProcStat]) -> list[int]:
         """Affinity mode: the processes whose group (/proc/PID/cgroup) is the scope or below
         it, outside the excluded groups."""
-        scope = "/" + record.scope if record.scope else "/"
         out = []
         for pid in table:
             try:
                 path = cgroup_of(read_cgroup(pid, self.proc_root), self.membership)
             except (ProcessGone, SysfsError):
                 continue
-            if path is None:
-                continue
-            if scope != "/" and path != scope and not path.startswith(scope + "/"):
-                continue
-            rel = path.strip("/")
-            if any(rel == e or rel.startswith(e + "/") for e in record.excluded):
-                continue
-            out.append(pid)
+            if path is not None and in_scope(record, path):
+                out.append(pid)
         return out
 
     def _reconcile_affinity(
@@ -1139,7 +1142,7 @@ class ShieldEngine:
     ) -> ShieldRecord:
         """Put back the original CPUs of the groups narrowed in place, parents first; a group
         someone changed since keeps what it has (noted)."""
-        from corepin.enforcement.reconcile import CgroupTarget, Reconciler
+        from corepin.enforcement.reconcile import CgroupTarget
 
         drv = self._drv
         wanted: dict[str, CPUSet] = {}
@@ -1174,14 +1177,24 @@ class ShieldEngine:
                     left.append(g)
         elif restore:
             targets = [CgroupTarget(g.path, cpus=CPUSet.parse(g.cpus)) for g in restore]
-            report = Reconciler(drv, proc_root=self.proc_root).reconcile(targets)
-            for c in report.changes:
-                notes.append(ShieldNote("restored", c.path, f"CPUs {c.old} -> {c.new}"))
-            for err in report.errors:
-                notes.append(ShieldNote("failed", "-", str(err)))
-            if report.errors:
+            if not self._reconcile_v1(targets, "restored", notes):
                 left.extend(restore)
         return record.evolve(restricted=tuple(left))
+
+    def _reconcile_v1(
+        self, targets: list[CgroupTarget], action: str, notes: list[ShieldNote]
+    ) -> bool:
+        """cgroup v1: write the groups' CPUs through the `Reconciler` (which orders parents
+        and children); each change is an `action` note, each error a failed one. Whether
+        there was no error."""
+        from corepin.enforcement.reconcile import Reconciler
+
+        report = Reconciler(self._drv, proc_root=self.proc_root).reconcile(targets)
+        for c in report.changes:
+            notes.append(ShieldNote(action, c.path, f"CPUs {c.old} -> {c.new}"))
+        for err in report.errors:
+            notes.append(ShieldNote("failed", "-", str(err)))
+        return not report.errors
 
 
 def _must(record: ShieldRecord | None) -> ShieldRecord:

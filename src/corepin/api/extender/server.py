@@ -28,14 +28,15 @@ from __future__ import annotations
 
 import logging
 import socket
-import threading
 import time
 from collections.abc import Callable
-from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+from http.server import BaseHTTPRequestHandler
 from typing import TYPE_CHECKING, Any, Final
 
 from corepin.api.extender import wire
-from corepin.core.errors import CorepinError, EnvironmentProblem
+from corepin.api.http import ThreadedServer
+from corepin.api.http import _Server as _HTTPServer
+from corepin.core.errors import CorepinError
 
 if TYPE_CHECKING:
     from corepin.agent.scheduler.feed import PlacementFeed
@@ -179,40 +180,28 @@ class ExtenderService:
         return code, payload
 
 
-class _Server(ThreadingHTTPServer):
-    daemon_threads = True
-    block_on_close = False
+class _Server(_HTTPServer):
+    """The threaded server of `corepin.api.http` with a longer accept queue and TCP_NODELAY
+    on the listening socket."""
+
     request_queue_size = 128
 
-    def __init__(self, host: str, port: int, handler: type[BaseHTTPRequestHandler]) -> None:
-        family = socket.AF_INET6 if ":" in host else socket.AF_INET
-        dual = False
-        if not host:
-            family, host, dual = (
-                (socket.AF_INET6, "::", True)
-                if socket.has_ipv6
-                else (
-                    socket.AF_INET,
-                    "0.0.0.0",
-                    False,
-                )
-            )
-        self.address_family = family
-        self._dual = dual
-        super().__init__((host, port), handler)
-
     def server_bind(self) -> None:
-        if self._dual:
-            self.socket.setsockopt(socket.IPPROTO_IPV6, socket.IPV6_V6ONLY, 0)
         self.socket.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
         super().server_bind()
 
 
-class ExtenderServer:
+class ExtenderServer(ThreadedServer[_Server]):
     """The HTTP side (see the module docstring); `start()` binds, `stop()` returns within a
     few seconds."""
 
     VERBS: Final = ("filter", "prioritize", "bind", "preempt")
+
+    thread_name = "corepin-extender"
+    serves = "the extender"
+    bind_reason = "listen_failed"
+    logger = log
+    serving_event = "event=serving"
 
     def __init__(
         self,
@@ -224,57 +213,15 @@ class ExtenderServer:
         max_body: int = MAX_BODY,
         timeout: float = TIMEOUT,
     ) -> None:
-        from corepin.api.http import parse_address
-
         self.service = service
-        self.address = address
-        self.host, self.requested_port = parse_address(address)
+        super().__init__(address)
         self.ready = ready
         self.registry = metrics
         self.max_body = max_body
         self.timeout = timeout
-        self._server: _Server | None = None
-        self._thread: threading.Thread | None = None
 
-    @property
-    def port(self) -> int:
-        if self._server is None:
-            raise RuntimeError("the server is not started")
-        return int(self._server.server_address[1])
-
-    @property
-    def url(self) -> str:
-        host = self.host or "127.0.0.1"
-        return f"http://{f'[{host}]' if ':' in host else host}:{self.port}"
-
-    def start(self) -> None:
-        try:
-            self._server = _Server(self.host, self.requested_port, _handler_for(self))
-        except OSError as exc:
-            raise EnvironmentProblem(
-                f"cannot serve the extender on {self.address}: {exc.strerror or exc}",
-                reason="listen_failed",
-            ) from exc
-        self._thread = threading.Thread(
-            target=self._server.serve_forever,
-            kwargs={"poll_interval": 0.2},
-            name="corepin-extender",
-            daemon=True,
-        )
-        self._thread.start()
-        log.info("event=serving address=%s port=%d", self.address, self.port)
-
-    def stop(self, timeout: float = 3.0) -> None:
-        server, thread = self._server, self._thread
-        if server is None:
-            return
-        self._server = self._thread = None
-        stopper = threading.Thread(target=server.shutdown, daemon=True)
-        stopper.start()
-        stopper.join(timeout)
-        server.server_close()
-        if thread is not None:
-            thread.join(max(0.0, timeout))
+    def _make_server(self) -> _Server:
+        return _Server(self.host, self.requested_port, _handler_for(self))
 
 
 def _handler_for(owner: ExtenderServer) -> type[BaseHTTPRequestHandler]:

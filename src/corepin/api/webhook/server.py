@@ -34,9 +34,8 @@ from collections.abc import Callable, Mapping
 from http.server import BaseHTTPRequestHandler
 from typing import Any, Final
 
-from corepin.api.http import _Server, parse_address
+from corepin.api.http import ThreadedServer, _Server
 from corepin.api.webhook.tls import ServingCertificate
-from corepin.core.errors import EnvironmentProblem
 
 log = logging.getLogger("corepin.api.webhook.server")
 
@@ -47,8 +46,6 @@ READ_TIMEOUT: Final = 10.0
 #: Seconds a keep-alive connection may wait for its next request.
 IDLE_TIMEOUT: Final = 30.0
 MAX_CONNECTIONS: Final = 256
-#: Longest `stop()` waits for the accept loop.
-STOP_TIMEOUT: Final = 3.0
 TEXT: Final = "text/plain; charset=utf-8"
 
 Reply = tuple[int, bytes, str]
@@ -109,8 +106,15 @@ class _TLSServer(_Server):
             return len(self._live)
 
 
-class HttpsServer:
+class HttpsServer(ThreadedServer[_TLSServer]):
     """See the module docstring."""
+
+    scheme = "https"
+    thread_name = "corepin-webhook"
+    serves = "HTTPS"
+    bind_reason = "webhook_bind"
+    logger = log
+    serving_event = "event=serving"
 
     def __init__(
         self,
@@ -124,8 +128,7 @@ class HttpsServer:
         idle_timeout: float = IDLE_TIMEOUT,
         max_connections: int = MAX_CONNECTIONS,
     ) -> None:
-        self.address = address
-        self.host, self.requested_port = parse_address(address)
+        super().__init__(address)
         self.certificate = certificate
         self.routes = dict(routes)
         self.pages = pages
@@ -133,21 +136,6 @@ class HttpsServer:
         self.read_timeout = read_timeout
         self.idle_timeout = idle_timeout
         self.max_connections = max_connections
-        self._server: _TLSServer | None = None
-        self._thread: threading.Thread | None = None
-
-    @property
-    def port(self) -> int:
-        if self._server is None:
-            raise RuntimeError("the server is not started")
-        return int(self._server.server_address[1])
-
-    @property
-    def url(self) -> str:
-        host = self.host or "127.0.0.1"
-        if ":" in host:
-            host = f"[{host}]"
-        return f"https://{host}:{self.port}"
 
     @property
     def connections(self) -> int:
@@ -157,46 +145,16 @@ class HttpsServer:
     def start(self) -> None:
         """Load the certificate and bind (TLSFilesError or EnvironmentProblem, exit 4), then
         serve in a background thread."""
-        if self._server is not None:
-            raise RuntimeError("the server is already started")
-        self.certificate.load()
-        try:
-            server = _TLSServer(self, self.host, self.requested_port)
-        except OSError as exc:
-            raise EnvironmentProblem(
-                f"cannot serve HTTPS on {self.address}: {exc.strerror or exc}",
-                reason="webhook_bind",
-            ) from exc
-        self._server = server
-        self._thread = threading.Thread(
-            target=server.serve_forever,
-            kwargs={"poll_interval": 0.2},
-            name="corepin-webhook",
-            daemon=True,
-        )
-        self._thread.start()
-        log.info("event=serving address=%s port=%d", self.address, self.port)
+        if self._server is None:  # (started twice: RuntimeError from ThreadedServer.start)
+            self.certificate.load()
+        super().start()
 
-    def stop(self, timeout: float = STOP_TIMEOUT) -> None:
-        """Stop accepting, close every open connection; returns within about `timeout`."""
-        server, thread = self._server, self._thread
-        if server is None:
-            return
-        self._server = self._thread = None
-        stopper = threading.Thread(target=server.shutdown, daemon=True)
-        stopper.start()
-        stopper.join(timeout)
-        server.server_close()
+    def _make_server(self) -> _TLSServer:
+        return _TLSServer(self, self.host, self.requested_port)
+
+    def _closed(self, server: _TLSServer) -> None:
+        """`stop()` also shuts down every open connection."""
         server.close_all()
-        if thread is not None:
-            thread.join(max(0.0, timeout))
-
-    def __enter__(self) -> HttpsServer:
-        self.start()
-        return self
-
-    def __exit__(self, *exc: object) -> None:
-        self.stop()
 
 
 class _BodyError(Exception):
