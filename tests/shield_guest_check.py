@@ -19,6 +19,7 @@ Prints one JSON object (`ok`, `problems`, figures); exits 0 when `ok`.
 from __future__ import annotations
 
 import argparse
+import contextlib
 import json
 import os
 import subprocess
@@ -116,6 +117,10 @@ def main() -> int:
     if args.hierarchy == "v1":
         root = "/tmp/corepin-v1"
         os.makedirs(f"{root}/cpuset", exist_ok=True)
+        # the controller must be off in every cgroup v2 subtree_control (an earlier v2 check
+        # or run may have left it on at the root) before v1 can have it
+        with contextlib.suppress(OSError):
+            Path("/sys/fs/cgroup/cgroup.subtree_control").write_text("-cpuset\n")
         done = subprocess.run(["mount", "-t", "cgroup", "-o", "cpuset", "cpuset", f"{root}/cpuset"])
         if done.returncode != 0:
             print(json.dumps({"ok": False, "skip": "no cgroup v1 cpuset in this kernel"}))

@@ -213,10 +213,15 @@ def main(workdir: Path) -> int:
                         "cpus": (CGROUP / group / "cpuset.cpus").read_text().strip(),
                         "mems": (CGROUP / group / "cpuset.mems").read_text().strip(),
                     }
-                # settled: every group written, the shared one off the exclusive CPUs (the
-                # test then checks the values)
+                # settled: every group written, the shared one off the exclusive CPUs, and
+                # each process allowed what its group says (read one after the other, so an
+                # agent write between the two reads is looked at again; a process outside its
+                # group never settles)
                 mine = [set(parse(seen[n]["cpus"])) for n in ("big", "small", "shared")]
-                if all(mine) and not (mine[0] | mine[1]) & mine[2]:
+                agree = all(
+                    set(parse(v["allowed"])) == set(parse(v["cpus"])) for v in seen.values()
+                )
+                if all(mine) and not (mine[0] | mine[1]) & mine[2] and agree:
                     return seen
                 if agent is not None and agent.poll() is not None:
                     raise SystemExit(f"the agent exited {agent.returncode}")

@@ -132,8 +132,12 @@ class Guest:
         boot_files: BootFiles | None = None,
         cmdline: Sequence[str] = (),
         pool: GuestPool | None = None,
+        cgroup_v1: bool = False,
     ) -> None:
         self.shape = shape
+        #: boot without `cgroup_no_v1=all`: controllers stay free for a v1 mount (cgroup v2 is
+        #: still the hierarchy mounted; a controller enabled in one cannot be mounted in the other)
+        self.cgroup_v1 = cgroup_v1
         self.workdir = Path(workdir)
         self.share = self.workdir / "share"
         self.console_log = self.workdir / "console.log"
@@ -168,7 +172,7 @@ class Guest:
             "console=ttyS0",
             "panic=-1",
             "mitigations=off",
-            "cgroup_no_v1=all",
+            *(() if self.cgroup_v1 else ("cgroup_no_v1=all",)),
             "loglevel=4",
             "rdinit=/init",
             f"corepin.share={self.share}",

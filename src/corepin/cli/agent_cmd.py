@@ -9,7 +9,7 @@ import argparse
 import os
 from typing import Any
 
-from corepin.cli.common import positive_seconds
+from corepin.cli.common import positive_seconds, stop_on_signals
 
 
 def add_arguments(parser: argparse.ArgumentParser, name: str) -> None:
@@ -111,8 +111,6 @@ def settings_from(args: Any, environ: dict[str, str]) -> Any:
 
 
 def run(args: Any) -> int:
-    import signal
-    import threading
 
     from corepin.agent.node.agent import NodeAgent
     from corepin.agent.node.enforce import ContainerCgroups, open_hierarchy
@@ -141,13 +139,7 @@ def run(args: Any) -> int:
     agent = NodeAgent(settings, client, topology, cgroups, hooks=_metrics_hooks(metrics))
     ops = OpsServer(settings.metrics_address, metrics=metrics.registry, ready=agent.synced.is_set)
     grpc_server = GrpcServer(agent, Listen.unix(settings.grpc_socket), metrics=metrics)
-    done = threading.Event()
-
-    def on_signal(_signum: int, _frame: object) -> None:
-        done.set()
-
-    signal.signal(signal.SIGTERM, on_signal)
-    signal.signal(signal.SIGINT, on_signal)
+    done = stop_on_signals()
     ops.start()
     try:
         agent.start()

@@ -11,6 +11,8 @@ from typing import TYPE_CHECKING, Any
 from corepin.core.errors import EnvironmentProblem, InputError, TopologyError
 
 if TYPE_CHECKING:
+    import threading
+
     from corepin.topology.model import Topology
 
 
@@ -145,3 +147,20 @@ def write_output(text: str, out: str | None) -> None:
             handle.write(text)
     except OSError as exc:
         raise InputError(f"cannot write output file {out!r}: {exc}", reason="unwritable") from exc
+
+
+def stop_on_signals() -> threading.Event:
+    """An event that SIGTERM and SIGINT set (a server command's clean stop). Install it before
+    anything starts serving, so a signal that arrives while the first lists load still stops
+    the command cleanly instead of killing it."""
+    import signal
+    import threading
+
+    done = threading.Event()
+
+    def on_signal(_signum: int, _frame: object) -> None:
+        done.set()
+
+    signal.signal(signal.SIGTERM, on_signal)
+    signal.signal(signal.SIGINT, on_signal)
+    return done

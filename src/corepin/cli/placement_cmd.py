@@ -8,8 +8,11 @@ from __future__ import annotations
 
 import argparse
 import os
+import threading
 from collections.abc import Callable
 from typing import Any
+
+from corepin.cli.common import stop_on_signals
 
 PROFILES = ("MaximumUtilization", "Balanced")
 
@@ -94,17 +97,7 @@ def _connect(args: Any) -> Any:
     return client
 
 
-def _until_signalled(tick: Callable[[], None]) -> None:
-    import signal
-    import threading
-
-    done = threading.Event()
-
-    def on_signal(_signum: int, _frame: object) -> None:
-        done.set()
-
-    signal.signal(signal.SIGTERM, on_signal)
-    signal.signal(signal.SIGINT, on_signal)
+def _until(done: threading.Event, tick: Callable[[], None]) -> None:
     while not done.wait(0.5):
         tick()
 
@@ -147,6 +140,7 @@ def _run_extender(args: Any) -> int:
     from corepin.placement.cluster import Cluster
 
     parse_address(args.address)  # a bad address is refused before the API is asked
+    done = stop_on_signals()
     client = _connect(args)
     cluster = Cluster(
         profile=args.profile, stale_after=args.stale_after, assume_ttl=args.assume_ttl
@@ -165,7 +159,7 @@ def _run_extender(args: Any) -> int:
     try:
         feed.start()
         _settle_heap()
-        _until_signalled(_gauges(metrics, cluster, feed))
+        _until(done, _gauges(metrics, cluster, feed))
     finally:
         server.stop(timeout=1.5)
         feed.stop(timeout=1.5)
@@ -178,6 +172,7 @@ def _run_scheduler(args: Any) -> int:
     from corepin.api.http import OpsServer, parse_address
 
     parse_address(args.metrics_address)
+    done = stop_on_signals()
     client = _connect(args)
     settings = SchedulerSettings(
         name=args.scheduler_name,
@@ -193,7 +188,7 @@ def _run_scheduler(args: Any) -> int:
     try:
         scheduler.start()
         _settle_heap()
-        _until_signalled(_gauges(scheduler.metrics, scheduler.cluster, scheduler.feed))
+        _until(done, _gauges(scheduler.metrics, scheduler.cluster, scheduler.feed))
     finally:
         scheduler.stop(timeout=2.5)
         ops.stop(timeout=1.0)

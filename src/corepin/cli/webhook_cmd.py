@@ -125,15 +125,13 @@ def connect(kubeconfig: str | None, environ: dict[str, str]) -> Any:
 
 
 def run(args: Any) -> int:
-    import signal
-    import threading
-
     from corepin.api.http import OpsServer
     from corepin.api.webhook.app import AdmissionApp
     from corepin.api.webhook.capacity import Catalog
     from corepin.api.webhook.metrics import WebhookMetrics
     from corepin.api.webhook.server import HttpsServer
     from corepin.api.webhook.tls import ServingCertificate
+    from corepin.cli.common import stop_on_signals
 
     environ = dict(os.environ)
     config = config_from(args)
@@ -155,13 +153,7 @@ def run(args: Any) -> int:
         informer.add_handlers(
             on_add=catalog.on_add, on_update=catalog.on_update, on_delete=catalog.on_delete
         )
-    done = threading.Event()
-
-    def on_signal(_signum: int, _frame: object) -> None:
-        done.set()
-
-    signal.signal(signal.SIGTERM, on_signal)
-    signal.signal(signal.SIGINT, on_signal)
+    done = stop_on_signals()
     try:
         server.start()
         if informer is not None:
