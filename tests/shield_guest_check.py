@@ -118,9 +118,11 @@ def main() -> int:
         root = "/tmp/corepin-v1"
         os.makedirs(f"{root}/cpuset", exist_ok=True)
         # the controller must be off in every cgroup v2 subtree_control (an earlier v2 check
-        # or run may have left it on at the root) before v1 can have it
-        with contextlib.suppress(OSError):
-            Path("/sys/fs/cgroup/cgroup.subtree_control").write_text("-cpuset\n")
+        # or run may have left it on) before v1 can have it: deepest groups first
+        groups = Path("/sys/fs/cgroup").rglob("cgroup.subtree_control")
+        for control in sorted(groups, key=lambda p: len(p.parts), reverse=True):
+            with contextlib.suppress(OSError):
+                control.write_text("-cpuset\n")
         done = subprocess.run(["mount", "-t", "cgroup", "-o", "cpuset", "cpuset", f"{root}/cpuset"])
         if done.returncode != 0:
             print(json.dumps({"ok": False, "skip": "no cgroup v1 cpuset in this kernel"}))
