@@ -450,11 +450,10 @@ class Controller:
             except ApiNotFound:
                 return
             except ApiConflict:
-                self.metrics.conflicts.labels(PCB_PLURAL).inc()
-                try:
-                    fresh = self.client.get(BINDINGS, name, ns)
-                except ApiNotFound:
+                reread = self._reread_after_conflict(BINDINGS, name, ns)
+                if reread is None:
                     return
+                fresh = reread
                 fresh_owner = pod_owner_uid(
                     ObjectMeta.from_dict(_meta(fresh)).owner_references, pod_name
                 )
@@ -477,6 +476,17 @@ class Controller:
             return
         raise ConflictsExhausted(f"deleting orphaned binding {_label(*self._key_of(obj))}")
 
+    def _reread_after_conflict(
+        self, resource: Resource, name: str, namespace: str | None = None
+    ) -> Obj | None:
+        """After a 409 on a write: count it and read the object again (None: it is gone, so
+        there is nothing left to write)."""
+        self.metrics.conflicts.labels(resource.plural).inc()
+        try:
+            return self.client.get(resource, name, namespace)
+        except ApiNotFound:
+            return None
+
     @staticmethod
     def _key_of(obj: Mapping[str, Any]) -> tuple[str, str]:
         meta = _meta(obj)
@@ -498,11 +508,10 @@ class Controller:
             except ApiNotFound:
                 return
             except ApiConflict:
-                self.metrics.conflicts.labels(PCB_PLURAL).inc()
-                try:
-                    obj = self.client.get(BINDINGS, name, ns)
-                except ApiNotFound:
+                reread = self._reread_after_conflict(BINDINGS, name, ns)
+                if reread is None:
                     return
+                obj = reread
                 fresh = ObjectMeta.from_dict(_meta(obj))
                 if pod_owner_uid(fresh.owner_references, pod.name) is not None:
                     return
@@ -604,11 +613,10 @@ class Controller:
             except ApiNotFound:
                 return
             except ApiConflict:
-                self.metrics.conflicts.labels(PCB_PLURAL).inc()
-                try:
-                    obj = self.client.get(BINDINGS, name, ns)
-                except ApiNotFound:
+                reread = self._reread_after_conflict(BINDINGS, name, ns)
+                if reread is None:
                     return
+                obj = reread
                 fresh = _meta(obj)
                 if fresh.get("uid") != uid or fresh.get("generation") != generation:
                     # the spec (or the object) changed: decide it again from scratch
@@ -697,11 +705,10 @@ class Controller:
             except ApiNotFound:
                 return
             except ApiConflict:
-                self.metrics.conflicts.labels(NCPT_PLURAL).inc()
-                try:
-                    obj = self.client.get(TOPOLOGIES, name)
-                except ApiNotFound:
+                reread = self._reread_after_conflict(TOPOLOGIES, name)
+                if reread is None:
                     return
+                obj = reread
                 fresh = (obj.get("status") or {}).get("heartbeatTime")
                 if (str(fresh) if fresh else None) != beat:
                     self._observe_heartbeat(obj)
