@@ -131,6 +131,9 @@ class Controller:
         self._by_pod: dict[tuple[str, str], set[str]] = {}
         # node name -> (heartbeatTime text or None, monotonic time it was first seen)
         self._beats: dict[str, tuple[str | None, float]] = {}
+        # (namespace, binding name) -> (resourceVersion our last status write replaced, the
+        # object it returned): newer than a cached copy still at that version (worker only)
+        self._written: dict[tuple[str, str], tuple[str, Obj]] = {}
         # node name -> (spec, status.reservedCPUs, facts): NodeCPUTopology parsed once per change
         self._facts: dict[str, tuple[Any, Any, rules.NodeFacts]] = {}
         self._worker: threading.Thread | None = None
@@ -387,10 +390,26 @@ class Controller:
             return None
 
     # ------------------------------------------------------------------ bindings
+    def _current(self, obj: Obj) -> Obj:
+        """The cached binding, or what our last status write of it returned while the cache
+        still holds the version that write replaced (its watch event is on the way): deciding
+        on the older copy would write again only to get a 409."""
+        meta = _meta(obj)
+        key = (str(meta.get("namespace") or ""), str(meta.get("name") or ""))
+        written = self._written.get(key)
+        if written is None:
+            return obj
+        if written[0] == meta.get("resourceVersion"):
+            return written[1]
+        del self._written[key]  # the cache has moved on (to our write or past it)
+        return obj
+
     def _sync_binding(self, namespace: str, name: str) -> None:
         obj = self.bindings.cache.get(name, namespace)
         if obj is None:
+            self._written.pop((namespace, name), None)
             return
+        obj = self._current(obj)
         try:
             meta = ObjectMeta.from_dict(_meta(obj))
         except FieldError as exc:
@@ -588,7 +607,8 @@ class Controller:
         facts = self._node_facts(node)
         entries: list[rules.Entry] = []
         objects: dict[tuple[str, str], Obj] = {}
-        for obj in self.bindings.cache.list():
+        for cached in self.bindings.cache.list():
+            obj = self._current(cached)
             found = self._entry(obj, node, facts)
             if found is not None:
                 entries.append(found[0])
@@ -609,7 +629,7 @@ class Controller:
                 return
             body = {**obj, "status": status}
             try:
-                self.client.replace_status(BINDINGS, body, ns)
+                written = self.client.replace_status(BINDINGS, body, ns)
             except ApiNotFound:
                 return
             except ApiConflict:
@@ -623,6 +643,9 @@ class Controller:
                     self.queue.add(("binding", ns, name))
                     return
                 continue
+            replaced = _meta(obj).get("resourceVersion")
+            if replaced and isinstance(written, Mapping) and _meta(written).get("resourceVersion"):
+                self._written[(ns, name)] = (str(replaced), written)
             self._report(obj, old, status, verdict)
             return
         raise ConflictsExhausted(f"writing the status of binding {ns}/{name}")
