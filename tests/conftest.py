@@ -14,10 +14,19 @@
   of `fake_api`, running real containers in `containerd` below a scratch kubelet cgroup root;
   after the test it kills its containers and removes its cgroups, and fails the test when
   something was left behind or one of its workers raised.
+- At the end of the session, the cpuset groups that host mode made on this machine for the
+  session's own state directories (`corepin/sd-*` that were not there when it began) are
+  removed, after ending the processes still in them (a test's commands: a run killed with
+  SIGKILL cannot release its group); the session fails when one cannot be removed.
 """
 
 from __future__ import annotations
 
+import contextlib
+import os
+import signal
+import sys
+import time
 from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import TYPE_CHECKING
@@ -142,3 +151,63 @@ def _test_kubelet(
         left = kubelet.stop()
     assert not left, f"the test kubelet left behind: {left}"
     assert not kubelet.errors, f"the test kubelet's workers failed: {kubelet.errors}"
+
+
+# ---------------------------------------------------------------------- host cgroups
+HOST_PARENT = Path("/sys/fs/cgroup/cpuset/corepin")
+_BEFORE = pytest.StashKey[set[str] | None]()
+_STARTED = pytest.StashKey[bool]()
+
+
+def _state_groups() -> set[str]:
+    try:
+        return {e.name for e in HOST_PARENT.iterdir() if e.name.startswith("sd-")}
+    except OSError:
+        return set()
+
+
+def pytest_sessionstart(session: pytest.Session) -> None:
+    session.config.stash[_BEFORE] = _state_groups() if HOST_PARENT.exists() else None
+    session.config.stash[_STARTED] = True
+
+
+def pytest_sessionfinish(session: pytest.Session, exitstatus: int) -> None:
+    if not session.config.stash.get(_STARTED, False) or all(
+        item.get_closest_marker("vm") for item in session.items
+    ):
+        return  # guest tests make no groups on this host (and another session may be running)
+    before = session.config.stash[_BEFORE]
+    left = [
+        n for n in sorted(_state_groups() - (before or set())) if not _remove_tree(HOST_PARENT / n)
+    ]
+    if before is None and not left:  # the parent too, when this session made it
+        with contextlib.suppress(OSError):
+            HOST_PARENT.rmdir()
+    if left:
+        print(f"\nscratch cpuset groups that could not be removed: {left}", file=sys.stderr)
+        session.exitstatus = pytest.ExitCode.TESTS_FAILED
+
+
+def _remove_tree(group: Path) -> bool:
+    """End the processes of `group` and below (this session's commands), then remove the
+    groups, deepest first."""
+    groups = sorted((d for d in group.rglob("*") if d.is_dir()), key=lambda d: -len(d.parts))
+    for d in [*groups, group]:
+        for _ in range(50):
+            try:
+                pids = [int(x) for x in (d / "cgroup.procs").read_text().split()]
+            except OSError:
+                break
+            if not pids:
+                break
+            for pid in pids:
+                with contextlib.suppress(ProcessLookupError):
+                    os.kill(pid, signal.SIGKILL)
+            time.sleep(0.05)
+        try:
+            d.rmdir()
+        except FileNotFoundError:
+            pass
+        except OSError:
+            return False
+    return True

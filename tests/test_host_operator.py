@@ -7,6 +7,7 @@ to refuse) are stand-in sysfs and /proc trees.
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import signal
@@ -58,11 +59,17 @@ def procs() -> Iterator[list[subprocess.Popen[Any]]]:
     yield started
     for p in started:
         if p.poll() is None:
-            with_group = p.pid
+            # SIGTERM first: a `corepin run` forwards it to its command (a session of its own,
+            # out of reach of killpg) and releases its CPUs and cgroup; SIGKILL what is left
+            with contextlib.suppress(ProcessLookupError, PermissionError):
+                os.killpg(p.pid, signal.SIGTERM)
             try:
-                os.killpg(with_group, signal.SIGKILL)
-            except (ProcessLookupError, PermissionError):
-                p.kill()
+                p.wait(timeout=10)
+            except subprocess.TimeoutExpired:
+                try:
+                    os.killpg(p.pid, signal.SIGKILL)
+                except (ProcessLookupError, PermissionError):
+                    p.kill()
         p.wait()
 
 
