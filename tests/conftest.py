@@ -18,6 +18,8 @@
   session's own state directories (`corepin/sd-*` that were not there when it began) are
   removed, after ending the processes still in them (a test's commands: a run killed with
   SIGKILL cannot release its group); the session fails when one cannot be removed.
+  `COREPIN_TEST_SWEEP=off` turns the sweep off: for several test sessions run at once from
+  different checkouts on one machine, where one session's sweep would end the others' runs.
 """
 
 from __future__ import annotations
@@ -167,6 +169,8 @@ def _state_groups() -> set[str]:
 
 
 def pytest_sessionstart(session: pytest.Session) -> None:
+    if os.environ.get("COREPIN_TEST_SWEEP") == "off":
+        return
     session.config.stash[_BEFORE] = _state_groups() if HOST_PARENT.exists() else None
     session.config.stash[_STARTED] = True
 
