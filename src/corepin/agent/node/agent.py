@@ -73,6 +73,8 @@ CONTAINER_LABEL: Final = "corepin.io/container"
 POLICY_ANNOTATION: Final = "corepin.io/cpu-policy"
 
 Key = tuple[str, ...]
+#: seconds a validated binding holds its CPUs for a pod not bound to this node yet (`_promised`)
+PROMISE_GRACE: Final = 30.0
 #: keys handled in one state transaction at most
 BATCH: Final = 256
 
@@ -162,6 +164,8 @@ class NodeAgent:
         self._told: dict[tuple[str, str, str], str] = {}  # (uid, container, reason) -> message
         self._annotated: dict[str, str | None] = {}  # pod uid -> corepin.io/cpus we last wrote
         self._bindings: dict[tuple[str, str], str] = {}  # (uid, container) -> spec we wrote
+        # binding uid -> (first seen, resourceVersion checked, its pod may come here)
+        self._incoming_seen: dict[str, tuple[float, str, bool]] = {}
         self._files: dict[str, set[str]] = {}  # pod uid -> assignment files we wrote
         self._seen_running: dict[tuple[str, str], float] = {}  # (uid, cid) -> first seen
         self._nrt = True
@@ -647,12 +651,13 @@ class NodeAgent:
 
     def _from_bindings(self, state: HostState) -> HostState:
         from corepin.allocation.levels import withheld_for
-        from corepin.kube.models import PodCPUBinding
+        from corepin.kube.models import PodCPUBinding, pod_owner_uid
         from corepin.state.model import Assignment
         from corepin.state.owners import ContainerOwner
 
         selector = f"{MANAGED_BY}={AGENT},{NODE_LABEL}={self.settings.node_name}"
         items, _ = self.client.list_all(self.pcb, label_selector=selector)
+        published = self._published_allocations() if items else set()
         for raw in items:
             try:
                 binding = PodCPUBinding.from_dict(raw)
@@ -670,6 +675,13 @@ class NodeAgent:
             if ident in state or kind not in ("exclusive", "share"):
                 continue
             level = binding.spec.level
+            owner_uid = pod_owner_uid(binding.metadata.owner_references, binding.spec.pod_name)
+            record_of = (binding.namespace, binding.spec.pod_name, uid, container, status.cpus)
+            if owner_uid != uid or (*record_of, kind, level) not in published:
+                # its labels (and status) are whatever its writer said: only what this agent
+                # itself published before the restart confirms that it holds these CPUs
+                log.warning("event=binding_not_ours id=%s binding=%s", ident, binding.name)
+                continue
             owner = ContainerOwner(
                 pod_uid=uid,
                 container=container,
@@ -695,11 +707,39 @@ class NodeAgent:
                 log.warning("event=binding_not_restored id=%s error=%s", ident, exc)
         return state
 
+    def _published_allocations(self) -> set[tuple[str, str, str, str, CPUSet, str, str]]:
+        """(namespace, pod, pod uid, container, CPUs, kind, level) of every allocation this
+        node's NodeCPUTopology status shows: what this agent published before it restarted.
+
+        Why this and not the label of a binding: a PodCPUBinding may be created (labels and
+        all) by any tenant allowed to create bindings in its namespace, while the
+        NodeCPUTopology is cluster scoped, and only this node's agent writes it (its status is
+        rewritten from the agent's own state on every heartbeat). A binding is restored as the
+        agent's record only when both agree."""
+        from corepin.core.errors import ApiNotFound
+        from corepin.kube.models import NodeCPUTopologyStatus
+
+        try:
+            ncpt = self.client.get(self.ncpt, self.settings.node_name)
+            status = NodeCPUTopologyStatus.from_dict(ncpt.get("status") or {})
+        except ApiNotFound:
+            return set()
+        except CorepinError as exc:
+            log.warning("event=published_allocations_unreadable error=%s", exc)
+            return set()
+        return {
+            (a.namespace, a.pod, a.pod_uid, a.container, a.cpus, a.policy, a.level)
+            for a in status.allocations
+        }
+
     # ------------------------------------------------------------------ pods
     def _user_bindings(self) -> dict[tuple[str, str], Mapping[str, Any]]:
         """(namespace, pod) -> the user's PodCPUBinding for that pod once the controller
         validated it (phase `Validated`, or `Applied`); bindings the agent wrote itself are its
-        records, not requests (`corepin.kube.models.is_agent_binding`)."""
+        records, not requests (`corepin.kube.models.is_agent_binding`). A binding whose owner
+        reference names another incarnation of the pod is not this pod's. Whether the binding
+        fits the pod's limits is checked where it is applied (`plan_pod`), whatever its status
+        says."""
         from corepin.kube.models import is_agent_binding
 
         out: dict[tuple[str, str], Mapping[str, Any]] = {}
@@ -709,32 +749,55 @@ class NodeAgent:
                 continue
             if (b.get("status") or {}).get("phase") in ("Validated", "Applied"):
                 key = (str(meta.get("namespace")), str((b.get("spec") or {}).get("podName")))
+                pod = self._pods.cache.get(key[1], key[0])
+                if pod is not None and not _owned_by(b, pod):
+                    continue
                 out.setdefault(key, b)
         return out
 
     def _promised(self, state: HostState, exclude: tuple[str, str] = ("", "")) -> CPUSet:
-        """CPUs that user PodCPUBindings name for pods of this node whose containers do not
-        hold them yet (the scheduler's --bind-cpus chose them before the pods ran): decisions
-        from annotations leave them alone, and the published free set does not offer them."""
+        """CPUs that validated user PodCPUBindings name for pods bound to this node whose
+        containers do not hold them yet (the scheduler's --bind-cpus chose them before the pods
+        ran): decisions from annotations leave them alone, and the published free set does not
+        offer them.
+
+        Who may make the agent withhold CPUs this way matters: any tenant may create a
+        binding, and a label (`corepin.io/node`) is whatever its writer says. So only a binding
+        in phase `Validated`/`Applied` counts (no status, `Pending`: nothing is withheld), only
+        for the containers it may give CPUs to (eligible, exactly their limit), and only for a
+        pod this node runs: its `spec.nodeName` as the pod informer (field selector) sees it.
+        The one exception is the scheduler's own flow, which validates the binding and only
+        then binds the pod: a validated binding whose status names this node (the status
+        subresource, written by the controller or the scheduler) holds its CPUs for a pod that
+        the API shows not bound anywhere yet (read with a GET, not from a label), for at most
+        `PROMISE_GRACE` seconds - long enough for the bind to reach this node, too short for a
+        binding of a pod that never comes to withhold CPUs for long."""
         from corepin.allocation.levels import withheld_for
         from corepin.kube.models import corepin_level, is_agent_binding
-        from corepin.kube.podplan import binding_cpus
+        from corepin.kube.podplan import binding_cpus, binding_refusals
 
         out = CPUSet()
+        now = time.monotonic()
+        live: set[tuple[str, str]] = set()
         for b in self._bindings_informer.cache.list():
             meta = b.get("metadata") or {}
-            labels = meta.get("labels") or {}
-            if is_agent_binding(labels):
+            if is_agent_binding(meta.get("labels")):
                 continue
-            if (b.get("status") or {}).get("phase") == "Failed":
+            status = b.get("status") or {}
+            if status.get("phase") not in ("Validated", "Applied"):
                 continue
             spec = b.get("spec") or {}
             key = (str(meta.get("namespace") or "default"), str(spec.get("podName")))
+            live.add(str(meta.get("uid")))
             if key == exclude:
                 continue
             pod = self._pods.cache.get(key[1], key[0])
-            if pod is None and labels.get(NODE_LABEL) != self.settings.node_name:
-                continue  # not for this node (or not known to be yet)
+            if pod is not None:
+                here = (pod.get("spec") or {}).get("nodeName") == self.settings.node_name
+                if not here or not _owned_by(b, pod) or binding_refusals(pod, spec):
+                    continue
+            elif status.get("nodeName") != self.settings.node_name or not self._incoming(b, now):
+                continue
             uid = str(((pod or {}).get("metadata") or {}).get("uid") or "")
             held = CPUSet().union(*(a.withheld for a in pod_assignments(state, uid) if a.holds))
             try:
@@ -748,7 +811,47 @@ class NodeAgent:
             except CorepinError:
                 continue
             out |= wanted - held
+        with self._lock:
+            for gone in set(self._incoming_seen) - live:
+                del self._incoming_seen[gone]
         return out & state.free
+
+    def _incoming(self, binding: Mapping[str, Any], now: float) -> bool:
+        """Whether a validated binding naming this node, whose pod this node does not run,
+        holds its CPUs now: the pod (read once per binding version with a GET) exists, is
+        the binding's incarnation, is bound to no node yet (or to this one: the watch is on
+        its way), fits the binding, and the binding was first seen less than `PROMISE_GRACE`
+        seconds ago."""
+        from corepin.core.errors import ApiNotFound
+        from corepin.kube.podplan import binding_refusals
+        from corepin.kube.resources import PODS
+
+        meta = binding.get("metadata") or {}
+        uid, version = str(meta.get("uid")), _version(binding)
+        with self._lock:
+            seen = self._incoming_seen.get(uid)
+        if seen is None or seen[1] != version:
+            spec = binding.get("spec") or {}
+            try:
+                pod = self.client.get(PODS, str(spec.get("podName")), str(meta.get("namespace")))
+            except ApiNotFound:
+                pod = None
+            except CorepinError as exc:
+                log.warning("event=promise_check_failed binding=%s error=%s", meta.get("name"), exc)
+                return False
+            node = ((pod or {}).get("spec") or {}).get("nodeName")
+            ok = (
+                pod is not None
+                and node in (None, "", self.settings.node_name)
+                and _owned_by(binding, pod)
+                and not binding_refusals(pod, spec)
+            )
+            # the grace runs from the first sight of the binding, not of this version: a
+            # binding rewritten again and again does not hold CPUs for longer
+            seen = (now if seen is None else seen[0], version, ok)
+            with self._lock:
+                self._incoming_seen[uid] = seen
+        return seen[2] and now - seen[0] < PROMISE_GRACE
 
     def _apply_pod(
         self,
@@ -878,11 +981,15 @@ class NodeAgent:
                 continue
             if plan.container(owner.container) is None:
                 continue  # an init container: the kubelet's quota stays
-            if a.kind == "exclusive":
+            limit = limits.get(owner.container)
+            if a.kind == "exclusive" and (limit is None or limit >= len(a.cpus)):
+                # no quota: the container's CPUs bound it as tightly as its limit would. An
+                # exclusive set larger than the limit (never planned so; a stale or foreign
+                # record) keeps the limit's quota: a pin never lifts a limit
                 out[a.cgroup] = CpuQuota.unlimited()
                 exclusive += 1
-            elif owner.container in limits:
-                out[a.cgroup] = CpuQuota.for_cpus(limits[owner.container])
+            elif limit is not None:
+                out[a.cgroup] = CpuQuota.for_cpus(limit)
         if plan.containers and exclusive == len(plan.containers):
             out[self.cgroups.pod_path(plan.qos, plan.uid)] = CpuQuota.unlimited()
         elif exclusive == 0 and len(limits) == len(plan.containers) and plan.containers:
@@ -1301,6 +1408,22 @@ def _running_ids(pod: Mapping[str, Any]) -> set[str]:
             if isinstance(cid, str) and "://" in cid:
                 out.add(cid.split("://", 1)[1])
     return out
+
+
+def _owned_by(binding: Mapping[str, Any], pod: Mapping[str, Any]) -> bool:
+    """Whether `binding` may be `pod`'s: it names the pod and, when it has an owner reference
+    to a pod of that name, that reference is this pod's uid (not an earlier incarnation's)."""
+    from corepin.kube.models import ObjectMeta, pod_owner_uid
+
+    name = str((pod.get("metadata") or {}).get("name") or "")
+    if (binding.get("spec") or {}).get("podName") != name:
+        return False
+    try:
+        owners = ObjectMeta.from_dict(binding.get("metadata") or {}).owner_references
+    except CorepinError:
+        return False
+    owner = pod_owner_uid(owners, name)
+    return owner is None or owner == (pod.get("metadata") or {}).get("uid")
 
 
 def _version(obj: Mapping[str, Any]) -> str:
