@@ -215,7 +215,7 @@ def plan_pod(pod: Mapping[str, Any], binding: Mapping[str, Any] | None = None) -
         refused = "" if cpus is None or problem else binding_refusal(sized, where, cname, cpus)
         if refused:
             cpus = None  # never applied: the container gets what its annotations ask
-            why = refused
+            why = refused = f"{refused}; its PodCPUBinding is ignored"
         if cpus is not None:
             asked = policy = "exclusive"
         if problem:
@@ -327,11 +327,11 @@ def size_refusal(name: str, size: tuple[int, str], cpus: CPUSet) -> str:
     `100m` container into an unthrottled one on every CPU it names."""
     count, why = size
     if why:
-        return f"container {name!r}: binding ignored: {why}"
+        return f"container {name!r}: {why}"
     if count != len(cpus):
         return (
-            f"container {name!r}: binding ignored: it names {len(cpus)} CPU(s) ({cpus}) but "
-            f"the container's CPU limit is {count}"
+            f"container {name!r}: the binding names {len(cpus)} CPU(s) ({cpus}) but its CPU "
+            f"limit is {count}"
         )
     return ""
 
