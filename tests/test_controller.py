@@ -577,3 +577,22 @@ def test_a_second_binding_of_a_pod_fails_as_a_duplicate(
     )
     cluster.delete(BINDINGS, "first", "default")
     wait_phase(cluster, "second", "Validated")
+
+
+def test_a_cpu_only_a_forged_topology_spec_names_is_never_validated(
+    cluster: KubeClient, ctl: Controller
+) -> None:
+    """Someone rewrites worker-1's NodeCPUTopology spec with a CPU 4000; the agent's status
+    (rewritten from its own machine on every heartbeat) knows no such CPU."""
+    forged = cluster.get(TOPOLOGIES, "worker-1")
+    rows = forged["spec"]["topology"]["cpus"]
+    rows.append({**next(r for r in rows if r["cpu"] == 31), "cpu": 4000})
+    for numa in forged["spec"]["topology"]["numa_nodes"]:
+        if 31 in CPUSet.parse(numa["cpus"]):
+            numa["cpus"] = str(CPUSet.parse(numa["cpus"]) | CPUSet.of(4000))
+    cluster.replace(TOPOLOGIES, forged)
+    pod(cluster, "web")
+    create_binding(cluster, binding("web", "web", cpus="4000"))
+    status = wait_phase(cluster, "web", "Failed")
+    assert condition(status, "Validated")["reason"] == "UnknownCPUs"  # type: ignore[index]
+    assert "CPUs 4000 are not among the CPUs the corepin agent of node worker-1" in status["message"]

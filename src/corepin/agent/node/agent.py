@@ -166,6 +166,7 @@ class NodeAgent:
         self._bindings: dict[tuple[str, str], str] = {}  # (uid, container) -> spec we wrote
         # binding uid -> (first seen, resourceVersion checked, its pod may come here)
         self._incoming_seen: dict[str, tuple[float, str, bool]] = {}
+        self.promise_grace = PROMISE_GRACE
         self._files: dict[str, set[str]] = {}  # pod uid -> assignment files we wrote
         self._seen_running: dict[tuple[str, str], float] = {}  # (uid, cid) -> first seen
         self._nrt = True
@@ -851,7 +852,7 @@ class NodeAgent:
             seen = (now if seen is None else seen[0], version, ok)
             with self._lock:
                 self._incoming_seen[uid] = seen
-        return seen[2] and now - seen[0] < PROMISE_GRACE
+        return seen[2] and now - seen[0] < self.promise_grace
 
     def _apply_pod(
         self,
