@@ -85,7 +85,14 @@ def allocation(
     meta = pod_obj["metadata"]
     held = CPUSet.parse(cpus)
     return Allocation(
-        meta["namespace"], meta["name"], meta["uid"], container, held, CPUSet.of(0), "exclusive", level
+        meta["namespace"],
+        meta["name"],
+        meta["uid"],
+        container,
+        held,
+        CPUSet.of(0),
+        "exclusive",
+        level,
     )
 
 

@@ -595,4 +595,6 @@ def test_a_cpu_only_a_forged_topology_spec_names_is_never_validated(
     create_binding(cluster, binding("web", "web", cpus="4000"))
     status = wait_phase(cluster, "web", "Failed")
     assert condition(status, "Validated")["reason"] == "UnknownCPUs"  # type: ignore[index]
-    assert "CPUs 4000 are not among the CPUs the corepin agent of node worker-1" in status["message"]
+    assert (
+        "CPUs 4000 are not among the CPUs the corepin agent of node worker-1" in status["message"]
+    )

@@ -226,9 +226,7 @@ def test_a_validated_binding_of_a_pod_being_bound_here_holds_its_cpus_briefly(
         "default",
     )
     promised = C("2-3")
-    user_binding(
-        node, "next", "next", promised, status={"phase": "Validated", "nodeName": NODE}
-    )
+    user_binding(node, "next", "next", promised, status={"phase": "Validated", "nodeName": NODE})
     settle(node)
     assert not free(node) & promised
     other = node.pod("other", container("app", "28"), annotations=EXCLUSIVE)

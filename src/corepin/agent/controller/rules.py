@@ -199,7 +199,9 @@ def node_facts(ncpt: Mapping[str, Any]) -> NodeFacts:
     held: set[Held] = set()
     for a in status.allocations:
         held.add((a.namespace, a.pod, a.pod_uid, a.container, a.cpus))
-        accounted = accounted | a.cpus | withheld_for(topology, a.level, a.cpus & topology.online_cpus)
+        accounted = (
+            accounted | a.cpus | withheld_for(topology, a.level, a.cpus & topology.online_cpus)
+        )
     return NodeFacts(name, topology, reserved, accounted=accounted, held=frozenset(held))
 
 

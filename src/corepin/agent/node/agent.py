@@ -779,7 +779,7 @@ class NodeAgent:
 
         out = CPUSet()
         now = time.monotonic()
-        live: set[tuple[str, str]] = set()
+        live: set[str] = set()
         for b in self._bindings_informer.cache.list():
             meta = b.get("metadata") or {}
             if is_agent_binding(meta.get("labels")):
