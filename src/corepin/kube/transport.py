@@ -28,6 +28,29 @@ from corepin.kube.config import ClusterConfig
 _IDEMPOTENT = frozenset({"GET", "HEAD", "PUT", "DELETE"})
 _POOL_SIZE = 8
 _MAX_LINE = 65537
+# TCP keepalive on every connection to the API server: a peer that vanished without FIN/RST
+# (a node or NAT gone) is found dead after about idle + interval * count = 30 s, also on a
+# pooled connection nobody reads from. A middlebox that still answers TCP but forwards nothing
+# is found by the read timeouts instead (watches: see KubeClient.watch).
+KEEPALIVE_IDLE = 15
+KEEPALIVE_INTERVAL = 5
+KEEPALIVE_COUNT = 3
+
+
+def keepalive(sock: socket.socket | None) -> None:
+    """Turn TCP keepalive on for `sock` with the probes above (where the platform has them)."""
+    if sock is None:
+        return
+    with contextlib.suppress(OSError):
+        sock.setsockopt(socket.SOL_SOCKET, socket.SO_KEEPALIVE, 1)
+        for name, value in (
+            ("TCP_KEEPIDLE", KEEPALIVE_IDLE),
+            ("TCP_KEEPINTVL", KEEPALIVE_INTERVAL),
+            ("TCP_KEEPCNT", KEEPALIVE_COUNT),
+        ):
+            option = getattr(socket, name, None)
+            if option is not None:
+                sock.setsockopt(socket.IPPROTO_TCP, option, value)
 
 
 class Cancelled(CorepinError):
@@ -247,6 +270,7 @@ class Transport:
             try:
                 if conn.sock is None:
                     conn.connect()
+                    keepalive(conn.sock)
                 if cancel is not None:
                     cancel._register(conn.sock)
                 conn.request(method, target, body=body, headers=headers)
@@ -294,6 +318,7 @@ class Transport:
         conn = self._connect(read_timeout)
         try:
             conn.connect()
+            keepalive(conn.sock)
             if cancel is not None:
                 cancel._register(conn.sock)
             conn.request(
@@ -328,6 +353,7 @@ class Stream:
         self._cancel = cancel
         self.status = answer.status
         self.reason = answer.reason
+        self.headers: dict[str, str] = dict(answer.getheaders())
 
     def read_all(self) -> bytes:
         try:
