@@ -208,6 +208,16 @@ class Transport:
         for conn in idle:
             conn.close()
 
+    def drop_idle(self) -> int:
+        """Close every pooled connection (returns how many). Called when a read timed out: a
+        connection that went silent without FIN/RST (a proxy or NAT that lost it) rarely goes
+        alone, and a request sent on one of its dead siblings would wait its whole timeout."""
+        with self._lock:
+            idle, self._idle = self._idle, []
+        for conn in idle:
+            conn.close()
+        return len(idle)
+
     # ------------------------------------------------------------------ requests
     def url(self, path: str, query: Mapping[str, str] | None = None) -> str:
         full = self.base_path + path
@@ -281,6 +291,8 @@ class Transport:
                 conn.close()
                 if cancel is not None and cancel.cancelled:
                     raise Cancelled("request cancelled") from exc
+                if isinstance(exc, TimeoutError):
+                    self.drop_idle()
                 stale = reused and isinstance(
                     exc, http.client.RemoteDisconnected | BrokenPipeError | ConnectionResetError
                 )
@@ -332,6 +344,8 @@ class Transport:
                 cancel._unregister(sock)
                 if cancel.cancelled:
                     raise Cancelled("request cancelled") from exc
+            if isinstance(exc, TimeoutError):
+                self.drop_idle()
             raise self._unreachable(exc) from exc
         return Stream(self, conn, answer, cancel)
 
@@ -380,6 +394,8 @@ class Stream:
         except (OSError, http.client.HTTPException, ValueError) as exc:
             if self._cancel is not None and self._cancel.cancelled:
                 raise Cancelled("watch cancelled") from exc
+            if isinstance(exc, TimeoutError):
+                self._transport.drop_idle()
             raise self._transport._unreachable(exc) from exc
         if self._cancel is not None and self._cancel.cancelled:
             raise Cancelled("watch cancelled")
