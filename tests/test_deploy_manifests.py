@@ -32,7 +32,16 @@ K8S_VERSION = "1.32.0"
 NAMESPACE = "corepin-system"
 IMAGE = "ghcr.io/corepin/corepin:0.1.0"
 CERT_MANAGER_KINDS = {("cert-manager.io/v1", "Issuer"), ("cert-manager.io/v1", "Certificate")}
-COMPONENT_DIRS = ("crd", "rbac", "agent", "controller", "scheduler", "extender", "webhook")
+COMPONENT_DIRS = (
+    "crd",
+    "rbac",
+    "admission",
+    "agent",
+    "controller",
+    "scheduler",
+    "extender",
+    "webhook",
+)
 
 needs_kubectl = pytest.mark.skipif(KUBECTL is None, reason="kubectl is not installed")
 
