@@ -27,18 +27,17 @@ dependency.
 from __future__ import annotations
 
 import logging
-import socket
 import time
 from collections.abc import Callable
-from http.server import BaseHTTPRequestHandler
 from typing import TYPE_CHECKING, Any, Final
 
 from corepin.api.extender import wire
-from corepin.api.http import ThreadedServer
-from corepin.api.http import _Server as _HTTPServer
+from corepin.api.http import Limits, RequestHandler, ThreadedServer
 from corepin.core.errors import CorepinError
 
 if TYPE_CHECKING:
+    import ssl
+
     from corepin.agent.scheduler.feed import PlacementFeed
     from corepin.agent.scheduler.metrics import PlacementMetrics
     from corepin.kube.client import KubeClient
@@ -48,8 +47,14 @@ log = logging.getLogger("corepin.api.extender")
 
 #: 16 MiB: a NodeList of 1,000 real nodes is a few megabytes
 MAX_BODY: Final = 16 * 1024 * 1024
-#: seconds a connection may stay silent (also the longest a body may take to arrive)
+#: seconds a whole request (TLS handshake, head and body) may take to arrive
 TIMEOUT: Final = 10.0
+#: seconds a kept-alive connection may wait for kube-scheduler's next request
+IDLE_TIMEOUT: Final = 60.0
+#: connections open at once; kube-scheduler keeps a few
+MAX_CONNECTIONS: Final = 256
+#: threads answering whole requests
+WORKERS: Final = 4
 JSON: Final = "application/json"
 
 Answer = tuple[int, Any]
@@ -180,20 +185,10 @@ class ExtenderService:
         return code, payload
 
 
-class _Server(_HTTPServer):
-    """The threaded server of `corepin.api.http` with a longer accept queue and TCP_NODELAY
-    on the listening socket."""
-
-    request_queue_size = 128
-
-    def server_bind(self) -> None:
-        self.socket.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
-        super().server_bind()
-
-
-class ExtenderServer(ThreadedServer[_Server]):
+class ExtenderServer(ThreadedServer):
     """The HTTP side (see the module docstring); `start()` binds, `stop()` returns within a
-    few seconds."""
+    few seconds. With `tls` (a callable giving the context of each new connection) it serves
+    HTTPS."""
 
     VERBS: Final = ("filter", "prioritize", "bind", "preempt")
 
@@ -212,29 +207,34 @@ class ExtenderServer(ThreadedServer[_Server]):
         metrics: Any = None,
         max_body: int = MAX_BODY,
         timeout: float = TIMEOUT,
+        max_connections: int = MAX_CONNECTIONS,
+        workers: int = WORKERS,
+        tls: Callable[[], ssl.SSLContext] | None = None,
     ) -> None:
         self.service = service
-        super().__init__(address)
+        super().__init__(
+            address,
+            limits=Limits(
+                request_timeout=timeout,
+                idle_timeout=IDLE_TIMEOUT,
+                max_connections=max_connections,
+                workers=workers,
+                max_body=max_body,
+            ),
+            tls=tls,
+        )
         self.ready = ready
         self.registry = metrics
         self.max_body = max_body
         self.timeout = timeout
 
-    def _make_server(self) -> _Server:
-        return _Server(self.host, self.requested_port, _handler_for(self))
+    def _handler(self) -> type[RequestHandler]:
+        return _handler_for(self)
 
 
-def _handler_for(owner: ExtenderServer) -> type[BaseHTTPRequestHandler]:
-    class Handler(BaseHTTPRequestHandler):
-        timeout = owner.timeout
+def _handler_for(owner: ExtenderServer) -> type[RequestHandler]:
+    class Handler(RequestHandler):
         server_version = "corepin-extender"
-        protocol_version = "HTTP/1.1"
-
-        def setup(self) -> None:
-            super().setup()
-            # headers and body go out in two writes: without this, Nagle's algorithm holds
-            # the body until the client's delayed ACK of the headers (40 ms on Linux)
-            self.request.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
 
         def _send(self, code: int, body: bytes, content_type: str = JSON) -> None:
             self.send_response(code)
@@ -263,11 +263,7 @@ def _handler_for(owner: ExtenderServer) -> type[BaseHTTPRequestHandler]:
             if length > owner.max_body:
                 self._refuse(413, f"the body is larger than {owner.max_body} bytes")
                 return
-            try:
-                body = self.rfile.read(length)
-            except OSError:  # (a client too slow for the timeout)
-                self.close_connection = True
-                return
+            body = self.rfile.read(length)  # (read whole by the server, within its deadline)
             if len(body) < length:
                 self.close_connection = True
                 return
@@ -304,9 +300,6 @@ def _handler_for(owner: ExtenderServer) -> type[BaseHTTPRequestHandler]:
             self.end_headers()
 
         do_PUT = do_DELETE = do_PATCH = _not_allowed
-
-        def log_message(self, format: str, *args: Any) -> None:
-            log.debug("http_request client=%s %s", self.client_address[0], format % args)
 
     return Handler
 
