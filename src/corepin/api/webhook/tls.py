@@ -57,9 +57,7 @@ def _read(path: str, what: str) -> str:
     return data.decode("ascii", "replace")
 
 
-def build_context(
-    cert_file: str, key_file: str, client_ca: str | None = None
-) -> ssl.SSLContext:
+def build_context(cert_file: str, key_file: str, client_ca: str | None = None) -> ssl.SSLContext:
     """A server-side TLS context (TLS >= 1.2, HTTP/1.1 by ALPN) for the pair; with `client_ca`
     (a PEM bundle) every client must present a certificate that it signed. TLSFilesError
     naming the file at fault."""
