@@ -122,7 +122,9 @@ def k8s_validate(obj: dict[str, Any]) -> None:
 
 # ---------------------------------------------------------------------- kustomize and validation
 @needs_kubectl
-@pytest.mark.parametrize("target", ["default", "with-cert-manager", *COMPONENT_DIRS])
+@pytest.mark.parametrize(
+    "target", ["default", "with-cert-manager", "network-policies", *COMPONENT_DIRS]
+)
 def test_kubectl_kustomize_builds(target: str) -> None:
     built = kustomize(target)
     assert built, f"deploy/{target} built nothing"
@@ -753,6 +755,12 @@ CONTRACT_FLAGS = {
 }  # fmt: skip
 
 
+#: flags beyond the contract's that a Deployment may pass: the extender's TLS with client
+#: certificates and its plain health port
+HARDENING_FLAGS = {"extender": {"--tls-cert", "--tls-key", "--client-ca", "--metrics-address"}}
+EXTENDER_OPS_PORT = 9468
+
+
 def test_contract_flags_table_matches_contracts_md() -> None:
     contracts = SHARED / "design" / "CONTRACTS.md"
     if not contracts.exists():
@@ -868,13 +876,15 @@ def test_deployment_runs_its_command_with_contract_flags_and_probes(
     c = container("Deployment", f"corepin-{command}")
     assert c["command"] == ["corepin"] and c["args"][0] == command
     given = flags(c["args"])
-    assert set(given) <= CONTRACT_FLAGS[command]
+    assert set(given) <= CONTRACT_FLAGS[command] | HARDENING_FLAGS.get(command, set())
     assert given[address_flag] == f":{port}"
     ports = {p["name"]: p["containerPort"] for p in c["ports"]}
-    assert list(ports.values()) == [port]
+    # the extender's HTTPS port wants a client certificate: its probes use the plain one
+    probe_port = EXTENDER_OPS_PORT if command == "extender" else port
+    assert sorted(ports.values()) == sorted({port, probe_port})
     for probe in ("livenessProbe", "readinessProbe"):
         get = c[probe]["httpGet"]
-        assert get["path"] == "/healthz" and ports[get["port"]] == port
+        assert get["path"] == "/healthz" and ports[get["port"]] == probe_port
         assert get.get("scheme", "HTTP") == ("HTTPS" if command == "webhook" else "HTTP")
     assert c["image"] == IMAGE
     security = c["securityContext"]
@@ -896,6 +906,71 @@ def test_webhook_tls_files_come_from_the_secret() -> None:
         mount, volume = mounts[directory]
         assert mount["readOnly"] is True and filename == key
         assert volume["secret"]["secretName"] == "corepin-webhook-tls"
+
+
+def test_extender_serves_tls_with_client_certificates_from_the_secret() -> None:
+    given = flags(container("Deployment", "corepin-extender")["args"])
+    assert "--insecure-http" not in given
+    mounts = _mounts("Deployment", "corepin-extender")
+    for flag, key in (
+        ("--tls-cert", "tls.crt"),
+        ("--tls-key", "tls.key"),
+        ("--client-ca", "ca.crt"),
+    ):
+        directory, _, filename = given[flag].rpartition("/")
+        mount, volume = mounts[directory]
+        assert mount["readOnly"] is True and filename == key
+        assert volume["secret"]["secretName"] == "corepin-extender-tls"
+    assert given["--metrics-address"] == f":{EXTENDER_OPS_PORT}"
+
+
+def _network_policies() -> dict[str, dict[str, Any]]:
+    if KUBECTL is not None:
+        built = kustomize("network-policies")
+    else:
+        built = list(_resources_of(DEPLOY / "network-policies"))
+    return {o["metadata"]["name"]: o for o in built}
+
+
+def test_network_policies_validate_and_select_the_pods_they_guard() -> None:
+    policies = _network_policies()
+    assert set(policies) == {"corepin-extender", "corepin-webhook"}
+    for name, policy in policies.items():
+        k8s_validate(policy)
+        assert policy["metadata"]["namespace"] == NAMESPACE
+        labels = pod_spec_labels(name)
+        assert policy["spec"]["podSelector"]["matchLabels"].items() <= labels.items()
+        assert policy["spec"]["policyTypes"] == ["Ingress"]
+
+
+def pod_spec_labels(name: str) -> dict[str, str]:
+    labels: dict[str, str] = one("Deployment", name)["spec"]["template"]["metadata"]["labels"]
+    return labels
+
+
+def test_only_the_control_plane_may_open_the_extender_and_the_webhook_ports() -> None:
+    policies = _network_policies()
+    extender_ports = {
+        p["containerPort"]: p["name"] for p in container("Deployment", "corepin-extender")["ports"]
+    }
+    rules = {
+        r["ports"][0]["port"]: r.get("from")
+        for r in policies["corepin-extender"]["spec"]["ingress"]
+    }
+    assert set(rules) == set(extender_ports)  # every port the pod serves has a rule
+    sources = rules[9467]
+    assert sources, "the extender's HTTPS port is open to everyone"
+    in_pods = [s for s in sources if "podSelector" in s]
+    assert in_pods and all(
+        s["namespaceSelector"]["matchLabels"] == {"kubernetes.io/metadata.name": "kube-system"}
+        and s["podSelector"]["matchLabels"] == {"component": "kube-scheduler"}
+        for s in in_pods
+    )
+    assert [s["ipBlock"]["cidr"] for s in sources if "ipBlock" in s] == ["192.0.2.0/24"]
+    assert rules[EXTENDER_OPS_PORT] is None  # probes and scrapes
+    (webhook_rule,) = policies["corepin-webhook"]["spec"]["ingress"]
+    assert webhook_rule["ports"] == [{"port": 9443, "protocol": "TCP"}]
+    assert webhook_rule["from"] == [{"ipBlock": {"cidr": "192.0.2.0/24"}}]
 
 
 def _service_port(name: str, target: str) -> int:
@@ -948,8 +1023,11 @@ def test_extender_scheduler_configuration_wires_the_service() -> None:
     assert config["apiVersion"] == "kubescheduler.config.k8s.io/v1"
     assert config["kind"] == "KubeSchedulerConfiguration"
     (ext,) = config["extenders"]
-    port = _service_port("corepin-extender", "http")
-    assert ext["urlPrefix"] == f"http://corepin-extender.{NAMESPACE}.svc:{port}"
+    port = _service_port("corepin-extender", "https")
+    assert ext["urlPrefix"] == f"https://corepin-extender.{NAMESPACE}.svc:{port}"
+    assert ext["enableHTTPS"] is True
+    assert {"certFile", "keyFile", "caFile"} <= set(ext["tlsConfig"])
+    assert ext["tlsConfig"]["serverName"] == f"corepin-extender.{NAMESPACE}.svc"
     assert (ext["filterVerb"], ext["prioritizeVerb"], ext["bindVerb"]) == (
         "filter",
         "prioritize",
