@@ -1286,9 +1286,9 @@ class ShieldEngine:
 
     def _reset_children(self, parent: str, g: RestrictedGroup) -> str | None:
         """Switch cpuset off and on again in `parent`'s subtree_control, which makes every
-        child inherit again - only when that loses nothing: each other child inherits its
-        CPUs and memory nodes, is no partition and gives cpuset to no group below. None when
-        done, else why not."""
+        child inherit again - only when that loses nothing: no other child is a partition or
+        gives cpuset to a group below (the others get their CPUs and memory nodes written
+        back at once). None when done, else why not."""
         drv = self._drv
         if not parent:
             return "it is the root group"
@@ -1301,8 +1301,6 @@ class ShieldEngine:
                 part = drv.read_file(child, "cpuset.cpus.partition").split()
                 if part and part[0] != "member":
                     return f"{child} is a {part[0]} partition"
-                if drv.read_cpus_text(child) or drv.read_mems_text(child):
-                    return f"{child} has CPUs or memory nodes of its own"
             except CgroupError as exc:
                 if exc.reason != "cgroup_missing":
                     return str(exc)
@@ -1311,14 +1309,26 @@ class ShieldEngine:
         mems = drv.read_mems_text(g.path)
         if mems:
             return f"{g.path} has memory nodes of its own ({mems})"
+        keep: list[tuple[str, str, str]] = []
+        for child in drv.child_groups(parent):
+            if child != g.path:
+                try:
+                    keep.append((child, drv.read_cpus_text(child), drv.read_mems_text(child)))
+                except CgroupError:
+                    continue
         try:
             drv.write_file(parent, "cgroup.subtree_control", "-cpuset")
         except CgroupError as exc:
             return str(exc)
         try:
             drv.write_file(parent, "cgroup.subtree_control", "+cpuset")
+            for child, cpus, mems in keep:  # the other children keep what they had
+                if mems:
+                    drv.write_file(child, "cpuset.mems", mems)
+                if cpus:
+                    drv.write_file(child, "cpuset.cpus", cpus)
         except CgroupError as exc:
-            return f"cpuset stays off in {parent}: {exc}"
+            return f"cpuset in {parent} after a reset: {exc}"
         return None
 
     def _send_home(
