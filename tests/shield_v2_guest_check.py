@@ -6,6 +6,8 @@ test-bed guest): run INSIDE a guest, never on a shared host.
 Layouts (each built below /sys/fs/cgroup with scratch `sleep` tasks, cpuset and memory on at
 the root as on a systemd host):
 
+- `flat`: a scope /cpv2f whose own group holds three tasks and that has no child (the kernel
+  would let it enable cpuset with those tasks in it and turn it into a thread root);
 - `internal`: a scope /cpv2s whose own group holds three tasks (the "internal process" case),
   a group below it holding a task and giving no controller to its own child (which holds one
   too), a leaf with a task, and a threaded subtree (a thread root with a threaded child holding
@@ -124,6 +126,12 @@ def build(layout: str, held: list[subprocess.Popen[bytes]]) -> Path:
             time.sleep(0.1)
         write(scope / "app/t/cgroup.threads", tid_file.read_text())
         return scope
+    if layout == "flat":  # the scope's own group holds every task: nothing below it
+        scope = ROOT / "cpv2f"
+        scope.mkdir()
+        for _ in range(3):
+            held.append(sleeper(scope))
+        return scope
     scope = ROOT / "cpv2e"
     scope.mkdir()
     write(scope / "cgroup.subtree_control", "+cpuset")
@@ -211,7 +219,7 @@ def check(layout: str, state: str) -> dict[str, Any]:
 
 def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("layout", choices=("internal", "inherit"))
+    parser.add_argument("layout", choices=("flat", "internal", "inherit"))
     parser.add_argument("--state-dir", required=True)
     parser.add_argument("--this-machine-is-mine", action="store_true")
     args = parser.parse_args()
