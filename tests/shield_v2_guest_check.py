@@ -167,8 +167,14 @@ def check(layout: str, state: str) -> dict[str, Any]:
             problems.append(f"shield on exit {on.returncode}: {on.stderr.strip()[-600:]}")
         figures["during"] = snapshot(scope)["groups"].get(scope.name, {}).get("type")
         run = subprocess.Popen(
-            [sys.executable, "-m", "corepin", "run", "--state-dir", state, "--exclusive", "1"]
-            + ["--", "sleep", "600"]
+            [
+                *(sys.executable, "-m", "corepin", "run", "--state-dir", state),
+                "--exclusive",
+                "1",
+                "--",
+                "sleep",
+                "600",
+            ]
         )
         try:
             rows: list[dict[str, Any]] = []
