@@ -12,6 +12,8 @@ the root as on a systemd host):
   a group below it holding a task and giving no controller to its own child (which holds one
   too), a leaf with a task, and a threaded subtree (a thread root with a threaded child holding
   one thread of a two-thread process);
+- `threadroot`: a scope /cpv2t that is a thread root already: a task in it, a threaded child
+  holding one thread of a two-thread process whose main thread is in the scope;
 - `inherit`: a scope /cpv2e that gives cpuset to its children already: a leaf with tasks and
   an empty cpuset.cpus (inheriting), and a sibling with CPUs of its own.
 
@@ -103,6 +105,19 @@ def scope_threads(scope: Path) -> dict[int, tuple[str, set[int]]]:
     return out
 
 
+def threads(group: Path, second: Path) -> subprocess.Popen[bytes]:
+    """A two-thread process in `group`, its second thread moved to the threaded `second`."""
+    tid_file = Path(f"/tmp/cpv2-tid-{group.name}")
+    tid_file.unlink(missing_ok=True)
+    proc = subprocess.Popen([sys.executable, "-c", THREADS, str(tid_file)])
+    write(group / "cgroup.procs", str(proc.pid))
+    deadline = time.monotonic() + 30
+    while not (tid_file.exists() and tid_file.read_text()) and time.monotonic() < deadline:
+        time.sleep(0.1)
+    write(second / "cgroup.threads", tid_file.read_text())
+    return proc
+
+
 def build(layout: str, held: list[subprocess.Popen[bytes]]) -> Path:
     write(ROOT / "cgroup.subtree_control", "+cpuset +memory")
     if layout == "internal":
@@ -116,15 +131,15 @@ def build(layout: str, held: list[subprocess.Popen[bytes]]) -> Path:
         held.append(sleeper(scope / "mid"))
         held.append(sleeper(scope / "mid/child"))
         write(scope / "app/t/cgroup.type", "threaded")
-        tid_file = Path("/tmp/cpv2-tid")
-        tid_file.unlink(missing_ok=True)
-        proc = subprocess.Popen([sys.executable, "-c", THREADS, str(tid_file)])
-        held.append(proc)
-        write(scope / "app/cgroup.procs", str(proc.pid))
-        deadline = time.monotonic() + 30
-        while not (tid_file.exists() and tid_file.read_text()) and time.monotonic() < deadline:
-            time.sleep(0.1)
-        write(scope / "app/t/cgroup.threads", tid_file.read_text())
+        held.append(threads(scope / "app", scope / "app/t"))
+        return scope
+    if layout == "threadroot":  # the scope is a thread root: tasks in it, a threaded child
+        scope = ROOT / "cpv2t"
+        scope.mkdir()
+        (scope / "t").mkdir()
+        write(scope / "t/cgroup.type", "threaded")
+        held.append(sleeper(scope))
+        held.append(threads(scope, scope / "t"))
         return scope
     if layout == "flat":  # the scope's own group holds every task: nothing below it
         scope = ROOT / "cpv2f"
@@ -225,7 +240,7 @@ def check(layout: str, state: str) -> dict[str, Any]:
 
 def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("layout", choices=("flat", "internal", "inherit"))
+    parser.add_argument("layout", choices=("flat", "internal", "inherit", "threadroot"))
     parser.add_argument("--state-dir", required=True)
     parser.add_argument("--this-machine-is-mine", action="store_true")
     args = parser.parse_args()

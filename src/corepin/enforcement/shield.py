@@ -405,10 +405,14 @@ class ShieldEngine:
         return process_table(self.proc_root)
 
     def _procs(self, path: str) -> list[int]:
+        """The processes of `path`; none for a threaded group (cgroup v2 refuses to list
+        them: its processes are its thread root's) or one that is gone."""
         try:
             return self._drv.procs(path)
         except CgroupError:
             if not self._drv.exists(path):
+                return []
+            if self._drv.version == 2 and self._cgroup_type(path) == "threaded":
                 return []
             raise
 
