@@ -1,9 +1,10 @@
-"""The shield on cgroup v2 layouts that real hosts have, in a test-bed guest (QEMU, `tests/vm`):
-a scope whose own group holds tasks (alone, with groups below it holding tasks and a
-threaded subtree, and as a thread root), and a leaf with tasks whose empty cpuset.cpus
-inherits its parent's. Each layout: `shield on --scope` covers every thread (none may use
-the exclusive run's CPU, `shield status` lists nothing exposed), and `shield off` puts back exactly what was there (cpuset.cpus
-including absent and empty values, subtree_control, cgroup.type, every thread's group).
+"""The shield on cgroup v2 layouts that real hosts have, in a test-bed guest (QEMU, `tests/vm`): a
+scope whose own group holds tasks (alone, with groups below it holding tasks and a threaded
+subtree, and as a thread root), and a leaf with tasks whose empty cpuset.cpus inherits its
+parent's. Each layout: `shield on --scope` covers every thread (none may use the exclusive
+run's CPU, `shield status` lists nothing exposed), and `shield off` puts back exactly what was
+there (cpuset.cpus including absent and empty values, subtree_control, cgroup.type, every
+thread's group).
 
 The work happens inside the guest (`tests/shield_v2_guest_check.py`); this module boots one
 guest and reads the verdicts. Skips where the test bed cannot run (`vm.skip_reason()`).
