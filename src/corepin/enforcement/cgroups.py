@@ -233,6 +233,15 @@ class CgroupDriver:
     def exists(self, path: str) -> bool:
         return os.path.isdir(self.dir(path))
 
+    def forget(self, path: str) -> None:
+        """Drop the cached file names of the group `path` and of every group below it (it is
+        gone: a node agent's pod), so the caches stay as big as the live groups."""
+        below = path.rstrip("/") + "/"
+        for dir_key in [k for k in self._dirs if k[0] == path or k[0].startswith(below)]:
+            self._dirs.pop(dir_key, None)
+        for file_key in [k for k in self._files if k[0] == path or k[0].startswith(below)]:
+            self._files.pop(file_key, None)
+
     @staticmethod
     def parent(path: str) -> str | None:
         """The parent's relative path, None for the root."""

@@ -973,6 +973,11 @@ class NodeAgent:
             self._told.pop(told, None)
         for seen in [k for k in self._seen_running if k[0] == uid]:
             self._seen_running.pop(seen, None)
+        for qos in ("guaranteed", "burstable", "besteffort"):
+            try:
+                self.cgroups.driver.forget(self.cgroups.pod_path(qos, uid))
+            except CorepinError:
+                break  # (a uid no cgroup path is made of: nothing was cached for it)
 
     def _uids_gone(self, state: HostState, namespace: str, name: str, uid: str) -> list[str]:
         """Uids of older pods with this name (deleted and created again) still in the state."""
