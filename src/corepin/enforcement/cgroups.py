@@ -903,7 +903,7 @@ def open_cpuset_hierarchy(
     *,
     mountinfo: str = "/proc/self/mountinfo",
 ) -> CgroupDriver:
-    """The driver of the cpuset hierarchy below `cgroup_root` (CONTRACTS 7.1 `--cgroup-root`):
+    """The driver of the cpuset hierarchy below `cgroup_root` (`--cgroup-root`):
     at the default root the mounted hierarchy found in /proc/self/mountinfo (v1 or v2); else,
     when there is no `cpuset` below it but a `cgroup.controllers` file in it, `cgroup_root`
     itself as cgroup v2 (a cgroup2 mount, or a tree standing in for one); else cgroup v1 with
