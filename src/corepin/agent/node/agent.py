@@ -16,7 +16,16 @@ Threads and data flow:
 
 Restart: the checkpoint is validated against the live topology, assignments of pods that are
 gone are released, and the agent's own PodCPUBindings fill in what a lost checkpoint forgot, all
-before the first pod is looked at - a CPU is never handed out twice across a restart.
+before the first pod is looked at - a CPU is never handed out twice across a restart. Agent
+bindings and assignment files of pods that are gone are deleted then and on every resync, and
+every table kept per pod goes with its pod.
+
+One agent per node: `start` first takes the node lock (a `flock` on `<state dir>/agent.lock`),
+so a second agent of the node reads and writes nothing until the first is gone.
+
+One pod never stops the others: a pod whose sync, quota or Events fail is logged and told (a
+Warning Event), and the batch goes on without it; each API write and assignment file is done on
+its own.
 
 The agent refuses to start next to the kubelet's static CPU manager (its cpu_manager_state
 names policy `static`) unless `kubelet_compat`, which imports the kubelet's assignments and
