@@ -166,6 +166,9 @@ def run(args: Any) -> int:
     done = stop_on_signals()
     ops.start()
     try:
+        # a second agent of this node waits here (not ready) until the first one goes
+        if not agent.acquire_node_lock(done):
+            return 0
         agent.start()
         grpc_server.start()
         watches = 0

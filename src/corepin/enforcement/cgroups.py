@@ -233,6 +233,15 @@ class CgroupDriver:
     def exists(self, path: str) -> bool:
         return os.path.isdir(self.dir(path))
 
+    def forget(self, path: str) -> None:
+        """Drop the cached file names of the group `path` and of every group below it (it is
+        gone: a node agent's pod), so the caches stay as big as the live groups."""
+        below = path.rstrip("/") + "/"
+        for dir_key in [k for k in self._dirs if k[0] == path or k[0].startswith(below)]:
+            self._dirs.pop(dir_key, None)
+        for file_key in [k for k in self._files if k[0] == path or k[0].startswith(below)]:
+            self._files.pop(file_key, None)
+
     @staticmethod
     def parent(path: str) -> str | None:
         """The parent's relative path, None for the root."""
@@ -852,8 +861,6 @@ DEFAULT_CGROUP_ROOT = "/sys/fs/cgroup"
 
 def is_cgroup_mount(path: str | os.PathLike[str], mountinfo: str = "/proc/self/mountinfo") -> bool:
     """Whether `path` is itself the mount point of a cgroup (v1 or v2) file system."""
-    from corepin.sysfs.procfs import read_mountinfo
-
     target = os.path.realpath(path)
     try:
         mounts = read_mountinfo(mountinfo)
@@ -862,20 +869,65 @@ def is_cgroup_mount(path: str | os.PathLike[str], mountinfo: str = "/proc/self/m
     return any(m.mount_point == target and m.fstype in ("cgroup", "cgroup2") for m in mounts)
 
 
+def _v1_controller_dirs(root: str, mountinfo: str) -> dict[str, str]:
+    """v1 controller -> its hierarchy's directory below `root` (symlinks resolved): the cgroup
+    mounts mountinfo lists right below `root` as reached from here (a bind mount of the host's
+    /sys/fs/cgroup lists its own copies of them), then the directories (and symlinks such as
+    `cpu -> cpu,cpuacct`) right below `root`, named after the controllers they carry."""
+    found: dict[str, str] = {}
+    real = os.path.realpath(root)
+    try:
+        mounts = read_mountinfo(mountinfo)
+    except CorepinError:
+        mounts = []
+    for mount in mounts:
+        if mount.fstype == "cgroup" and os.path.dirname(mount.mount_point) == real:
+            for controller in mount.cgroup_controllers:
+                found.setdefault(controller, mount.mount_point)
+    try:
+        entries = sorted(os.listdir(root))
+    except OSError:
+        entries = []
+    for entry in entries:
+        target = os.path.realpath(os.path.join(root, entry))
+        if not os.path.isdir(target):
+            continue
+        for controller in (*entry.split(","), *os.path.basename(target).split(",")):
+            if controller:
+                found.setdefault(controller, target)
+    return found
+
+
 def open_cpuset_hierarchy(
     cgroup_root: str | os.PathLike[str] = DEFAULT_CGROUP_ROOT,
+    *,
+    mountinfo: str = "/proc/self/mountinfo",
 ) -> CgroupDriver:
-    """The driver of the cpuset hierarchy below `cgroup_root` (CONTRACTS 7.1 `--cgroup-root`):
-    at the default root the mounted hierarchy found in /proc/self/mountinfo (v1 or v2); else
-    `<cgroup_root>/cpuset` as cgroup v1 - a real mount, or a plain directory tree standing in
-    for one (tests, dry runs), driven with `fake_tree` so the kernel's rules still apply; or,
+    """The driver of the cpuset hierarchy below `cgroup_root` (`--cgroup-root`):
+    at the default root the mounted hierarchy found in /proc/self/mountinfo (v1 or v2); else,
     when there is no `cpuset` below it but a `cgroup.controllers` file in it, `cgroup_root`
-    itself as cgroup v2 (a cgroup2 mount, or a tree standing in for one)."""
+    itself as cgroup v2 (a cgroup2 mount, or a tree standing in for one); else cgroup v1 with
+    each controller found below the root, however the root is reached (a bind mount such as a
+    DaemonSet's /host/sys/fs/cgroup, a symlink): `<root>/cpuset` for cpusets, and for CFS quota
+    the hierarchy carrying `cpu` - `<root>/cpu`, the combined `cpu,cpuacct` mount, or a symlink
+    to it - that holds `cpu.cfs_quota_us`. A plain directory tree standing in for cgroupfs
+    (tests, dry runs) is driven with `fake_tree`, so the kernel's rules still apply."""
     root = os.fspath(cgroup_root).rstrip("/") or "/"
     if root == DEFAULT_CGROUP_ROOT:
         return open_cgroups()
     cpuset = os.path.join(root, "cpuset")
     if not os.path.isdir(cpuset) and os.path.isfile(os.path.join(root, "cgroup.controllers")):
         # a cgroup v2 root: a cgroup2 mount, or a directory tree standing in for one
-        return CgroupV2(root, fake_tree=not is_cgroup_mount(root))
-    return CgroupV1(cpuset, fake_tree=os.path.isdir(cpuset) and not is_cgroup_mount(cpuset))
+        return CgroupV2(root, fake_tree=not is_cgroup_mount(root, mountinfo))
+    dirs = _v1_controller_dirs(root, mountinfo)
+    if not os.path.isdir(cpuset) and "cpuset" in dirs:
+        cpuset = dirs["cpuset"]
+    cpu = dirs.get("cpu")
+    if cpu is not None and not os.path.isfile(os.path.join(cpu, "cpu.cfs_quota_us")):
+        cpu = None  # (a kernel without CFS bandwidth control: quota is not managed)
+    if (cpu is None and os.path.isfile(os.path.join(cpuset, "cpu.cfs_quota_us"))) or (
+        cpu is not None and os.path.realpath(cpu) == os.path.realpath(cpuset)
+    ):
+        cpu = cpuset  # co-mounted with cpuset
+    fake = os.path.isdir(cpuset) and not is_cgroup_mount(cpuset, mountinfo)
+    return CgroupV1(cpuset, cpu, fake_tree=fake)
