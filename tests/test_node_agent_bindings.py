@@ -228,7 +228,7 @@ def test_a_validated_binding_of_a_pod_being_bound_here_holds_its_cpus_briefly(
     promised = C("2-3")
     user_binding(node, "next", "next", promised, status={"phase": "Validated", "nodeName": NODE})
     settle(node)
-    assert not free(node) & promised
+    wait_for(lambda: not free(node) & promised, what="the promised CPUs withheld")
     other = node.pod("other", container("app", "28"), annotations=EXCLUSIVE)
     node.run(other)
     wait_for(lambda: node.annotation(other) is not None, what="other pinned")
@@ -252,6 +252,6 @@ def test_a_validated_binding_of_a_pod_being_bound_here_holds_its_cpus_briefly(
     spare = CPUSet.of(min(free(node)))
     user_binding(node, "never", "never", spare, status={"phase": "Validated", "nodeName": NODE})
     settle(node)
-    assert not spare & free(node)
+    wait_for(lambda: not spare & free(node), what=f"CPU {spare} withheld")
     agent.promise_grace = 0.0  # as if the grace were over
-    assert spare & free(node), f"CPU {spare} offered again once the grace is over"
+    wait_for(lambda: bool(spare & free(node)), what=f"CPU {spare} offered again after the grace")

@@ -335,9 +335,16 @@ def test_a_pod_with_an_absurd_cpu_limit_stops_nobody(
         timeout=15,
         what="the absurd pod on the shared pool",
     )
-    status = (ncpt(node) or {}).get("status") or {}
-    published = {a["pod"]: CPUSet.parse(a["cpus"]) for a in status.get("allocations", [])}
-    assert published == {p["metadata"]["name"]: node.cpus(p, "app") for p in good}
+
+    def published() -> dict[str, CPUSet]:
+        status = (ncpt(node) or {}).get("status") or {}
+        return {a["pod"]: CPUSet.parse(a["cpus"]) for a in status.get("allocations", [])}
+
+    wait_for(
+        lambda: published() == {p["metadata"]["name"]: node.cpus(p, "app") for p in good},
+        timeout=30,
+        what="the published allocations agree with the cgroups",
+    )
 
 
 def documented_file_name(namespace: str, pod: str, container_name: str) -> str:
