@@ -120,11 +120,18 @@ class Pinner:
                 )
             parent = self.settings.cgroup_parent
             if not driver.exists(parent):
-                self.writes += len(driver.create(parent))
+                try:
+                    self.writes += len(driver.create(parent))
+                except CgroupError as err:
+                    # v2: a group on the way holds processes, so no run group can be made
+                    # below it (`prepare` says why); a partition's group below the root can
+                    if err.reason != "cgroup_has_processes" or mode != "on":
+                        raise
             self._driver = driver
             return True
         except CorepinError:
             if mode == "on":
+                self._cgroups = False  # nothing was made: releasing the run has none to remove
                 raise
             return False
 
