@@ -6,6 +6,8 @@ from __future__ import annotations
 
 import os
 import shutil
+import subprocess
+import sys
 import tempfile
 from collections.abc import Iterator
 from pathlib import Path
@@ -27,11 +29,16 @@ TINY = Shape("tiny", cores=2, mem_mb=384)
 @pytest.fixture
 def checkout_in_tmp() -> Iterator[Path]:
     """A stand-in checkout directly below the host's /tmp (whatever pytest's basetemp is), with
-    this checkout's venv and probe, and a marker file only it holds."""
+    a venv of its own (bare: the probe needs only the standard library), this checkout's probe
+    and a marker file only it holds."""
     where = Path(tempfile.mkdtemp(prefix="corepin clone ", dir="/tmp"))
     try:
         (where / "MARKER").write_text(f"checkout {where}\n")
-        (where / ".venv").symlink_to(REPO / ".venv")
+        subprocess.run(
+            [sys.executable, "-m", "venv", "--without-pip", str(where / ".venv")],
+            check=True,
+            timeout=120,
+        )
         (where / "tests" / "vm").mkdir(parents=True)
         shutil.copy(REPO / "tests" / "vm" / "probe.py", where / "tests" / "vm" / "probe.py")
         yield where
