@@ -710,7 +710,12 @@ class CgroupV2(CgroupDriver):
         if not missing:
             return
         if split_cgroup_path(path) and self.group_type(path) == "domain":
-            pids = self.procs(path)
+            try:
+                pids = self.procs(path)
+            except CgroupError as err:
+                if err.reason != "cgroup_missing":
+                    raise
+                pids = []  # a tree standing in for cgroupfs, made without the file
             if pids:
                 shown = " ".join(map(str, pids[:5])) + (" ..." if len(pids) > 5 else "")
                 raise CgroupError(
@@ -766,7 +771,7 @@ class CgroupV2(CgroupDriver):
             text = _read_text(file)
         except OSError as err:
             if err.errno != errno.EOPNOTSUPP:
-                return super().procs(path)  # raises the CgroupError for this failure
+                return CgroupDriver.procs(self, path)  # raises the CgroupError for it
             return _processes_of(self.read_file(path, "cgroup.threads").split())
         return [int(x) for x in text.split()]
 
