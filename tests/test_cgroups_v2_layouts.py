@@ -30,6 +30,7 @@ def v2(tmp_path: Path) -> CgroupV2:
 
 def test_a_group_holding_processes_is_not_asked_to_hand_cpuset_down(v2: CgroupV2) -> None:
     v2.controllers = ("cpuset",)
+    v2.guard_processes = True  # as host mode sets it (usable_hierarchy)
     v2.create("corepin")
     v2.write_file("corepin", "cgroup.procs", "4242")
     with pytest.raises(CgroupError) as caught:

@@ -55,7 +55,8 @@ KUBELET_PARENTS = ("kubepods", "kubepods.slice")
 def usable_hierarchy(driver: CgroupDriver) -> CgroupDriver:
     """`driver` when its hierarchy is there and carries the cpuset controller; CgroupError
     (no_cpuset_hierarchy) otherwise. A cgroup v2 driver is set to enable only `cpuset` in the
-    groups it creates (host mode needs nothing else, and a v2 host may not offer `cpu`)."""
+    groups it creates (host mode needs nothing else, and a v2 host may not offer `cpu`), and
+    never in a group that holds processes (`CgroupV2.guard_processes`)."""
     from corepin.enforcement.cgroups import CgroupV2
 
     if not os.path.isdir(driver.root):
@@ -78,6 +79,7 @@ def usable_hierarchy(driver: CgroupDriver) -> CgroupDriver:
                 reason="no_cpuset_hierarchy",
             )
         driver.controllers = ("cpuset",)
+        driver.guard_processes = True  # never turn someone's group with processes threaded
     return driver
 
 

@@ -641,6 +641,9 @@ class CgroupV2(CgroupDriver):
 
     #: the controllers `create` enables for the children of each parent it walks through
     controllers: tuple[str, ...] = field(default=("cpuset", "cpu"), kw_only=True)
+    #: refuse to enable controllers in a (non-root, domain) group that holds processes (host
+    #: mode sets it: see `enable_controllers`)
+    guard_processes: bool = field(default=False, kw_only=True)
 
     def __post_init__(self) -> None:
         self.version = 2
@@ -689,8 +692,9 @@ class CgroupV2(CgroupDriver):
         (its cgroup.controllers), so a host without, say, the cpu controller still gets
         cpuset groups.
 
-        A plain (domain) group below the root that holds processes is refused with a
-        CgroupError (cgroup_has_processes), nothing written: v2 lets such a group enable
+        With `guard_processes`, a plain (domain) group below the root that holds processes is
+        refused with a CgroupError (cgroup_has_processes), nothing written: v2 lets such a group
+        enable
         cpuset or cpu, but then silently makes it the root of a threaded subtree
         (`domain threaded`), and every domain child it has or gets becomes `domain invalid`,
         unable to hold processes - someone else's group would change type by our write."""
@@ -709,7 +713,7 @@ class CgroupV2(CgroupDriver):
         missing = [c for c in wanted if c == "cpuset" or offered is None or c in offered]
         if not missing:
             return
-        if split_cgroup_path(path) and self.group_type(path) == "domain":
+        if self.guard_processes and split_cgroup_path(path) and self.group_type(path) == "domain":
             try:
                 pids = self.procs(path)
             except CgroupError as err:
