@@ -388,8 +388,11 @@ class ShieldEngine:
         own = (record.system_group, record.managed_group)
         return any(path == i or path.startswith(i + "/") for i in (*own, *record.excluded))
 
-    def _foreign_groups(self, record: ShieldRecord) -> list[str]:
-        """Every group below the scope that is not excluded, parents before children."""
+    def _foreign_groups(
+        self, record: ShieldRecord, partitions: list[str] | None = None
+    ) -> list[str]:
+        """Every group below the scope that is not excluded nor a partition (or below one),
+        parents before children; the partitions found are added to `partitions`."""
         drv = self._drv
         out: list[str] = []
         stack = list(reversed(drv.child_groups(record.scope)))
@@ -397,9 +400,29 @@ class ShieldEngine:
             path = stack.pop()
             if self._excluded(path, record):
                 continue
+            if self._partition(path):
+                if partitions is not None:
+                    partitions.append(path)
+                continue
             out.append(path)
             stack.extend(reversed(drv.child_groups(path)))
         return out
+
+    def _partition(self, path: str) -> str:
+        """cgroup v2: the group's `cpuset.cpus.partition` when it is not a plain member ("root",
+        "isolated", or an invalid one: "root invalid (...)"), else "". The shield never
+        rewrites a partition or the groups below it: narrowing a partition root's CPUs can
+        invalidate it (its CPUs go back to its parent), and writing an invalid one's can make
+        it valid again - either way `off` could not put the partition back as it was. Its
+        tasks stay where they are, and `shield status` lists those allowed on a CPU outside
+        the system set as exposed."""
+        if self._drv.version != 2 or not path:
+            return ""
+        try:
+            text = self._drv.read_file(path, "cpuset.cpus.partition").strip()
+        except CgroupError:
+            return ""
+        return "" if not text or text == "member" else text
 
     def _table(self) -> dict[int, ProcStat]:
         return process_table(self.proc_root)
@@ -818,7 +841,17 @@ class ShieldEngine:
 
         drv = self._drv
         saved = {g.path: g.cpus for g in record.restricted}
-        groups = self._foreign_groups(record)
+        partitions: list[str] = []
+        groups = self._foreign_groups(record, partitions)
+        for path in partitions:
+            notes.append(
+                ShieldNote(
+                    "left",
+                    path,
+                    f"a cpuset partition ({self._partition(path)}): never narrowed, nor the "
+                    "groups below it (its tasks allowed on an exclusive CPU are exposed)",
+                )
+            )
         wanted: dict[str, CPUSet] = {}
         originals: dict[str, str] = {}
         for path in groups:
@@ -1086,9 +1119,18 @@ class ShieldEngine:
         if path == record.managed_group:
             return True
         inside = not record.scope or path.startswith(record.scope + "/")
-        if path == record.system_group or (inside and not self._excluded(path, record)):
+        if path == record.system_group or (
+            inside and not self._excluded(path, record) and not self._in_partition(record, path)
+        ):
             return needs <= system
         return self._allows(path, needs)
+
+    def _in_partition(self, record: ShieldRecord, path: str) -> bool:
+        """Whether `path` (below the scope) is a partition or below one: the shield leaves its
+        CPUs as they are."""
+        parts = split_cgroup_path(path) if path else []
+        depth = len(split_cgroup_path(record.scope)) if record.scope else 0
+        return any(self._partition("/".join(parts[:n])) for n in range(depth + 1, len(parts) + 1))
 
     def launch_group(
         self, record: ShieldRecord, caller: str | None, needs: CPUSet, system: CPUSet
