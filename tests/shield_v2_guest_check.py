@@ -160,6 +160,10 @@ def build(layout: str, held: list[subprocess.Popen[bytes]]) -> Path:
     return scope
 
 
+def partition_scope(layout: str) -> Path:
+    return ROOT / ("cpv2p" if layout == "partition" else "cpv2q")
+
+
 def build_partition(layout: str, mine: int, held: list[subprocess.Popen[bytes]]) -> Path:
     """A partition on the exclusive run's CPU `mine` below the scope: valid (`partition`: the
     scope is a partition root of that CPU and one more, the root's child, so a partition
@@ -168,7 +172,7 @@ def build_partition(layout: str, mine: int, held: list[subprocess.Popen[bytes]])
     write(ROOT / "cgroup.subtree_control", "+cpuset +memory")
     online = sorted(parse_list(read(ROOT / "cpuset.cpus.effective") or ""))
     other = next(c for c in reversed(online) if c not in (0, mine))
-    scope = ROOT / ("cpv2p" if layout == "partition" else "cpv2q")
+    scope = partition_scope(layout)
     scope.mkdir()
     if layout == "partition":
         write(scope / "cpuset.cpus", f"{min(mine, other)},{max(mine, other)}")
@@ -178,8 +182,10 @@ def build_partition(layout: str, mine: int, held: list[subprocess.Popen[bytes]])
         (scope / sub).mkdir()
     write(scope / "part/cpuset.cpus", str(mine))
     write(scope / "part/cpuset.cpus.partition", "root")
+    # tasks below the partition, none in it: a group that gives cpuset to its children and
+    # holds a task is a thread root, whose domain child could take none
     write(scope / "part/cgroup.subtree_control", "+cpuset")
-    held.append(sleeper(scope / "part"))
+    held.append(sleeper(scope / "part/inner"))
     held.append(sleeper(scope / "part/inner"))
     held.append(sleeper(scope / "leaf"))
     return scope
@@ -194,7 +200,7 @@ def partition_check(layout: str, state: str) -> dict[str, Any]:
     figures: dict[str, Any] = {"layout": layout}
     held: list[subprocess.Popen[bytes]] = []
     run, mine = start_run(state)
-    scope: Path | None = None
+    scope = partition_scope(layout)
     try:
         if mine is None:
             return {"ok": False, "problems": ["the exclusive run did not start"], "figures": {}}
@@ -245,7 +251,7 @@ def partition_check(layout: str, state: str) -> dict[str, Any]:
             if a != b:
                 problems.append(f"{key}: was {b}, now {a}")
     finally:
-        if scope is not None:
+        if scope.exists():
             teardown(scope, held)
         run.terminate()
         run.wait(timeout=60)
