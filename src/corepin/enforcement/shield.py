@@ -1302,11 +1302,15 @@ class ShieldEngine:
                 left.append(g)
         return record.evolve(restricted=tuple(left))
 
-    def _write_original(self, g: RestrictedGroup, notes: list[ShieldNote]) -> bool:
+    def _write_original(
+        self, g: RestrictedGroup, notes: list[ShieldNote], park: str | None = None
+    ) -> bool:
         """Write a narrowed group's original cpuset.cpus back (v2). An empty one (inherit the
         parent's) is refused with ENOSPC while the group holds tasks: then, where it is safe,
         the parent's controller is switched off and on again, which resets its children to
-        inherit (`_reset_children`)."""
+        inherit (`_reset_children`); where it is not (a sibling is a partition, or gives
+        cpuset to its own children), the group's tasks wait in the `park` group (the
+        shield's system group) while the empty value is written, and come back at once."""
         drv = self._drv
         try:
             drv.write_cpus(g.path, CPUSet.parse(g.cpus))
@@ -1320,6 +1324,18 @@ class ShieldEngine:
             if why is None:
                 notes.append(ShieldNote("restored", g.path, "CPUs (parent)"))
                 return True
+            if park is not None:
+                parked = self._empty_parked(g.path, park)
+                if parked is None:
+                    notes.append(
+                        ShieldNote(
+                            "restored",
+                            g.path,
+                            f"CPUs (parent; its tasks waited in the {park} group meanwhile)",
+                        )
+                    )
+                    return True
+                why += f"; with its tasks moved out: {parked}"
             notes.append(
                 ShieldNote(
                     "failed",
@@ -1329,6 +1345,36 @@ class ShieldEngine:
                 )
             )
             return False
+
+    def _empty_parked(self, path: str, park: str) -> str | None:
+        """Write an empty cpuset.cpus to `path` with its processes moved to `park` for the
+        time of the write (the kernel takes it only in a group without tasks), then move them
+        back. None when done, else why not (the processes are back either way)."""
+        drv = self._drv
+        table = self._table()
+        taken: list[tuple[int, int]] = []
+        why: str | None = None
+        try:
+            for _ in range(3):  # a task forked meanwhile starts in the group too
+                pids = drv.procs(path)
+                if not pids:
+                    break
+                for pid in pids:
+                    st = table.get(pid)
+                    if st is None:
+                        try:
+                            st = read_stat(pid, self.proc_root)
+                        except ProcessGone:
+                            continue
+                    if self._move(park, pid, st.start_time, []):
+                        taken.append((pid, st.start_time))
+            drv.write_file(path, "cpuset.cpus", "")
+        except CgroupError as exc:
+            why = str(exc)
+        for pid, start in taken:
+            if not self._move(path, pid, start, []) and self._started(pid, start):
+                why = (why + "; " if why else "") + f"pid {pid} stays in {park}"
+        return why
 
     def _reset_children(self, parent: str, g: RestrictedGroup) -> str | None:
         """Switch cpuset off and on again in `parent`'s subtree_control, which makes every
@@ -1472,7 +1518,7 @@ class ShieldEngine:
             restore.append(g)
         if drv.version == 2:
             for g in sorted(restore, key=lambda g: not g.cpus):  # empty ones last
-                if not self._write_original(g, notes):
+                if not self._write_original(g, notes, park=record.system_group):
                     left.append(g)
         elif restore:
             targets = [CgroupTarget(g.path, cpus=CPUSet.parse(g.cpus)) for g in restore]
