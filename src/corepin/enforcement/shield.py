@@ -1368,7 +1368,9 @@ class ShieldEngine:
                             continue
                     if self._move(park, pid, st.start_time, []):
                         taken.append((pid, st.start_time))
-            drv.write_file(path, "cpuset.cpus", "")
+            drv.write_cpus(path, CPUSet())
+            if drv.read_cpus_text(path):
+                why = f"cpuset.cpus reads {drv.read_cpus_text(path)} after writing it empty"
         except CgroupError as exc:
             why = str(exc)
         for pid, start in taken:
