@@ -82,6 +82,7 @@ def snapshot(scope: Path) -> dict[str, Any]:
         rel = str(d.relative_to(ROOT))
         groups[rel] = {
             "cpus": read(d / "cpuset.cpus"),
+            "partition": read(d / "cpuset.cpus.partition"),
             "mems": read(d / "cpuset.mems"),
             "subtree_control": read(d / "cgroup.subtree_control"),
             "type": read(d / "cgroup.type"),
@@ -157,6 +158,122 @@ def build(layout: str, held: list[subprocess.Popen[bytes]]) -> Path:
     write(scope / "fixed/cpuset.cpus", "1-2")
     held.append(sleeper(scope / "fixed"))
     return scope
+
+
+def partition_scope(layout: str) -> Path:
+    return ROOT / ("cpv2p" if layout == "partition" else "cpv2q")
+
+
+def build_partition(layout: str, mine: int, held: list[subprocess.Popen[bytes]]) -> Path:
+    """A partition on the exclusive run's CPU `mine` below the scope: valid (`partition`: the
+    scope is a partition root of that CPU and one more, the root's child, so a partition
+    below it is valid) or invalid (`badpartition`: the scope is a plain member, and a
+    partition below a member is "root invalid"). A member leaf with a task beside it."""
+    write(ROOT / "cgroup.subtree_control", "+cpuset +memory")
+    online = sorted(parse_list(read(ROOT / "cpuset.cpus.effective") or ""))
+    other = next(c for c in reversed(online) if c not in (0, mine))
+    scope = partition_scope(layout)
+    scope.mkdir()
+    if layout == "partition":
+        write(scope / "cpuset.cpus", f"{min(mine, other)},{max(mine, other)}")
+        write(scope / "cpuset.cpus.partition", "root")
+    write(scope / "cgroup.subtree_control", "+cpuset")
+    for sub in ("part", "part/inner", "leaf"):
+        (scope / sub).mkdir()
+    write(scope / "part/cpuset.cpus", str(mine))
+    write(scope / "part/cpuset.cpus.partition", "root")
+    # tasks below the partition, none in it: a group that gives cpuset to its children and
+    # holds a task is a thread root, whose domain child could take none
+    write(scope / "part/cgroup.subtree_control", "+cpuset")
+    held.append(sleeper(scope / "part/inner"))
+    held.append(sleeper(scope / "part/inner"))
+    held.append(sleeper(scope / "leaf"))
+    return scope
+
+
+def partition_check(layout: str, state: str) -> dict[str, Any]:
+    """The run first (its CPU is the partition's), then the layout, `shield on`: the shield
+    leaves the partition and everything below it as it is, names every thread of the scope
+    still allowed on the run's CPU as exposed and then exits 4 (0 when there is none), covers
+    the other groups; `shield off` puts everything back."""
+    problems: list[str] = []
+    figures: dict[str, Any] = {"layout": layout}
+    held: list[subprocess.Popen[bytes]] = []
+    run, mine = start_run(state)
+    scope = partition_scope(layout)
+    try:
+        if mine is None:
+            return {"ok": False, "problems": ["the exclusive run did not start"], "figures": {}}
+        figures["exclusive_cpus"] = [mine]
+        scope = build_partition(layout, mine, held)
+        before = snapshot(scope)
+        figures["partitions"] = {
+            k: v["partition"] for k, v in before["groups"].items() if v["partition"] != "member"
+        }
+        valid = before["groups"][f"{scope.name}/part"]["partition"] == "root"
+        if valid != (layout == "partition"):
+            problems.append(f"layout: {scope.name}/part is {figures['partitions']}")
+        on = corepin(state, "shield", "on", "--scope", scope.name, "-o", "json")
+        figures["on_rc"] = on.returncode
+        time.sleep(0.3)
+        during = snapshot(scope)
+        for key, b in before["groups"].items():
+            if key.startswith(f"{scope.name}/part") and during["groups"].get(key) != b:
+                problems.append(
+                    f"the shield changed the partition {key}: was {b}, now "
+                    f"{during['groups'].get(key)}"
+                )
+        on_cpu = {tid: comm for tid, (comm, cpus) in scope_threads(scope).items() if mine in cpus}
+        figures["allowed_on_run_cpu"] = sorted(on_cpu)
+        outside = [
+            t
+            for t in on_cpu
+            if f"/{scope.name}/part" not in (read(Path(f"/proc/{t}/cgroup")) or "")
+        ]
+        if outside:
+            problems.append(f"threads outside the partition allowed on the run's CPU: {outside}")
+        status = json.loads(corepin(state, "shield", "status", "-o", "json").stdout)
+        named = {int(e["tid"]) for e in status.get("exposed", [])} | {
+            int(e["pid"]) for e in status.get("exposed", [])
+        }
+        figures["exposed"] = sorted(named)
+        if set(on_cpu) - named:
+            problems.append(f"not listed as exposed: {sorted(set(on_cpu) - named)}")
+        if on.returncode != (4 if on_cpu else 0):
+            problems.append(f"shield on exit {on.returncode} with {len(on_cpu)} exposed task(s)")
+        off = corepin(state, "shield", "off")
+        figures["off_rc"] = off.returncode
+        if off.returncode != 0:
+            problems.append(f"shield off exit {off.returncode}: {off.stdout.strip()[-800:]}")
+        after = snapshot(scope)
+        for key in sorted(set(before["groups"]) | set(after["groups"])):
+            b, a = before["groups"].get(key), after["groups"].get(key)
+            if a != b:
+                problems.append(f"{key}: was {b}, now {a}")
+    finally:
+        if scope.exists():
+            teardown(scope, held)
+        run.terminate()
+        run.wait(timeout=60)
+    return {"ok": not problems, "problems": problems, "figures": figures}
+
+
+def start_run(state: str) -> tuple[subprocess.Popen[bytes], int | None]:
+    """`corepin run --exclusive 1 -- sleep 600` and its CPU (None when it did not start)."""
+    run = subprocess.Popen(
+        [
+            *(sys.executable, "-m", "corepin", "run", "--state-dir", state),
+            *("--exclusive", "1", "--", "sleep", "600"),
+        ]
+    )
+    deadline = time.monotonic() + 60
+    while time.monotonic() < deadline:
+        report = corepin(state, "report", "-o", "json")
+        rows = json.loads(report.stdout)["allocations"] if report.returncode == 0 else []
+        if rows:
+            return run, min(parse_list(rows[0]["cpus"]))
+        time.sleep(0.2)
+    return run, None
 
 
 def teardown(scope: Path, held: list[subprocess.Popen[bytes]]) -> None:
@@ -240,14 +357,20 @@ def check(layout: str, state: str) -> dict[str, Any]:
 
 def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("layout", choices=("flat", "internal", "inherit", "threadroot"))
+    parser.add_argument(
+        "layout",
+        choices=("flat", "internal", "inherit", "threadroot", "partition", "badpartition"),
+    )
     parser.add_argument("--state-dir", required=True)
     parser.add_argument("--this-machine-is-mine", action="store_true")
     args = parser.parse_args()
     if not args.this_machine_is_mine:
         parser.error("this moves tasks of the machine: run it in a guest, --this-machine-is-mine")
     os.makedirs(args.state_dir, mode=0o700, exist_ok=True)
-    data = check(args.layout, args.state_dir)
+    if args.layout in ("partition", "badpartition"):
+        data = partition_check(args.layout, args.state_dir)
+    else:
+        data = check(args.layout, args.state_dir)
     print(json.dumps(data))
     return 0 if data["ok"] else 1
 

@@ -64,3 +64,18 @@ def test_a_scoped_shield_on_cgroup_v2_covers_every_task_and_off_restores_the_lay
     data = _check(guest, layout)
     assert data["ok"], data["problems"]
     assert data["figures"]["on_rc"] == 0 and data["figures"]["off_rc"] == 0
+
+
+@pytest.mark.parametrize("layout", ["partition", "badpartition"])
+def test_a_partition_below_the_scope_is_left_as_it_is_its_tasks_exposed_and_on_exits_4(
+    guest: Any, layout: str
+) -> None:
+    """A partition on the exclusive run's CPU (valid below a partition-root scope, invalid
+    below a member one): `on` does not narrow it, lists its tasks as exposed and exits 4;
+    `off` puts every group back, the partition's state included."""
+    data = _check(guest, layout)
+    assert data["ok"], data["problems"]
+    figures = data["figures"]
+    assert figures["allowed_on_run_cpu"], "the layout put no task on the run's CPU"
+    assert figures["on_rc"] == 4 and figures["off_rc"] == 0
+    assert set(figures["allowed_on_run_cpu"]) <= set(figures["exposed"])

@@ -388,8 +388,11 @@ class ShieldEngine:
         own = (record.system_group, record.managed_group)
         return any(path == i or path.startswith(i + "/") for i in (*own, *record.excluded))
 
-    def _foreign_groups(self, record: ShieldRecord) -> list[str]:
-        """Every group below the scope that is not excluded, parents before children."""
+    def _foreign_groups(
+        self, record: ShieldRecord, partitions: list[str] | None = None
+    ) -> list[str]:
+        """Every group below the scope that is not excluded nor a partition (or below one),
+        parents before children; the partitions found are added to `partitions`."""
         drv = self._drv
         out: list[str] = []
         stack = list(reversed(drv.child_groups(record.scope)))
@@ -397,9 +400,29 @@ class ShieldEngine:
             path = stack.pop()
             if self._excluded(path, record):
                 continue
+            if self._partition(path):
+                if partitions is not None:
+                    partitions.append(path)
+                continue
             out.append(path)
             stack.extend(reversed(drv.child_groups(path)))
         return out
+
+    def _partition(self, path: str) -> str:
+        """cgroup v2: the group's `cpuset.cpus.partition` when it is not a plain member ("root",
+        "isolated", or an invalid one: "root invalid (...)"), else "". The shield never
+        rewrites a partition or the groups below it: narrowing a partition root's CPUs can
+        invalidate it (its CPUs go back to its parent), and writing an invalid one's can make
+        it valid again - either way `off` could not put the partition back as it was. Its
+        tasks stay where they are, and `shield status` lists those allowed on a CPU outside
+        the system set as exposed."""
+        if self._drv.version != 2 or not path:
+            return ""
+        try:
+            text = self._drv.read_file(path, "cpuset.cpus.partition").strip()
+        except CgroupError:
+            return ""
+        return "" if not text or text == "member" else text
 
     def _table(self) -> dict[int, ProcStat]:
         return process_table(self.proc_root)
@@ -818,7 +841,17 @@ class ShieldEngine:
 
         drv = self._drv
         saved = {g.path: g.cpus for g in record.restricted}
-        groups = self._foreign_groups(record)
+        partitions: list[str] = []
+        groups = self._foreign_groups(record, partitions)
+        for path in partitions:
+            notes.append(
+                ShieldNote(
+                    "left",
+                    path,
+                    f"a cpuset partition ({self._partition(path)}): never narrowed, nor the "
+                    "groups below it (its tasks allowed on an exclusive CPU are exposed)",
+                )
+            )
         wanted: dict[str, CPUSet] = {}
         originals: dict[str, str] = {}
         for path in groups:
@@ -1086,9 +1119,18 @@ class ShieldEngine:
         if path == record.managed_group:
             return True
         inside = not record.scope or path.startswith(record.scope + "/")
-        if path == record.system_group or (inside and not self._excluded(path, record)):
+        if path == record.system_group or (
+            inside and not self._excluded(path, record) and not self._in_partition(record, path)
+        ):
             return needs <= system
         return self._allows(path, needs)
+
+    def _in_partition(self, record: ShieldRecord, path: str) -> bool:
+        """Whether `path` (below the scope) is a partition or below one: the shield leaves its
+        CPUs as they are."""
+        parts = split_cgroup_path(path) if path else []
+        depth = len(split_cgroup_path(record.scope)) if record.scope else 0
+        return any(self._partition("/".join(parts[:n])) for n in range(depth + 1, len(parts) + 1))
 
     def launch_group(
         self, record: ShieldRecord, caller: str | None, needs: CPUSet, system: CPUSet
@@ -1260,11 +1302,15 @@ class ShieldEngine:
                 left.append(g)
         return record.evolve(restricted=tuple(left))
 
-    def _write_original(self, g: RestrictedGroup, notes: list[ShieldNote]) -> bool:
+    def _write_original(
+        self, g: RestrictedGroup, notes: list[ShieldNote], park: str | None = None
+    ) -> bool:
         """Write a narrowed group's original cpuset.cpus back (v2). An empty one (inherit the
         parent's) is refused with ENOSPC while the group holds tasks: then, where it is safe,
         the parent's controller is switched off and on again, which resets its children to
-        inherit (`_reset_children`)."""
+        inherit (`_reset_children`); where it is not (a sibling is a partition, or gives
+        cpuset to its own children), the group's tasks wait in the `park` group (the
+        shield's system group) while the empty value is written, and come back at once."""
         drv = self._drv
         try:
             drv.write_cpus(g.path, CPUSet.parse(g.cpus))
@@ -1278,6 +1324,18 @@ class ShieldEngine:
             if why is None:
                 notes.append(ShieldNote("restored", g.path, "CPUs (parent)"))
                 return True
+            if park is not None:
+                parked = self._empty_parked(g.path, park)
+                if parked is None:
+                    notes.append(
+                        ShieldNote(
+                            "restored",
+                            g.path,
+                            f"CPUs (parent; its tasks waited in the {park} group meanwhile)",
+                        )
+                    )
+                    return True
+                why += f"; with its tasks moved out: {parked}"
             notes.append(
                 ShieldNote(
                     "failed",
@@ -1287,6 +1345,38 @@ class ShieldEngine:
                 )
             )
             return False
+
+    def _empty_parked(self, path: str, park: str) -> str | None:
+        """Write an empty cpuset.cpus to `path` with its processes moved to `park` for the
+        time of the write (the kernel takes it only in a group without tasks), then move them
+        back. None when done, else why not (the processes are back either way)."""
+        drv = self._drv
+        table = self._table()
+        taken: list[tuple[int, int]] = []
+        why: str | None = None
+        try:
+            for _ in range(3):  # a task forked meanwhile starts in the group too
+                pids = drv.procs(path)
+                if not pids:
+                    break
+                for pid in pids:
+                    st = table.get(pid)
+                    if st is None:
+                        try:
+                            st = read_stat(pid, self.proc_root)
+                        except ProcessGone:
+                            continue
+                    if self._move(park, pid, st.start_time, []):
+                        taken.append((pid, st.start_time))
+            drv.write_cpus(path, CPUSet())
+            if drv.read_cpus_text(path):
+                why = f"cpuset.cpus reads {drv.read_cpus_text(path)} after writing it empty"
+        except CgroupError as exc:
+            why = str(exc)
+        for pid, start in taken:
+            if not self._move(path, pid, start, []) and self._started(pid, start):
+                why = (why + "; " if why else "") + f"pid {pid} stays in {park}"
+        return why
 
     def _reset_children(self, parent: str, g: RestrictedGroup) -> str | None:
         """Switch cpuset off and on again in `parent`'s subtree_control, which makes every
@@ -1430,7 +1520,7 @@ class ShieldEngine:
             restore.append(g)
         if drv.version == 2:
             for g in sorted(restore, key=lambda g: not g.cpus):  # empty ones last
-                if not self._write_original(g, notes):
+                if not self._write_original(g, notes, park=record.system_group):
                     left.append(g)
         elif restore:
             targets = [CgroupTarget(g.path, cpus=CPUSet.parse(g.cpus)) for g in restore]
