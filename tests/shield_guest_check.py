@@ -221,6 +221,7 @@ def shield(
     )
     try:
         deadline = time.monotonic() + 60
+        shielded_cpus: set[int] = set()
         rows: list[dict[str, Any]] = []
         while time.monotonic() < deadline and not rows:
             report = corepin(args.state_dir, "report", "-o", "json", env=env)
@@ -230,6 +231,7 @@ def shield(
             problems.append("the exclusive run did not start")
         else:
             mine = parse_list(rows[0]["cpus"])
+            shielded_cpus |= mine
             run_pid = rows[0]["pid"]
             figures["exclusive_cpus"] = sorted(mine)
             time.sleep(0.5)
@@ -275,6 +277,14 @@ def shield(
         a = after_tasks.get(key)
         if a is None or a["start"] != t["start"]:
             continue  # exited meanwhile
+        if (
+            t["flags"] & PF_KTHREAD
+            and a["cgroup"] == t["cgroup"]
+            and a["cpus"] != t["cpus"] - shielded_cpus
+        ):
+            # the kernel itself re-binds some of its threads (a workqueue's rescuer follows the
+            # pool it rescues): only one left where the shield narrowed it was not restored
+            continue
         if (a["cgroup"], a["cpus"]) != (t["cgroup"], t["cpus"]):
             problems.append(
                 f"{key} {t['comm']}: was {t['cgroup']} on {sorted(t['cpus'])}, now "
