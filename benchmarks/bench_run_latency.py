@@ -25,6 +25,10 @@ What it prints:
    its own (its total is shown beside the console script's).
 
 Usage: .venv/bin/python benchmarks/bench_run_latency.py [--repeat 21] [--state-parent DIR]
+
+To measure another version of corepin with the same benchmark (before/after a change), put its
+`src` first on PYTHONPATH: `git archive REV src | tar -x -C /tmp/old && PYTHONPATH=/tmp/old/src
+.venv/bin/python benchmarks/bench_run_latency.py` (the console script then loads that copy).
 """
 
 from __future__ import annotations
@@ -310,6 +314,14 @@ def main() -> int:
         cached = dict(base, PYTHONPYCACHEPREFIX=str(tmp / "pycache"))
         nocache = dict(base, PYTHONDONTWRITEBYTECODE="1")
         py = sys.executable
+        where = subprocess.run(
+            [py, "-c", "import corepin; print(corepin.__file__)"],
+            env=cached,
+            capture_output=True,
+            text=True,
+            check=True,
+        )
+        print(f"corepin measured: {Path(where.stdout.strip()).parent}")
 
         script = Path(py).parent / "corepin"
         entry = [str(script)] if script.exists() else [py, "-m", "corepin"]
