@@ -79,8 +79,10 @@ class _Parser(argparse.ArgumentParser):
 
 
 def build_parser(only: str | None = None) -> argparse.ArgumentParser:
-    """The full parser; with `only`, just that subcommand's module is imported (the others get
-    their one-line help but no options), which keeps start-up cheap for the common case."""
+    """The full parser; with `only`, just that subcommand (its module imported, its options
+    added; the other subcommands are left out, and with them one argparse parser each and its
+    message-catalogue lookups), which keeps start-up cheap for the common case. `main` passes
+    `only` when the command line names a known subcommand, so nothing else can be asked for."""
     parser = _Parser(
         prog="corepin",
         description=(
@@ -97,7 +99,6 @@ def build_parser(only: str | None = None) -> argparse.ArgumentParser:
     sub = parser.add_subparsers(dest="command", metavar="COMMAND", parser_class=_Parser)
     for name, (module_name, help_text) in COMMANDS.items():
         if only is not None and name != only:
-            sub.add_parser(name, help=help_text, description=help_text)
             continue
         module = importlib.import_module(module_name)
         cmd = sub.add_parser(name, help=help_text, description=help_text)

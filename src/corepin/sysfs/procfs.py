@@ -243,12 +243,34 @@ def list_threads(pid: int, proc_root: str | os.PathLike[str] = "/proc") -> list[
 
 
 def process_table(proc_root: str | os.PathLike[str] = "/proc") -> dict[int, ProcStat]:
-    """pid -> ProcStat for every process that is still there when its stat file is read."""
+    """pid -> ProcStat for every process that is still there when its stat file is read.
+
+    One open, read and close per process and nothing more (no file object): a host runs
+    hundreds or thousands of processes, and `corepin run` scans them all when it releases its
+    CPUs. A stat file that cannot be read or parsed is left out, as a process that is gone."""
+    root = os.fspath(proc_root)
+    flags = os.O_RDONLY | os.O_CLOEXEC
     out: dict[int, ProcStat] = {}
-    for pid in list_pids(proc_root):
+    for pid in list_pids(root):
+        path = f"{root}/{pid}/stat"
         try:
-            out[pid] = read_stat(pid, proc_root)
-        except (ProcessGone, SysfsError):
+            fd = os.open(path, flags)
+        except OSError:
+            continue
+        try:
+            data = os.read(fd, 4096)
+            while len(data) % 4096 == 0 and data:  # a stat file never is this long, but
+                more = os.read(fd, 4096)  # read on to the end all the same
+                if not more:
+                    break
+                data += more
+        except OSError:
+            continue
+        finally:
+            os.close(fd)
+        try:
+            out[pid] = parse_stat(data.decode("utf-8", "surrogateescape"), path)
+        except SysfsError:
             continue
     return out
 
