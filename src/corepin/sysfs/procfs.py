@@ -439,11 +439,15 @@ def cgroup_of(entries: Iterable[CgroupEntry], controller: str | None) -> str | N
     return None
 
 
-_OCTAL_ESCAPE = re.compile(r"\\([0-7]{3})")
+#: Patterns compiled on first use (through `re`'s cache): compiling costs more than most
+#: commands spend using them.
+_OCTAL_ESCAPE = r"\\([0-7]{3})"
 
 
 def _unescape(field: str) -> str:
-    return _OCTAL_ESCAPE.sub(lambda m: chr(int(m.group(1), 8)), field)
+    if "\\" not in field:
+        return field
+    return re.sub(_OCTAL_ESCAPE, lambda m: chr(int(m.group(1), 8)), field)
 
 
 def parse_mountinfo(text: str, path: str = "mountinfo") -> list[MountInfo]:
@@ -501,7 +505,7 @@ def iter_tree_threads(
             yield p, tid
 
 
-_LOCK_FILE_ID = re.compile(r"^([0-9a-f]+):([0-9a-f]+):(\d+)$")
+_LOCK_FILE_ID = r"^([0-9a-f]+):([0-9a-f]+):(\d+)$"
 
 
 def parse_lock_holders(text: str, device: int, inode: int) -> list[int]:
@@ -517,7 +521,7 @@ def parse_lock_holders(text: str, device: int, inode: int) -> list[int]:
         if len(fields) < 2 or fields[1] == "->":
             continue
         for i, token in enumerate(fields):
-            match = _LOCK_FILE_ID.match(token)
+            match = re.match(_LOCK_FILE_ID, token)
             if match is None or i == 0:
                 continue
             if (int(match[1], 16), int(match[2], 16), int(match[3])) != (major, minor, inode):
