@@ -21,7 +21,7 @@ What it prints:
    (corepin itself is not changed, so nothing slows the normal path). `interpreter start` is
    from spawning the interpreter to the driver's first line (the bare interpreter's own figure
    is printed beside it); `imports` is every import statement wherever it runs; `exit` is
-   from `main()` returning to the parent seeing the exit. The driver adds a little time of
+   from corepin being done (its process only has to end) to the parent seeing the exit. The driver adds a little time of
    its own (its total is shown beside the console script's).
 
 Usage: .venv/bin/python benchmarks/bench_run_latency.py [--repeat 21] [--state-parent DIR]
