@@ -564,3 +564,37 @@ def test_a_run_group_on_cgroup_v1_is_joined_through_its_tasks_file(state: Path) 
         pinner.remove_orphans(set())
     assert [line.split(":", 2)[2] for line in lines if ":cpuset:" in line] == [f"/{path}"]
     assert not (CPUSET_ROOT / settings.cgroup_parent).exists(), "the scratch groups are removed"
+
+
+END_PROBE = """
+import atexit, sys
+if sys.argv[2] == "atexit":
+    atexit.register(lambda: print("exit handler ran", flush=True))
+print("printed before, still buffered")  # stdout is a pipe: block-buffered
+sys.argv = ["corepin", "run", "--state-dir", sys.argv[1], "--cgroups", "off", "--exclusive",
+            "1", "--", "sh", "-c", "exit 5"]
+from corepin.__main__ import entry
+raise SystemExit(entry())
+"""
+
+
+@pytest.mark.parametrize("mode", ["plain", "atexit"])
+def test_corepin_run_ends_with_cmds_code_its_output_flushed_and_exit_handlers_run(
+    state: Path, mode: str
+) -> None:
+    """`corepin run` may end its process without Python's shutdown, but never loses anything
+    to it: buffered output is written, CMD's exit code is the process's, and a registered exit
+    handler (a library user's, coverage's) still runs."""
+    import sys as _sys
+
+    done = subprocess.run(
+        [_sys.executable, "-c", END_PROBE, str(state), mode],
+        capture_output=True,
+        text=True,
+        timeout=60,
+    )
+    assert done.returncode == 5, done.stderr
+    lines = done.stdout.splitlines()
+    assert lines[0] == "printed before, still buffered"
+    assert lines[1:] == (["exit handler ran"] if mode == "atexit" else [])
+    assert allocations(state) == []
