@@ -450,15 +450,26 @@ def _unescape(field: str) -> str:
     return re.sub(_OCTAL_ESCAPE, lambda m: chr(int(m.group(1), 8)), field)
 
 
-def parse_mountinfo(text: str, path: str = "mountinfo") -> list[MountInfo]:
-    """Parse mountinfo text (see proc(5)); fields after the optional ones follow a lone `-`."""
+def parse_mountinfo(
+    text: str, path: str = "mountinfo", *, fstypes: Iterable[str] | None = None
+) -> list[MountInfo]:
+    """Parse mountinfo text (see proc(5)); fields after the optional ones follow a lone `-`.
+
+    With `fstypes`, only mounts of those file system types (a host with containers has
+    hundreds of mounts; cgroup detection wants a handful)."""
+    wanted = None if fstypes is None else frozenset(fstypes)
+    marks = None if wanted is None else tuple(f" - {t} " for t in wanted)
     out: list[MountInfo] = []
     for line in text.splitlines():
         if not line.strip():
             continue
+        if marks is not None and not any(m in line for m in marks):
+            continue
         fields = line.split(" ")
         try:
             sep = fields.index("-", 6)
+            if wanted is not None and fields[sep + 1] not in wanted:
+                continue
             out.append(
                 MountInfo(
                     mount_id=int(fields[0]),
@@ -476,14 +487,16 @@ def parse_mountinfo(text: str, path: str = "mountinfo") -> list[MountInfo]:
     return out
 
 
-def read_mountinfo(path: str | os.PathLike[str] = "/proc/self/mountinfo") -> list[MountInfo]:
+def read_mountinfo(
+    path: str | os.PathLike[str] = "/proc/self/mountinfo", *, fstypes: Iterable[str] | None = None
+) -> list[MountInfo]:
     text_path = os.fspath(path)
     try:
         with open(text_path, encoding="utf-8", errors="surrogateescape") as handle:
             text = handle.read()
     except OSError as err:
         raise SysfsError(text_path, f"cannot read: {err.strerror or err}") from err
-    return parse_mountinfo(text, text_path)
+    return parse_mountinfo(text, text_path, fstypes=fstypes)
 
 
 def iter_tree_threads(
