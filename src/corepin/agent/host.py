@@ -275,7 +275,9 @@ class HostAgent:
         return {a.id for a in state if not self._plainly_alive(a) and self._dead(a)}
 
     def _dead(self, a: Assignment, table: dict[int, ProcStat] | None = None) -> bool:
-        return self.status(a, self._table() if table is None else table) == DEAD
+        if table is None:  # a container's or an ownerless record needs no process table
+            table = self._table() if a.process is not None else {}
+        return self.status(a, table) == DEAD
 
     def reap(
         self, state: HostState, table: dict[int, ProcStat] | None = None
