@@ -20,6 +20,7 @@ from corepin.core.cpuset import CPUSet
 from corepin.kube.client import KubeClient
 from corepin.kube.models import (
     API_VERSION,
+    Allocation,
     NodeCPUTopology,
     NodeCPUTopologySpec,
     NodeCPUTopologyStatus,
@@ -48,8 +49,11 @@ def ncpt(
     reserved: str = "",
     heartbeat: dt.datetime | None = None,
     ready: bool | None = True,
+    allocations: tuple[Allocation, ...] = (),
 ) -> Obj:
-    """A NodeCPUTopology as an agent would publish it (Ready=True, a heartbeat)."""
+    """A NodeCPUTopology as an agent would publish it (Ready=True, a heartbeat, the shared
+    pool and the free CPUs, the `allocations` it holds)."""
+    from corepin.allocation.levels import withheld_for
     from corepin.kube.models import Condition
 
     now = heartbeat or dt.datetime.now(dt.UTC)
@@ -57,14 +61,46 @@ def ncpt(
     if ready is not None:
         status = "True" if ready else "False"
         conditions = (Condition("Ready", status, now, "AgentRunning", "test agent"),)
+    held = CPUSet().union(*(withheld_for(topology, a.level, a.cpus) for a in allocations))
     model = NodeCPUTopology(
         ObjectMeta(node),
         NodeCPUTopologySpec(topology, "topology-aware", reserved_cpus=CPUSet.parse(reserved)),
         NodeCPUTopologyStatus(
-            reserved_cpus=CPUSet.parse(reserved), heartbeat_time=now, conditions=conditions
+            shared_pool=topology.online_cpus - held - topology.isolated_cpus,
+            reserved_cpus=CPUSet.parse(reserved),
+            isolated_cpus=topology.isolated_cpus,
+            free=topology.online_cpus - CPUSet.parse(reserved) - held,
+            allocations=allocations,
+            heartbeat_time=now,
+            conditions=conditions,
         ),
     )
     return model.to_dict()
+
+
+def allocation(
+    pod_obj: Obj, cpus: str, *, container: str = "app", level: str = "cpu"
+) -> Allocation:
+    """A row of `status.allocations`: the agent holds `cpus` for the pod's container."""
+    meta = pod_obj["metadata"]
+    held = CPUSet.parse(cpus)
+    return Allocation(
+        meta["namespace"],
+        meta["name"],
+        meta["uid"],
+        container,
+        held,
+        CPUSet.of(0),
+        "exclusive",
+        level,
+    )
+
+
+def republish(kube: KubeClient, obj: Obj) -> Obj:
+    """Write a NodeCPUTopology's status again (the agent's next report)."""
+    current = kube.get(TOPOLOGIES, obj["metadata"]["name"])
+    current["status"] = obj["status"]
+    return kube.replace_status(TOPOLOGIES, current)
 
 
 def publish(kube: KubeClient, obj: Obj) -> Obj:
@@ -104,8 +140,15 @@ def pod(
     *,
     namespace: str = "default",
     containers: tuple[str, ...] = ("app",),
+    cpu: int | None = 1,
 ) -> Obj:
-    spec: Obj = {"containers": [{"name": c, "image": "busybox:1.36"} for c in containers]}
+    """A pod whose containers each have a CPU limit (= request) of `cpu` (None: none)."""
+    resources = {} if cpu is None else {"limits": {"cpu": str(cpu)}, "requests": {"cpu": str(cpu)}}
+    spec: Obj = {
+        "containers": [
+            {"name": c, "image": "busybox:1.36", "resources": resources} for c in containers
+        ]
+    }
     if node:
         spec["nodeName"] = node
     body = {

@@ -97,6 +97,41 @@ def irqs() -> dict[str, set[int]]:
     return out
 
 
+def cpusets(root: Path) -> dict[str, tuple[str | None, str | None]]:
+    """group -> (cpuset.cpus, cpuset.mems) of every group of the hierarchy at `root` (None
+    where a group has no such file: a v2 group whose parent gives no cpuset)."""
+    out: dict[str, tuple[str | None, str | None]] = {}
+    for d in sorted([root, *[p for p in root.rglob("*") if p.is_dir()]]):
+        values = []
+        for name in ("cpuset.cpus", "cpuset.mems"):
+            try:
+                values.append((d / name).read_text().strip())
+            except OSError:
+                values.append(None)
+        out[str(d.relative_to(root))] = (values[0], values[1])
+    return out
+
+
+def v1_groups(root: Path, held: list[subprocess.Popen[bytes]]) -> None:
+    """Groups of a v1 cpuset hierarchy that a host has: one with CPUs and memory nodes of its
+    own and a narrower child, each holding a task the check starts."""
+    cpus = sorted(parse_list((root / "cpuset.cpus").read_text()))
+    mems = sorted(parse_list((root / "cpuset.mems").read_text()))
+    layout = (
+        ("cpv1a", f"{cpus[0]}-{cpus[-1]}", str(mems[-1])),
+        ("cpv1a/b", f"{cpus[len(cpus) // 2]}-{cpus[-1]}", str(mems[-1])),
+        ("cpv1c", f"{cpus[0]}-{cpus[len(cpus) // 2]}", f"{mems[0]}-{mems[-1]}"),
+    )
+    for name, group_cpus, group_mems in layout:
+        group = root / name
+        group.mkdir()
+        (group / "cpuset.cpus").write_text(group_cpus + "\n")
+        (group / "cpuset.mems").write_text(group_mems + "\n")
+        proc = subprocess.Popen(["sleep", "3600"])
+        (group / "cgroup.procs").write_text(f"{proc.pid}\n")
+        held.append(proc)
+
+
 def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--state-dir", required=True)
@@ -114,6 +149,7 @@ def main() -> int:
     env = dict(os.environ)
     problems: list[str] = []
     figures: dict[str, Any] = {}
+    held: list[subprocess.Popen[bytes]] = []
     if args.hierarchy == "v1":
         root = "/tmp/corepin-v1"
         os.makedirs(f"{root}/cpuset", exist_ok=True)
@@ -128,6 +164,31 @@ def main() -> int:
             print(json.dumps({"ok": False, "skip": "no cgroup v1 cpuset in this kernel"}))
             return 3
         env["COREPIN_CGROUP_ROOT"] = root
+        hierarchy = Path(root, "cpuset")
+        v1_groups(hierarchy, held)
+    else:
+        hierarchy = Path("/sys/fs/cgroup")
+    try:
+        return shield(args, env, hierarchy, problems, figures)
+    finally:
+        for proc in held:
+            proc.kill()
+            proc.wait()
+        if args.hierarchy == "v1":
+            time.sleep(0.3)
+            for name in ("cpv1a/b", "cpv1a", "cpv1c"):
+                with contextlib.suppress(OSError):
+                    (hierarchy / name).rmdir()
+
+
+def shield(
+    args: argparse.Namespace,
+    env: dict[str, str],
+    hierarchy: Path,
+    problems: list[str],
+    figures: dict[str, Any],
+) -> int:
+    before_groups = cpusets(hierarchy)
     before_tasks = tasks()
     before_irqs = irqs()
     started = time.monotonic()
@@ -160,6 +221,7 @@ def main() -> int:
     )
     try:
         deadline = time.monotonic() + 60
+        shielded_cpus: set[int] = set()
         rows: list[dict[str, Any]] = []
         while time.monotonic() < deadline and not rows:
             report = corepin(args.state_dir, "report", "-o", "json", env=env)
@@ -169,6 +231,7 @@ def main() -> int:
             problems.append("the exclusive run did not start")
         else:
             mine = parse_list(rows[0]["cpus"])
+            shielded_cpus |= mine
             run_pid = rows[0]["pid"]
             figures["exclusive_cpus"] = sorted(mine)
             time.sleep(0.5)
@@ -214,11 +277,26 @@ def main() -> int:
         a = after_tasks.get(key)
         if a is None or a["start"] != t["start"]:
             continue  # exited meanwhile
+        if (
+            t["flags"] & PF_KTHREAD
+            and a["cgroup"] == t["cgroup"]
+            and a["cpus"] != t["cpus"] - shielded_cpus
+        ):
+            # the kernel itself re-binds some of its threads (a workqueue's rescuer follows the
+            # pool it rescues): only one left where the shield narrowed it was not restored
+            continue
         if (a["cgroup"], a["cpus"]) != (t["cgroup"], t["cpus"]):
             problems.append(
                 f"{key} {t['comm']}: was {t['cgroup']} on {sorted(t['cpus'])}, now "
                 f"{a['cgroup']} on {sorted(a['cpus'])}"
             )
+    after_groups = cpusets(hierarchy)
+    figures["groups_checked"] = len(before_groups)
+    for group, values in before_groups.items():
+        if group not in after_groups:
+            continue  # a group that went away meanwhile (a service's, say)
+        if after_groups[group] != values:
+            problems.append(f"{group}: cpuset.cpus/mems were {values}, now {after_groups[group]}")
     after_irqs = irqs()
     for n, cpus in before_irqs.items():
         if n in after_irqs and after_irqs[n] != cpus:

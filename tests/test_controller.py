@@ -12,6 +12,7 @@ from typing import Any
 import pytest
 
 from controller_helpers import (
+    allocation,
     binding,
     condition,
     create_binding,
@@ -21,6 +22,7 @@ from controller_helpers import (
     ncpt,
     pod,
     publish,
+    republish,
     running,
     settle,
     status_of,
@@ -80,7 +82,7 @@ def wait_event(kube: KubeClient, name: str, reason: str, namespace: str = "defau
 def test_a_good_binding_is_validated_with_condition_node_and_event(
     cluster: KubeClient, ctl: Controller
 ) -> None:
-    pod(cluster, "web")
+    pod(cluster, "web", cpu=2)
     create_binding(cluster, binding("web", "web", cpus="2-3", level="Core"))
     status = wait_phase(cluster, "web", "Validated")
     assert status["nodeName"] == "worker-1"
@@ -103,7 +105,7 @@ def test_a_good_binding_is_validated_with_condition_node_and_event(
 def test_a_binding_on_cpus_the_node_cannot_give_fails_naming_them(
     cluster: KubeClient, ctl: Controller, cpus: str, reason: str, text: str
 ) -> None:
-    pod(cluster, "web")
+    pod(cluster, "web", cpu=len(CPUSet.parse(cpus)))
     create_binding(cluster, binding("web", "web", cpus=cpus))
     status = wait_phase(cluster, "web", "Failed")
     assert text in status["message"]
@@ -115,7 +117,7 @@ def test_a_binding_on_cpus_the_node_cannot_give_fails_naming_them(
 def test_offline_cpus_fail(kube: KubeClient) -> None:
     install_crds(kube)
     publish(kube, ncpt("worker-2", offline_cpus()))  # CPUs 0,3,11,13 are offline
-    pod(kube, "db", node="worker-2")
+    pod(kube, "db", node="worker-2", cpu=2)
     create_binding(kube, binding("db", "db", containers={"app": "2-3"}))
     with running(kube):
         status = wait_phase(kube, "db", "Failed")
@@ -168,15 +170,23 @@ def test_the_agents_bindings_are_not_judged_but_their_cpus_count(
     pinned = pod(cluster, "pinned")
     create_binding(
         cluster,
-        binding("pinned-app", "pinned", level="NUMA", agent=True, owner=pinned),
+        binding("pinned-app", "pinned", containers={"app": "40"}, agent=True, owner=pinned),
         status={"phase": "Applied", "cpus": "40", "nodeName": "worker-1", "message": "app"},
     )
     pinned2 = pod(cluster, "pinned2")
+    republish(
+        cluster,
+        ncpt("worker-1", dual_socket_ht(), reserved="0,16",
+             allocations=(allocation(pinned2, "5", level="core"),)),
+    )  # fmt: skip
     create_binding(
         cluster,
-        binding("pinned2-app", "pinned2", level="Core", agent=True, owner=pinned2),
+        binding(
+            "pinned2-app", "pinned2", containers={"app": "5"}, level="Core", agent=True,
+            owner=pinned2,
+        ),
         status={"phase": "Applied", "cpus": "5", "nodeName": "worker-1", "message": "app"},
-    )
+    )  # fmt: skip
     pod(cluster, "web")
     create_binding(cluster, binding("web", "web", cpus="21"))  # CPU 5's sibling
     status = wait_phase(cluster, "web", "Failed")
@@ -185,6 +195,39 @@ def test_the_agents_bindings_are_not_judged_but_their_cpus_count(
     for name in ("pinned-app", "pinned2-app"):  # not even CPU 40, which the node lacks
         agent_status = status_of(cluster, name)
         assert agent_status["phase"] == "Applied" and condition(agent_status, "Validated") is None
+
+
+def test_a_forged_agent_label_unseats_no_one(kube: KubeClient) -> None:
+    """A tenant labels its own binding as the agent's, naming the CPU a victim's validated
+    binding holds: without an allocation of the agent's to confirm it, it counts for nothing
+    (before, the victim's binding flipped to Failed/Conflict and lost its CPU)."""
+    from corepin.kube.resources import NAMESPACES
+
+    install_crds(kube)
+    for ns in ("shop", "tenant"):
+        kube.create(NAMESPACES, {"apiVersion": "v1", "kind": "Namespace", "metadata": {"name": ns}})
+    publish(kube, ncpt("worker-1", dual_socket_ht(), reserved="0,16"))
+    pod(kube, "victim", namespace="shop")
+    create_binding(kube, binding("victim", "victim", cpus="20", namespace="shop"))
+    tenant = pod(kube, "mine", namespace="tenant")
+    forged = binding(
+        "mine-app", "mine", containers={"app": "20"}, namespace="tenant", agent=True, owner=tenant
+    )
+    forged["metadata"]["labels"]["corepin.io/node"] = "worker-1"
+    with running(kube) as controller:
+        wait_phase(kube, "victim", "Validated", namespace="shop")
+        create_binding(
+            kube,
+            forged,
+            status={"phase": "Applied", "cpus": "20", "nodeName": "worker-1", "message": "x"},
+        )
+        pod(kube, "late", namespace="shop")
+        create_binding(kube, binding("late", "late", cpus="4", namespace="shop"))
+        wait_phase(kube, "late", "Validated", namespace="shop")  # the node was decided again
+        settle(controller)
+        status = status_of(kube, "victim", "shop")
+        assert status["phase"] == "Validated", status
+        assert condition(status, "Validated")["reason"] == "Valid"  # type: ignore[index]
 
 
 def test_a_malformed_binding_fails_with_the_field_and_value(kube: KubeClient) -> None:
@@ -501,6 +544,11 @@ def test_the_agents_record_of_a_validated_binding_keeps_it_validated(
     web = pod(cluster, "web")
     create_binding(cluster, binding("web", "web", cpus="2", level="Core"))
     wait_phase(cluster, "web", "Validated")
+    republish(
+        cluster,
+        ncpt("worker-1", dual_socket_ht(), reserved="0,16",
+             allocations=(allocation(web, "2", level="core"),)),
+    )  # fmt: skip
     record = binding("web-app", "web", containers={"app": "2"}, level="Core", agent=True, owner=web)
     record["metadata"]["labels"]["corepin.io/node"] = "worker-1"
     create_binding(
@@ -529,3 +577,24 @@ def test_a_second_binding_of_a_pod_fails_as_a_duplicate(
     )
     cluster.delete(BINDINGS, "first", "default")
     wait_phase(cluster, "second", "Validated")
+
+
+def test_a_cpu_only_a_forged_topology_spec_names_is_never_validated(
+    cluster: KubeClient, ctl: Controller
+) -> None:
+    """Someone rewrites worker-1's NodeCPUTopology spec with a CPU 4000; the agent's status
+    (rewritten from its own machine on every heartbeat) knows no such CPU."""
+    forged = cluster.get(TOPOLOGIES, "worker-1")
+    rows = forged["spec"]["topology"]["cpus"]
+    rows.append({**next(r for r in rows if r["cpu"] == 31), "cpu": 4000})
+    for numa in forged["spec"]["topology"]["numa_nodes"]:
+        if 31 in CPUSet.parse(numa["cpus"]):
+            numa["cpus"] = str(CPUSet.parse(numa["cpus"]) | CPUSet.of(4000))
+    cluster.replace(TOPOLOGIES, forged)
+    pod(cluster, "web")
+    create_binding(cluster, binding("web", "web", cpus="4000"))
+    status = wait_phase(cluster, "web", "Failed")
+    assert condition(status, "Validated")["reason"] == "UnknownCPUs"  # type: ignore[index]
+    assert (
+        "CPUs 4000 are not among the CPUs the corepin agent of node worker-1" in status["message"]
+    )

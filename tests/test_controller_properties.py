@@ -3,7 +3,8 @@ settles, the bindings left match a simple oracle written here from the rules (no
 controller's code):
 
 - no binding is left whose owner pod is gone or is another uid now;
-- a binding whose pod is missing is Failed (PodNotFound); not scheduled, or on a node without
+- a binding whose pod is missing is Failed (PodNotFound); naming more CPUs than the pod's limit
+  (1): Failed (IneligibleContainer); not scheduled, or on a node without
   a topology: Pending; naming CPUs the node lacks: Failed (UnknownCPUs); reserved ones: Failed
   (ReservedCPUs);
 - of the others, on each node: a pod has at most one Validated binding; no two Validated ones
@@ -21,11 +22,13 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from controller_helpers import (
+    allocation,
     binding,
     create_binding,
     install_crds,
     ncpt,
     publish,
+    republish,
     running,
     settle,
 )
@@ -142,6 +145,8 @@ def problems(kube: KubeClient) -> list[str]:
         expected: tuple[str, str] | None
         if pod_obj is None:
             expected = ("Failed", "PodNotFound")
+        elif len(cpus) != 1:  # every pod's one container has a CPU limit of 1
+            expected = ("Failed", "IneligibleContainer")
         elif node is None:
             expected = ("Pending", "PodNotScheduled")
         elif topology is None:
@@ -210,11 +215,20 @@ def test_final_phases_match_the_oracle(
                           "containers": [{"name": "a", "image": "busybox"}]}},
                 "default",
             )  # fmt: skip
+            # the agent's record, confirmed by the allocation its node's status publishes
+            republish(
+                kube,
+                ncpt("worker-1", SMALL,
+                     allocations=(allocation(agent_pod, "3", container="a", level="core"),)),
+            )  # fmt: skip
             create_binding(
                 kube,
-                binding("agent", "agent-pod", cpus="3", level="Core", agent=True, owner=agent_pod),
+                binding(
+                    "agent", "agent-pod", containers={"a": "3"}, level="Core", agent=True,
+                    owner=agent_pod,
+                ),
                 status={"phase": "Applied", "cpus": "3", "nodeName": "worker-1"},
-            )
+            )  # fmt: skip
             for name, node in (("p0", "worker-1"), ("p1", "worker-1"), ("p2", None)):
                 apply(kube, ("pod", name, node))
             with running(kube) as controller:

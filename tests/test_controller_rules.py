@@ -36,15 +36,25 @@ def pcb(
     return PodCPUBinding.from_dict({"metadata": {"name": name, "namespace": "shop"}, "spec": spec})
 
 
-def pod(node: str | None = "worker-1", containers: tuple[str, ...] = ("app",)) -> rules.PodFacts:
-    return rules.PodFacts("shop", "web", "uid-1", node, containers, ("init",))
+def pod(
+    node: str | None = "worker-1",
+    containers: tuple[str, ...] = ("app",),
+    cpu: int = 1,
+    sizes: dict[str, tuple[int, str]] | None = None,
+) -> rules.PodFacts:
+    """Facts of pod shop/web; each container has a CPU limit = request of `cpu` unless
+    `sizes` says otherwise."""
+    given = sizes if sizes is not None else {c: (cpu, "") for c in containers}
+    return rules.PodFacts(
+        "shop", "web", "uid-1", node, containers, ("init",), tuple(sorted(given.items()))
+    )
 
 
 HT = rules.NodeFacts("worker-1", dual_socket_ht(), CPUSet.parse("0,16"))
 OFFLINE = rules.NodeFacts("worker-1", offline_cpus())
 
 CASES = [
-    ("explicit CPUs on the node pass", pcb("2-3"), pod(), HT, "Validated", "Valid", "2-3"),
+    ("explicit CPUs on the node pass", pcb("2-3"), pod(cpu=2), HT, "Validated", "Valid", "2-3"),
     (
         "no explicit CPUs: the agent chooses, nothing to check on the node",
         pcb(),
@@ -130,7 +140,7 @@ CASES = [
     (
         "CPUs the node does not have fail naming them and the node's CPUs",
         pcb("30-33"),
-        pod(),
+        pod(cpu=4),
         HT,
         "Failed",
         "UnknownCPUs",
@@ -148,16 +158,54 @@ CASES = [
     (
         "offline CPUs fail naming them and the online ones",
         pcb("2-3"),
-        pod(),
+        pod(cpu=2),
         OFFLINE,
         "Failed",
         "OfflineCPUs",
         "CPUs 3 are offline on node worker-1 (online: 1-2,4-10,12,14-15)",
     ),
     (
+        "more CPUs than the container's limit fail naming both",
+        pcb("2-25"),
+        pod(node=None),
+        HT,
+        "Failed",
+        "IneligibleContainer",
+        "container 'app': the binding names 24 CPU(s) (2-25) but its CPU limit is 1",
+    ),
+    (
+        "a container without a whole CPU limit fails, as for the annotations",
+        pcb(containers={"app": "2"}),
+        pod(sizes={"app": (0, "its CPU limit '100m' is not a whole number >= 1")}),
+        HT,
+        "Failed",
+        "IneligibleContainer",
+        "container 'app': its CPU limit '100m' is not a whole number >= 1",
+    ),
+    (
+        "CPUs in a spec the agent's status does not report fail (a forged spec)",
+        pcb("4"),
+        pod(),
+        rules.NodeFacts(
+            "worker-1", dual_socket_ht(), CPUSet.parse("0,16"), accounted=CPUSet.parse("0-3,5-31")
+        ),
+        "Failed",
+        "UnknownCPUs",
+        "CPUs 4 are not among the CPUs the corepin agent of node worker-1 reports",
+    ),
+    (
+        "a node whose agent reported no CPUs yet is pending",
+        pcb("4"),
+        pod(),
+        rules.NodeFacts("worker-1", dual_socket_ht(), accounted=CPUSet()),
+        "Pending",
+        "NodeTopologyInvalid",
+        "has not reported its CPUs yet",
+    ),
+    (
         "reserved CPUs fail naming them",
         pcb("15-16"),
-        pod(),
+        pod(cpu=2),
         HT,
         "Failed",
         "ReservedCPUs",

@@ -32,7 +32,16 @@ K8S_VERSION = "1.32.0"
 NAMESPACE = "corepin-system"
 IMAGE = "ghcr.io/corepin/corepin:0.1.0"
 CERT_MANAGER_KINDS = {("cert-manager.io/v1", "Issuer"), ("cert-manager.io/v1", "Certificate")}
-COMPONENT_DIRS = ("crd", "rbac", "agent", "controller", "scheduler", "extender", "webhook")
+COMPONENT_DIRS = (
+    "crd",
+    "rbac",
+    "admission",
+    "agent",
+    "controller",
+    "scheduler",
+    "extender",
+    "webhook",
+)
 
 needs_kubectl = pytest.mark.skipif(KUBECTL is None, reason="kubectl is not installed")
 
@@ -113,7 +122,9 @@ def k8s_validate(obj: dict[str, Any]) -> None:
 
 # ---------------------------------------------------------------------- kustomize and validation
 @needs_kubectl
-@pytest.mark.parametrize("target", ["default", "with-cert-manager", *COMPONENT_DIRS])
+@pytest.mark.parametrize(
+    "target", ["default", "with-cert-manager", "network-policies", *COMPONENT_DIRS]
+)
 def test_kubectl_kustomize_builds(target: str) -> None:
     built = kustomize(target)
     assert built, f"deploy/{target} built nothing"
@@ -636,7 +647,9 @@ MUST_NOT: dict[str, list[tuple[str, str, str]]] = {
         ("", "pods", "update"),
         ("", "nodes", "patch"),
         ("", "pods/binding", "create"),
+        ("", "pods/status", "patch"),
         ("corepin.io", "nodecputopologies", "delete"),
+        ("events.k8s.io", "events", "create"),
     ],
     "corepin-controller": [
         ("", "pods", "patch"),
@@ -742,6 +755,12 @@ CONTRACT_FLAGS = {
 }  # fmt: skip
 
 
+#: flags beyond the contract's that a Deployment may pass: the extender's TLS with client
+#: certificates and its plain health port
+HARDENING_FLAGS = {"extender": {"--tls-cert", "--tls-key", "--client-ca", "--metrics-address"}}
+EXTENDER_OPS_PORT = 9468
+
+
 def test_contract_flags_table_matches_contracts_md() -> None:
     contracts = SHARED / "design" / "CONTRACTS.md"
     if not contracts.exists():
@@ -834,9 +853,11 @@ def test_agent_runs_everywhere_privileged_with_health_probes() -> None:
     assert c["securityContext"]["privileged"] is True
     assert c["image"] == IMAGE
     ports = {p["name"]: p["containerPort"] for p in c["ports"]}
-    for probe in ("livenessProbe", "readinessProbe", "startupProbe"):
+    for probe in ("readinessProbe", "startupProbe"):
         get = c[probe]["httpGet"]
         assert get["path"] == "/healthz" and ports[get["port"]] == 9464
+    # /healthz fails while the API cannot be seen: liveness only asks that the port answers
+    assert ports[c["livenessProbe"]["tcpSocket"]["port"]] == 9464
     assert "memory" in c["resources"]["limits"] and "cpu" not in c["resources"]["limits"]
 
 
@@ -855,13 +876,15 @@ def test_deployment_runs_its_command_with_contract_flags_and_probes(
     c = container("Deployment", f"corepin-{command}")
     assert c["command"] == ["corepin"] and c["args"][0] == command
     given = flags(c["args"])
-    assert set(given) <= CONTRACT_FLAGS[command]
+    assert set(given) <= CONTRACT_FLAGS[command] | HARDENING_FLAGS.get(command, set())
     assert given[address_flag] == f":{port}"
     ports = {p["name"]: p["containerPort"] for p in c["ports"]}
-    assert list(ports.values()) == [port]
+    # the extender's HTTPS port wants a client certificate: its probes use the plain one
+    probe_port = EXTENDER_OPS_PORT if command == "extender" else port
+    assert sorted(ports.values()) == sorted({port, probe_port})
     for probe in ("livenessProbe", "readinessProbe"):
         get = c[probe]["httpGet"]
-        assert get["path"] == "/healthz" and ports[get["port"]] == port
+        assert get["path"] == "/healthz" and ports[get["port"]] == probe_port
         assert get.get("scheme", "HTTP") == ("HTTPS" if command == "webhook" else "HTTP")
     assert c["image"] == IMAGE
     security = c["securityContext"]
@@ -883,6 +906,71 @@ def test_webhook_tls_files_come_from_the_secret() -> None:
         mount, volume = mounts[directory]
         assert mount["readOnly"] is True and filename == key
         assert volume["secret"]["secretName"] == "corepin-webhook-tls"
+
+
+def test_extender_serves_tls_with_client_certificates_from_the_secret() -> None:
+    given = flags(container("Deployment", "corepin-extender")["args"])
+    assert "--insecure-http" not in given
+    mounts = _mounts("Deployment", "corepin-extender")
+    for flag, key in (
+        ("--tls-cert", "tls.crt"),
+        ("--tls-key", "tls.key"),
+        ("--client-ca", "ca.crt"),
+    ):
+        directory, _, filename = given[flag].rpartition("/")
+        mount, volume = mounts[directory]
+        assert mount["readOnly"] is True and filename == key
+        assert volume["secret"]["secretName"] == "corepin-extender-tls"
+    assert given["--metrics-address"] == f":{EXTENDER_OPS_PORT}"
+
+
+def _network_policies() -> dict[str, dict[str, Any]]:
+    if KUBECTL is not None:
+        built = kustomize("network-policies")
+    else:
+        built = list(_resources_of(DEPLOY / "network-policies"))
+    return {o["metadata"]["name"]: o for o in built}
+
+
+def test_network_policies_validate_and_select_the_pods_they_guard() -> None:
+    policies = _network_policies()
+    assert set(policies) == {"corepin-extender", "corepin-webhook"}
+    for name, policy in policies.items():
+        k8s_validate(policy)
+        assert policy["metadata"]["namespace"] == NAMESPACE
+        labels = pod_spec_labels(name)
+        assert policy["spec"]["podSelector"]["matchLabels"].items() <= labels.items()
+        assert policy["spec"]["policyTypes"] == ["Ingress"]
+
+
+def pod_spec_labels(name: str) -> dict[str, str]:
+    labels: dict[str, str] = one("Deployment", name)["spec"]["template"]["metadata"]["labels"]
+    return labels
+
+
+def test_only_the_control_plane_may_open_the_extender_and_the_webhook_ports() -> None:
+    policies = _network_policies()
+    extender_ports = {
+        p["containerPort"]: p["name"] for p in container("Deployment", "corepin-extender")["ports"]
+    }
+    rules = {
+        r["ports"][0]["port"]: r.get("from")
+        for r in policies["corepin-extender"]["spec"]["ingress"]
+    }
+    assert set(rules) == set(extender_ports)  # every port the pod serves has a rule
+    sources = rules[9467]
+    assert sources, "the extender's HTTPS port is open to everyone"
+    in_pods = [s for s in sources if "podSelector" in s]
+    assert in_pods and all(
+        s["namespaceSelector"]["matchLabels"] == {"kubernetes.io/metadata.name": "kube-system"}
+        and s["podSelector"]["matchLabels"] == {"component": "kube-scheduler"}
+        for s in in_pods
+    )
+    assert [s["ipBlock"]["cidr"] for s in sources if "ipBlock" in s] == ["192.0.2.0/24"]
+    assert rules[EXTENDER_OPS_PORT] is None  # probes and scrapes
+    (webhook_rule,) = policies["corepin-webhook"]["spec"]["ingress"]
+    assert webhook_rule["ports"] == [{"port": 9443, "protocol": "TCP"}]
+    assert webhook_rule["from"] == [{"ipBlock": {"cidr": "192.0.2.0/24"}}]
 
 
 def _service_port(name: str, target: str) -> int:
@@ -935,8 +1023,11 @@ def test_extender_scheduler_configuration_wires_the_service() -> None:
     assert config["apiVersion"] == "kubescheduler.config.k8s.io/v1"
     assert config["kind"] == "KubeSchedulerConfiguration"
     (ext,) = config["extenders"]
-    port = _service_port("corepin-extender", "http")
-    assert ext["urlPrefix"] == f"http://corepin-extender.{NAMESPACE}.svc:{port}"
+    port = _service_port("corepin-extender", "https")
+    assert ext["urlPrefix"] == f"https://corepin-extender.{NAMESPACE}.svc:{port}"
+    assert ext["enableHTTPS"] is True
+    assert {"certFile", "keyFile", "caFile"} <= set(ext["tlsConfig"])
+    assert ext["tlsConfig"]["serverName"] == f"corepin-extender.{NAMESPACE}.svc"
     assert (ext["filterVerb"], ext["prioritizeVerb"], ext["bindVerb"]) == (
         "filter",
         "prioritize",
@@ -989,52 +1080,199 @@ def test_every_workload_runs_the_one_image() -> None:
     assert _all_images(default_objects()) == {IMAGE}
 
 
-# ---------------------------------------------------------------------- optional policy
-def _build_with_component(tmp_path: Path, component: str) -> list[dict[str, Any]]:
-    import os
-
-    overlay = tmp_path / "overlay"
-    overlay.mkdir()
-    (overlay / "kustomization.yaml").write_text(
-        yaml.safe_dump(
-            {
-                "resources": [os.path.relpath(DEPLOY / "default", overlay)],
-                "components": [os.path.relpath(DEPLOY / component, overlay)],
-            }
-        )
-    )
-    assert KUBECTL is not None
-    done = subprocess.run(
-        [KUBECTL, "kustomize", str(overlay)], capture_output=True, text=True, timeout=120
-    )
-    assert done.returncode == 0, done.stderr
-    return [d for d in yaml.safe_load_all(done.stdout) if d]
+# ---------------------------------------------------------------------- admission policies
+AGENT = f"system:serviceaccount:{NAMESPACE}:corepin-agent"
+NODE_KEY = "authentication.kubernetes.io/node-name"
 
 
-@needs_kubectl
-def test_agent_own_node_policy_builds_validates_and_decides(tmp_path: Path) -> None:
-    from crd_schema import cel_rule_holds
+def policies() -> dict[str, dict[str, Any]]:
+    return {o["metadata"]["name"]: o for o in objects("ValidatingAdmissionPolicy")}
 
-    built = _build_with_component(tmp_path, "policies/agent-own-node")
-    policy = next(o for o in built if o["kind"] == "ValidatingAdmissionPolicy")
-    binding = next(o for o in built if o["kind"] == "ValidatingAdmissionPolicyBinding")
-    for obj in (policy, binding):
-        k8s_validate(obj)
-    assert binding["spec"]["policyName"] == policy["metadata"]["name"]
-    assert binding["spec"]["validationActions"] == ["Deny"]
-    (condition,) = policy["spec"]["matchConditions"]
-    account = f"system:serviceaccount:{NAMESPACE}:corepin-agent"
-    assert condition["expression"] == f'request.userInfo.username == "{account}"'
-    resources = {r for rule in policy["spec"]["matchConstraints"]["resourceRules"]
-                 for r in rule["resources"]}  # fmt: skip
-    assert {"nodecputopologies", "nodecputopologies/status", "noderesourcetopologies"} <= resources
-    (check,) = policy["spec"]["validations"]
-    key = "authentication.kubernetes.io/node-name"
 
-    def decides(name: str, extra: dict[str, list[str]]) -> bool:
-        request = {"name": name, "userInfo": {"username": account, "extra": extra}}
-        return cel_rule_holds(check["expression"], None, variables={"request": request})
+def admit(policy: dict[str, Any], request: dict[str, Any]) -> tuple[bool, list[str]]:
+    """What the API server decides for `request` (an AdmissionRequest with object/oldObject):
+    the policy's match conditions, its variables in order, then its validations, evaluated
+    with cel-python. (allowed, messages of the failed validations); a request that no match
+    condition selects is allowed."""
+    import celpy
+    from celpy import celtypes
 
-    assert decides("worker-1", {key: ["worker-1"]})
-    assert not decides("worker-2", {key: ["worker-1"]})
-    assert not decides("worker-1", {})
+    env = celpy.Environment()
+
+    def run(expression: str, activation: dict[str, Any]) -> Any:
+        return env.program(env.compile(expression)).evaluate(activation)
+
+    activation: dict[str, Any] = {
+        "request": celpy.json_to_cel(request),
+        "object": celpy.json_to_cel(request.get("object")),
+        "oldObject": celpy.json_to_cel(request.get("oldObject")),
+    }
+    spec = policy["spec"]
+    if not all(bool(run(c["expression"], activation)) for c in spec.get("matchConditions", [])):
+        return True, []
+    variables = celtypes.MapType({})
+    for variable in spec.get("variables", []):
+        activation["variables"] = variables
+        value = run(variable["expression"], activation)
+        assert not isinstance(value, celpy.CELEvalError), (variable["name"], value)
+        variables = celtypes.MapType({**variables, celtypes.StringType(variable["name"]): value})
+    activation["variables"] = variables
+    failed = []
+    for check in spec["validations"]:
+        verdict = run(check["expression"], activation)
+        assert isinstance(verdict, celtypes.BoolType), (check["expression"], verdict)
+        if not verdict:
+            failed.append(check.get("message") or str(run(check["messageExpression"], activation)))
+    return not failed, failed
+
+
+def agent_request(
+    operation: str,
+    resource: str,
+    name: str,
+    *,
+    obj: dict[str, Any] | None = None,
+    old: dict[str, Any] | None = None,
+    node: str | None = "worker-1",
+    user: str = AGENT,
+    subresource: str = "",
+) -> dict[str, Any]:
+    extra = {NODE_KEY: [node]} if node is not None else {}
+    return {
+        "operation": operation,
+        "name": name,
+        "resource": {"resource": resource},
+        "subResource": subresource,
+        "userInfo": {"username": user, "extra": extra},
+        "object": obj,
+        "oldObject": old,
+    }
+
+
+def a_pod(
+    node: str, annotations: dict[str, str] | None = None, image: str = "app:1"
+) -> dict[str, Any]:
+    meta: dict[str, Any] = {"name": "web", "namespace": "default", "labels": {"app": "web"}}
+    if annotations is not None:
+        meta["annotations"] = annotations
+    return {
+        "apiVersion": "v1",
+        "kind": "Pod",
+        "metadata": meta,
+        "spec": {"nodeName": node, "containers": [{"name": "app", "image": image}]},
+    }
+
+
+def test_the_admission_policies_are_in_the_default_build_and_bound() -> None:
+    found = policies()
+    assert set(found) == {
+        "corepin-agent-pods",
+        "corepin-agent-node-objects",
+        "corepin-agent-bindings",
+    }
+    bindings = {o["spec"]["policyName"]: o for o in objects("ValidatingAdmissionPolicyBinding")}
+    assert set(bindings) == set(found)
+    for name, policy in found.items():
+        k8s_validate(policy)
+        k8s_validate(bindings[name])
+        assert bindings[name]["spec"]["validationActions"] == ["Deny"]
+        assert policy["spec"]["failurePolicy"] == "Fail"
+        (condition,) = policy["spec"]["matchConditions"]
+        assert condition["expression"] == f'request.userInfo.username == "{AGENT}"'
+
+
+def test_every_admission_expression_compiles() -> None:
+    import celpy
+
+    env = celpy.Environment()
+    for policy in policies().values():
+        spec = policy["spec"]
+        for item in [*spec["matchConditions"], *spec.get("variables", []), *spec["validations"]]:
+            env.compile(item["expression"])
+            if "messageExpression" in item:
+                env.compile(item["messageExpression"])
+
+
+def test_the_agent_may_set_the_cpus_annotation_of_its_own_nodes_pods_only() -> None:
+    policy = policies()["corepin-agent-pods"]
+    before = a_pod("worker-1", {"team": "a"})
+    pinned = a_pod("worker-1", {"team": "a", "corepin.io/cpus": '{"app": "2-3"}'})
+    # allowed: its own node's pod, the corepin.io/cpus annotation added, changed, removed
+    assert admit(policy, agent_request("UPDATE", "pods", "web", obj=pinned, old=before))[0]
+    moved = a_pod("worker-1", {"team": "a", "corepin.io/cpus": '{"app": "4"}'})
+    assert admit(policy, agent_request("UPDATE", "pods", "web", obj=moved, old=pinned))[0]
+    assert admit(policy, agent_request("UPDATE", "pods", "web", obj=before, old=pinned))[0]
+    bare = a_pod("worker-1")
+    first = a_pod("worker-1", {"corepin.io/cpus": '{"app": "1"}'})
+    assert admit(policy, agent_request("UPDATE", "pods", "web", obj=first, old=bare))[0]
+    # refused: another node's pod
+    theirs = a_pod("worker-2", {"team": "a"})
+    taken = a_pod("worker-2", {"team": "a", "corepin.io/cpus": '{"app": "2"}'})
+    allowed, why = admit(policy, agent_request("UPDATE", "pods", "web", obj=taken, old=theirs))
+    assert not allowed and "its own node's pods" in why[0]
+    # refused: the image, another annotation, a label
+    image = a_pod("worker-1", {"team": "a"}, image="evil:1")
+    assert not admit(policy, agent_request("UPDATE", "pods", "web", obj=image, old=before))[0]
+    other = a_pod("worker-1", {"team": "b", "corepin.io/cpus": '{"app": "2"}'})
+    allowed, why = admit(policy, agent_request("UPDATE", "pods", "web", obj=other, old=before))
+    assert not allowed and why == [
+        "the corepin agent may change a pod's corepin.io/cpus annotation only"
+    ]
+    added = a_pod("worker-1", {"team": "a", "corepin.io/cpu-policy": "exclusive"})
+    assert not admit(policy, agent_request("UPDATE", "pods", "web", obj=added, old=before))[0]
+    labelled = copy.deepcopy(pinned)
+    labelled["metadata"]["labels"]["app"] = "other"
+    assert not admit(policy, agent_request("UPDATE", "pods", "web", obj=labelled, old=before))[0]
+    # refused: a token without the node claim; not matched: anyone else
+    assert not admit(
+        policy, agent_request("UPDATE", "pods", "web", obj=pinned, old=before, node=None)
+    )[0]
+    kubelet = agent_request("UPDATE", "pods", "web", obj=image, old=before, user="system:node:w")
+    assert admit(policy, kubelet)[0]
+
+
+def test_the_agent_may_write_only_its_own_nodes_objects() -> None:
+    policy = policies()["corepin-agent-node-objects"]
+    ncpt = {"metadata": {"name": "worker-1"}}
+    assert admit(policy, agent_request("CREATE", "nodecputopologies", "worker-1", obj=ncpt))[0]
+    assert admit(
+        policy,
+        agent_request(
+            "UPDATE", "nodecputopologies", "worker-1", obj=ncpt, old=ncpt, subresource="status"
+        ),
+    )[0]
+    other = {"metadata": {"name": "worker-2"}}
+    for resource in ("nodecputopologies", "noderesourcetopologies", "nodes"):
+        request = agent_request("UPDATE", resource, "worker-2", obj=other, old=other)
+        allowed, why = admit(policy, request)
+        assert not allowed and "not worker-2" in why[0], resource
+    gone = agent_request("DELETE", "nodecputopologies", "worker-2", old=other)
+    assert not admit(policy, gone)[0]
+    assert not admit(
+        policy, agent_request("CREATE", "nodecputopologies", "worker-1", obj=ncpt, node=None)
+    )[0]
+
+
+def test_the_agent_may_write_only_its_own_nodes_bindings() -> None:
+    policy = policies()["corepin-agent-bindings"]
+
+    def binding(node: str | None) -> dict[str, Any]:
+        labels = {"app.kubernetes.io/managed-by": "corepin-agent"}
+        if node is not None:
+            labels["corepin.io/node"] = node
+        return {"metadata": {"name": "web-app", "namespace": "default", "labels": labels}}
+
+    mine, theirs, users = binding("worker-1"), binding("worker-2"), binding(None)
+    pcb = "podcpubindings"
+    assert admit(policy, agent_request("CREATE", pcb, "web-app", obj=mine))[0]
+    assert admit(policy, agent_request("UPDATE", pcb, "web-app", obj=mine, old=mine))[0]
+    status = agent_request("UPDATE", pcb, "web-app", obj=mine, old=mine, subresource="status")
+    assert admit(policy, status)[0]
+    assert admit(policy, agent_request("DELETE", pcb, "web-app", old=mine))[0]
+    assert not admit(policy, agent_request("CREATE", pcb, "web-app", obj=theirs))[0]
+    assert not admit(policy, agent_request("UPDATE", pcb, "web-app", obj=theirs, old=theirs))[0]
+    # relabelling another node's (or a user's) binding as its own is no way in
+    assert not admit(policy, agent_request("UPDATE", pcb, "web-app", obj=mine, old=theirs))[0]
+    assert not admit(policy, agent_request("UPDATE", pcb, "web-app", obj=mine, old=users))[0]
+    assert not admit(policy, agent_request("DELETE", pcb, "web-app", old=theirs))[0]
+    assert not admit(policy, agent_request("DELETE", pcb, "web-app", old=users))[0]

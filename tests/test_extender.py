@@ -21,10 +21,11 @@ from corepin.agent.scheduler.metrics import PlacementMetrics
 from corepin.api.extender import wire
 from corepin.api.extender.server import ExtenderServer, ExtenderService
 from corepin.kube.client import KubeClient
-from corepin.kube.resources import PODS
+from corepin.kube.resources import NODES, PODS
 from corepin.placement.cluster import Cluster
 from corepin.state.model import HostState
 from corepin.topology import synthetic
+from helpers import wait_for
 from placement_helpers import pod, run_pods
 from placement_publish import install_crds, publish
 
@@ -117,12 +118,15 @@ def test_the_readers_take_the_golden_requests() -> None:
 class Extender:
     """An extender on a loopback port, fed by the fake API server."""
 
-    def __init__(self, kube: KubeClient, **kw: Any) -> None:
+    def __init__(self, kube: KubeClient, service: dict[str, Any] | None = None, **kw: Any) -> None:
+        service = service or {}
         self.kube = kube
         self.cluster = Cluster(**kw)
         self.metrics = PlacementMetrics()
-        self.feed = PlacementFeed(kube, self.cluster)
-        self.service = ExtenderService(self.cluster, self.feed, kube, metrics=self.metrics)
+        self.feed = PlacementFeed(kube, self.cluster, nodes=True)
+        self.service = ExtenderService(
+            self.cluster, self.feed, kube, metrics=self.metrics, **service
+        )
         self.server = ExtenderServer(
             self.service,
             "127.0.0.1:0",
@@ -263,6 +267,91 @@ def test_bind_places_binds_and_counts_the_pod_until_its_node_shows_it(
     assert "no longer fits" in late["Error"] or "already" in late["Error"]
 
 
+def _pending(kube: KubeClient, extender: Extender, p: dict[str, Any]) -> str:
+    """Create the pod and wait until the extender's informer has it; its uid."""
+    created = kube.create(PODS, p, "default")
+    wait_for(
+        lambda: extender.feed.pods.cache.get(p["metadata"]["name"], "default") is not None,
+        timeout=10,
+        what="the extender to see the pod",
+    )
+    return str(created["metadata"]["uid"])
+
+
+def _bind(extender: Extender, name: str, uid: str, node: str) -> str:
+    code, answer = extender.post(
+        "bind", {"PodName": name, "PodNamespace": "default", "PodUID": uid, "Node": node}
+    )
+    assert code == 200
+    return str(answer["Error"])
+
+
+def test_bind_refuses_pods_nodes_and_placements_kube_scheduler_would_not_make(
+    extender: Extender, kube: KubeClient
+) -> None:
+    kube.patch(
+        NODES,
+        "half",
+        {"spec": {"taints": [{"key": "dedicated", "value": "db", "effect": "NoSchedule"}]}},
+    )
+    kube.patch(NODES, "full", {"spec": {"unschedulable": True}})
+    kube.patch(NODES, "roomy", {"metadata": {"labels": {"disk": "ssd"}}})
+    wait_for(
+        lambda: all(
+            (extender.feed.nodes.cache.get(n) or {}).get("spec")  # type: ignore[union-attr]
+            for n in ("full", "half")
+        ),
+        timeout=10,
+        what="the node changes",
+    )
+    refused = extender.metrics.bindings.labels("refused")
+    before = refused._value.get()
+
+    # another scheduler's pod, on a node that would take it
+    other = pod("other", ("app", "1"), namespace="default", scheduler="corepin-scheduler")
+    error = _bind(extender, "other", _pending(kube, extender, other), "roomy")
+    assert "schedulerName 'corepin-scheduler'" in error and "default-scheduler" in error
+    # a node that does not exist
+    lost = pod("lost", ("app", "1"), namespace="default")
+    error = _bind(extender, "lost", _pending(kube, extender, lost), "nowhere")
+    assert error == "node 'nowhere' does not exist"
+    # a NoSchedule taint the pod does not tolerate; a cordoned node
+    tainted = pod("tainted", ("app", "1"), namespace="default")
+    uid = _pending(kube, extender, tainted)
+    assert "taint dedicated=db:NoSchedule" in _bind(extender, "tainted", uid, "half")
+    assert "cordoned" in _bind(extender, "tainted", uid, "full")
+    # a nodeSelector the node's labels do not match
+    picky = pod("picky", ("app", "1"), namespace="default")
+    picky["spec"]["nodeSelector"] = {"disk": "nvme"}
+    error = _bind(extender, "picky", _pending(kube, extender, picky), "roomy")
+    assert "nodeSelector (disk=nvme)" in error
+    for name in ("other", "lost", "tainted", "picky"):
+        assert not kube.get(PODS, name, "default")["spec"].get("nodeName"), name
+    assert refused._value.get() - before == 5
+
+    # what kube-scheduler would do is still done: a tolerated taint, a matching selector
+    tainted_ok = pod("tolerant", ("app", "1"), namespace="default")
+    tainted_ok["spec"]["tolerations"] = [{"key": "dedicated", "operator": "Exists"}]
+    assert _bind(extender, "tolerant", _pending(kube, extender, tainted_ok), "half") == ""
+    assert kube.get(PODS, "tolerant", "default")["spec"]["nodeName"] == "half"
+    picky_ok = pod("ssd", ("app", "1"), namespace="default")
+    picky_ok["spec"]["nodeSelector"] = {"disk": "ssd"}
+    assert _bind(extender, "ssd", _pending(kube, extender, picky_ok), "roomy") == ""
+    assert kube.get(PODS, "ssd", "default")["spec"]["nodeName"] == "roomy"
+
+
+def test_bind_takes_the_scheduler_names_it_is_given(kube: KubeClient) -> None:
+    install_crds(kube)
+    publish(kube, "roomy", HostState.new(SMALL), SMALL)
+    service = {"scheduler_names": ("default-scheduler", "pinned")}
+    with Extender(kube, service=service) as ext:
+        ext.wait_nodes("roomy")
+        mine = pod("mine", ("app", "1"), namespace="default", scheduler="pinned")
+        assert _bind(ext, "mine", _pending(kube, ext, mine), "roomy") == ""
+        theirs = pod("theirs", ("app", "1"), namespace="default", scheduler="other")
+        assert "schedulerName 'other'" in _bind(ext, "theirs", _pending(kube, ext, theirs), "roomy")
+
+
 def test_preempt_keeps_the_nodes_where_the_victims_make_room(
     extender: Extender, kube: KubeClient
 ) -> None:
@@ -400,7 +489,11 @@ def test_a_client_that_stops_sending_is_dropped_after_the_timeout(extender: Exte
     with socket.create_connection(("127.0.0.1", extender.server.port), timeout=10) as sock:
         sock.sendall(b"POST /filter HTTP/1.1\r\nHost: x\r\nContent-Length: 100\r\n\r\n{")
         started = time.monotonic()
-        assert sock.recv(1024) == b""  # closed by the server, no answer
+        received = b""
+        while chunk := sock.recv(1024):
+            received += chunk
+        # answered 408 when the request's time (2 s here) is up, then closed
+        assert received.startswith(b"HTTP/1.1 408 "), received
         assert time.monotonic() - started < 5
     assert extender.raw("GET", "/healthz")[0] == 200
 

@@ -280,6 +280,73 @@ def test_a_wait_that_runs_out_gives_up_with_exit_3(
     assert nowait.returncode == 3 and "waited" not in nowait.stderr
 
 
+def cpu_seconds(pid: int) -> float:
+    """User + system CPU time a process (started by the test) has used so far."""
+    fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
+    return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
+
+
+def waiter(state: Path, procs: list[subprocess.Popen[Any]], *cmd: str) -> subprocess.Popen[str]:
+    """`corepin run --exclusive 1 --wait 120 -- CMD`, returned once it says it waits."""
+    w = subprocess.Popen(
+        corepin_argv(
+            "run", "--state-dir", str(state), "--exclusive", "1", "--wait", "120", "--", *cmd
+        ),
+        stderr=subprocess.PIPE,
+        text=True,
+    )
+    procs.append(w)
+    assert w.stderr is not None
+    line = w.stderr.readline()
+    assert "waiting for CPUs" in line, line
+    return w
+
+
+@two_cpus
+def test_waiting_runs_sleep_instead_of_spinning(
+    state: Path, procs: list[subprocess.Popen[Any]]
+) -> None:
+    blocker = subprocess.Popen(
+        corepin_argv("run", "--state-dir", str(state), "--cpus", str(ONLINE), "--", "sleep", "600"),
+        start_new_session=True,
+    )
+    procs.append(blocker)
+    wait_for(lambda: len(report(state)["allocations"]) == 1, what="the blocker")
+    first = waiter(state, procs, "true")
+    second = waiter(state, procs, "true")
+    before = [cpu_seconds(w.pid) for w in (first, second)]
+    time.sleep(3.0)
+    used = [cpu_seconds(w.pid) - b for w, b in zip((first, second), before, strict=True)]
+    # a spinning waiter uses about as much CPU as the time it waits (3 s)
+    assert all(u < 0.5 for u in used), f"CPU used over a 3 s wait: {used}"
+    os.killpg(blocker.pid, signal.SIGTERM)
+    assert first.wait(timeout=60) == 0 and second.wait(timeout=60) == 0
+
+
+@two_cpus
+def test_a_stopped_waiter_at_the_head_of_the_line_lets_the_next_one_go_first(
+    state: Path, procs: list[subprocess.Popen[Any]], tmp_path: Path
+) -> None:
+    order = tmp_path / "order"
+    blocker = subprocess.Popen(
+        corepin_argv("run", "--state-dir", str(state), "--cpus", str(ONLINE), "--", "sleep", "600"),
+        start_new_session=True,
+    )
+    procs.append(blocker)
+    wait_for(lambda: len(report(state)["allocations"]) == 1, what="the blocker")
+    stopped = waiter(state, procs, "sh", "-c", f"echo stopped >> {order}")
+    behind = waiter(state, procs, "sh", "-c", f"echo behind >> {order}")
+    os.kill(stopped.pid, signal.SIGSTOP)  # Ctrl-Z of a waiting run
+    try:
+        os.killpg(blocker.pid, signal.SIGTERM)
+        assert behind.wait(timeout=60) == 0, "the run behind a stopped one got its CPUs"
+        assert order.read_text().split() == ["behind"]
+    finally:
+        os.kill(stopped.pid, signal.SIGCONT)
+    assert stopped.wait(timeout=60) == 0, "the stopped run resumed and got its CPUs"
+    assert order.read_text().split() == ["behind", "stopped"]
+
+
 # ---------------------------------------------------------------------- release
 
 

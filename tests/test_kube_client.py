@@ -3,12 +3,15 @@ status subresource, binding, pagination, watch, auth modes, unreachable servers.
 
 from __future__ import annotations
 
+import json
 import socket
 import threading
 import time
 from pathlib import Path
 
 import pytest
+from hypothesis import given
+from hypothesis import strategies as st
 
 from corepin.core.errors import (
     EXIT_ENVIRONMENT,
@@ -656,3 +659,47 @@ def test_api_error_maps_a_non_status_body() -> None:
 def test_missing_kubeconfig_is_a_config_error(tmp_path: Path) -> None:
     with pytest.raises(KubeConfigError, match="no such kubeconfig"):
         load_config(tmp_path / "missing", env={})
+
+
+def test_retry_after_is_read_from_the_header_or_the_status() -> None:
+    from corepin.kube.client import api_error, too_large_resource_version
+
+    status = {"kind": "Status", "code": 429, "reason": "TooManyRequests", "message": "slow down"}
+    assert (
+        api_error(429, json.dumps(status).encode(), headers={"Retry-After": "3"}).retry_after == 3
+    )
+    with_details = {**status, "details": {"retryAfterSeconds": 2}}
+    assert api_error(429, with_details).retry_after == 2
+    assert (
+        api_error(503, b"", headers={"retry-after": "Wed, 21 Oct 2015 07:28:00 GMT"}).retry_after
+        is None
+    )
+    assert api_error(500, b"").retry_after is None
+    too_large = {
+        "kind": "Status",
+        "code": 504,
+        "reason": "Timeout",
+        "message": "Too large resource version: 159, current: 100",
+        "details": {"causes": [{"reason": "ResourceVersionTooLarge", "message": "Too large"}]},
+    }
+    assert too_large_resource_version(api_error(504, too_large))
+    assert not too_large_resource_version(
+        api_error(504, {**too_large, "details": {}, "message": "x"})
+    )
+
+
+@given(st.text(max_size=40), st.dictionaries(st.text(max_size=20), st.text(max_size=20)))
+def test_retry_after_parsing_never_raises(header: str, details: dict[str, str]) -> None:
+    from corepin.kube.client import retry_after_of
+
+    found = retry_after_of({"Retry-After": header}, details)
+    assert found is None or found >= 0
+
+
+def test_an_injected_429_carries_retry_after_to_the_error(
+    kube: KubeClient, fake_api: FakeApiServer
+) -> None:
+    fake_api.inject("/api/v1/namespaces/default/configmaps", status=429, retry_after=7)
+    with pytest.raises(ApiError) as caught:
+        kube.list(CONFIGMAPS, "default")
+    assert caught.value.code == 429 and caught.value.retry_after == 7

@@ -440,3 +440,70 @@ def test_random_changes_and_faults_end_with_the_servers_state(
         finally:
             assert everything.stop(5) and group_a.stop(5)
             kube.close()
+
+
+def test_a_good_watch_resets_the_backoff_so_the_next_incident_starts_small(
+    kube: KubeClient, fake_api: FakeApiServer, informers: list[Informer]
+) -> None:
+    informer, _ = start(kube, informers, backoff_initial=0.2, backoff_max=3.2)
+    path = "/api/v1/namespaces/default/configmaps"
+    fake_api.inject(path, status=503, times=5, query={"watch": "1"})
+    assert fake_api.drop_watches() == 1
+    wait_for(lambda: informer.stats.watch_errors >= 6, timeout=30, what="the first incident")
+    kube.create(CONFIGMAPS, configmap("between"))
+    wait_for(lambda: informer.cache.get("between", "default") is not None, timeout=10)
+    # a second incident, a moment later: one failed watch
+    fake_api.clear_requests()
+    fake_api.inject(path, status=503, times=1, query={"watch": "1"})
+    assert fake_api.drop_watches() == 1
+    wait_for(lambda: len(fake_api.recorded(verb="watch")) >= 2, timeout=10, what="a retry")
+    first, second = (r.at for r in fake_api.recorded(verb="watch")[:2])
+    # the first delay again: [0.1, 0.2] s, not the 1.6-3.2 s the first incident had reached
+    assert second - first < 1.0, second - first
+
+
+@settings(max_examples=200, deadline=None)
+@given(
+    failures=st.integers(0, 80),
+    initial=st.floats(0.01, 2.0),
+    maximum=st.floats(0.5, 30.0),
+    asked=st.none() | st.floats(0.0, 1e6, allow_nan=False),
+    seed=st.integers(0, 2**32),
+)
+def test_backoff_delays_stay_within_their_bounds(
+    failures: int, initial: float, maximum: float, asked: float | None, seed: int
+) -> None:
+    import random
+
+    from corepin.kube.informer import RETRY_AFTER_MAX, Backoff
+
+    backoff = Backoff(initial, maximum, random.Random(seed))
+    for _ in range(failures):
+        backoff.next_delay()
+    delay = backoff.next_delay(asked)
+    if asked is None:
+        ceiling = min(maximum, initial * 2**failures)
+        assert ceiling / 2 <= delay <= ceiling
+    else:
+        # the server's wish, capped, with at most 10 % on top
+        wish = min(asked, RETRY_AFTER_MAX)
+        assert wish <= delay <= wish * 1.1 + 1e-9
+    backoff.reset()
+    assert backoff.next_delay() <= initial
+
+
+def test_a_watch_from_a_version_the_server_does_not_have_yet_relists(
+    kube: KubeClient, fake_api: FakeApiServer, informers: list[Informer]
+) -> None:
+    kube.create(CONFIGMAPS, configmap("kept"))
+    backup = fake_api.snapshot()
+    informer, recorder = start(kube, informers, idle_timeout=6)
+    kube.create(CONFIGMAPS, configmap("lost"))
+    wait_for(lambda: informer.cache.get("lost", "default") is not None)
+    fake_api.restore(backup)
+    wait_for(lambda: informer.stats.behind >= 1, timeout=20, what="the server found behind")
+    wait_for(lambda: cache_versions(informer) == server_versions(fake_api), what="relisted")
+    assert informer.cache.get("lost", "default") is None
+    kube.create(CONFIGMAPS, configmap("new"))
+    wait_for(lambda: informer.cache.get("new", "default") is not None, timeout=10)
+    assert recorder.problems == []

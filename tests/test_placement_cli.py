@@ -3,9 +3,11 @@ SIGTERM within 5 s, exit 4 with one line when the API is unreachable, exit 2 on 
 
 from __future__ import annotations
 
+import http.client
 import json
 import signal
 import socket
+import ssl
 import subprocess
 import time
 import urllib.error
@@ -19,6 +21,8 @@ from corepin.kube.client import KubeClient
 from corepin.kube.resources import PODS
 from corepin.state.model import HostState
 from corepin.topology import synthetic
+from fakeapi import TLSMaterial, make_tls
+from fakeapi.tls import CertFiles
 from helpers import corepin_argv, run_corepin, wait_for
 from placement_helpers import pod
 from placement_publish import install_crds, publish
@@ -50,31 +54,67 @@ def stop_within_5_s(proc: subprocess.Popen[str]) -> None:
     assert code == 0, proc.stderr.read() if proc.stderr else ""
 
 
-def test_the_extender_serves_filters_and_stops_on_sigterm(
-    kube: KubeClient, fake_kubeconfig: Path
+def _https(
+    port: int, ca: Path, client: CertFiles | None, method: str, path: str, body: bytes = b""
+) -> tuple[int, bytes]:
+    context = ssl.create_default_context(cafile=str(ca))
+    if client is not None:
+        context.load_cert_chain(str(client.cert), str(client.key))
+    conn = http.client.HTTPSConnection("127.0.0.1", port, context=context, timeout=10)
+    try:
+        conn.request(method, path, body=body or None)
+        answer = conn.getresponse()
+        return answer.status, answer.read()
+    finally:
+        conn.close()
+
+
+def test_the_extender_serves_filters_over_mutual_tls_and_stops_on_sigterm(
+    kube: KubeClient, fake_kubeconfig: Path, tls_material: TLSMaterial, tmp_path: Path
 ) -> None:
     install_crds(kube)
     publish(kube, "n1", HostState.new(SMALL), SMALL)
-    port = free_port()
+    port, ops_port = free_port(), free_port()
+    tls = tls_material
     proc = subprocess.Popen(
         corepin_argv(
-            "extender", "--kubeconfig", str(fake_kubeconfig), "--address", f"127.0.0.1:{port}"
+            "extender",
+            "--kubeconfig",
+            str(fake_kubeconfig),
+            "--address",
+            f"127.0.0.1:{port}",
+            "--tls-cert",
+            str(tls.server.cert),
+            "--tls-key",
+            str(tls.server.key),
+            "--client-ca",
+            str(tls.ca.cert),
+            "--metrics-address",
+            f"127.0.0.1:{ops_port}",
         ),
         stderr=subprocess.PIPE,
         text=True,
     )
     try:
-        base = f"http://127.0.0.1:{port}"
+        base = f"http://127.0.0.1:{ops_port}"  # probes and scrapes: plain HTTP, no certificate
         wait_for(lambda: get(f"{base}/healthz")[0] == 200, timeout=30, what="extender ready")
         body = json.dumps(
             {"Pod": pod("p", ("app", "2")), "Nodes": None, "NodeNames": ["n1", "n2"]}
         ).encode()
-        request = urllib.request.Request(f"{base}/filter", data=body, method="POST")
-        with urllib.request.urlopen(request, timeout=10) as answer:
-            result = json.loads(answer.read())
+        scheduler = tls.client("kube-scheduler")
+        status, raw = _https(port, tls.ca.cert, scheduler, "POST", "/filter", body)
+        result = json.loads(raw)
+        assert status == 200
         assert result["NodeNames"] == ["n1"] and list(result["FailedAndUnresolvableNodes"]) == [
             "n2"
         ]
+        # no client certificate, or one another CA signed: the handshake fails
+        stranger = make_tls(tmp_path / "other").client("kube-scheduler")
+        for client in (None, stranger):
+            with pytest.raises((ssl.SSLError, ConnectionError)):
+                _https(port, tls.ca.cert, client, "POST", "/filter", body)
+        # and plain HTTP gets no answer
+        assert get(f"http://127.0.0.1:{port}/healthz")[0] == 0
         status, metrics = get(f"{base}/metrics")
         assert status == 200
         assert 'corepin_placement_requests_total{code="200",verb="filter"} 1.0' in metrics
@@ -82,6 +122,33 @@ def test_the_extender_serves_filters_and_stops_on_sigterm(
             lambda: "corepin_placement_nodes 1.0" in get(f"{base}/metrics")[1],
             what="the nodes gauge",
         )
+        stop_within_5_s(proc)
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+            proc.wait()
+
+
+def test_the_extender_serves_plain_http_only_when_told_to(
+    kube: KubeClient, fake_kubeconfig: Path
+) -> None:
+    install_crds(kube)
+    port = free_port()
+    proc = subprocess.Popen(
+        corepin_argv(
+            "extender",
+            "--kubeconfig",
+            str(fake_kubeconfig),
+            "--address",
+            f"127.0.0.1:{port}",
+            "--insecure-http",
+        ),
+        stderr=subprocess.PIPE,
+        text=True,
+    )
+    try:
+        base = f"http://127.0.0.1:{port}"
+        wait_for(lambda: get(f"{base}/healthz")[0] == 200, timeout=30, what="extender ready")
         stop_within_5_s(proc)
     finally:
         if proc.poll() is None:
@@ -152,7 +219,7 @@ def _unreachable_kubeconfig(tmp: Path) -> Path:
 @pytest.mark.parametrize(
     "argv",
     [
-        ["extender", "--address", "127.0.0.1:0"],
+        ["extender", "--address", "127.0.0.1:0", "--insecure-http"],
         ["scheduler", "--metrics-address", "127.0.0.1:0"],
     ],
     ids=["extender", "scheduler"],
@@ -169,10 +236,27 @@ def test_an_unreachable_api_exits_4_with_one_line(tmp_path: Path, argv: list[str
     [
         (["extender"], "--address"),
         (["extender", "--address", "nowhere"], "HOST:PORT"),
+        (["extender", "--address", "127.0.0.1:0"], "--tls-cert, --tls-key, --client-ca"),
+        (
+            ["extender", "--address", "127.0.0.1:0", "--tls-cert", "c", "--tls-key", "k"],
+            "give --client-ca",
+        ),
+        (
+            ["extender", "--address", "127.0.0.1:0", "--insecure-http", "--client-ca", "c"],
+            "drop --client-ca",
+        ),
         (["scheduler", "--profile", "Fastest"], "Fastest"),
         (["scheduler", "--stale-after", "0"], "positive"),
     ],
-    ids=["no address", "a bad address", "an unknown profile", "a stale-after of 0"],
+    ids=[
+        "no address",
+        "a bad address",
+        "no TLS and no opt-in",
+        "no client CA",
+        "TLS flags with --insecure-http",
+        "an unknown profile",
+        "a stale-after of 0",
+    ],
 )
 def test_bad_flags_exit_2_naming_them(tmp_path: Path, argv: list[str], words: str) -> None:
     out = run_corepin(*argv, "--kubeconfig", str(_unreachable_kubeconfig(tmp_path)), timeout=60)

@@ -241,10 +241,26 @@ def test_the_agent_keeps_cpus_promised_by_a_binding_for_a_pod_not_running_yet(
                 "containers": [{"name": "app", "cpuSet": [{"cpuID": 0}]}],
             },
         }
+        # the scheduler's flow: the pod waits unbound, its binding is created and marked
+        # Validated for node a (the agent holds CPUs only for validated bindings, and for a
+        # pod not bound yet only when the status names its node), then the pod is bound
+        body = {
+            "apiVersion": "v1",
+            "kind": "Pod",
+            "metadata": {
+                "name": "later",
+                "namespace": "default",
+                "annotations": {"corepin.io/cpu-policy": "exclusive"},
+            },
+            "spec": {"containers": [container("app", "1")]},
+        }
+        kube.create(PODS, body, "default")
         kube.create(PCB, promised, "default")
-        # as the scheduler marks its own bindings (the agent applies only validated ones)
         kube.patch_status(
-            PCB, "later.corepin-scheduler", {"status": {"phase": "Validated"}}, "default"
+            PCB,
+            "later.corepin-scheduler",
+            {"status": {"phase": "Validated", "nodeName": "a"}},
+            "default",
         )
         time.sleep(0.3)
         # a pod pinned from its annotation meanwhile leaves the promised core alone
@@ -258,9 +274,9 @@ def test_the_agent_keeps_cpus_promised_by_a_binding_for_a_pod_not_running_yet(
 
         free = CPUSet.parse(kube.get(NCPT, "a")["status"]["free"])
         assert not free & CPUSet.parse("0,8"), "promised CPUs are not published as free"
-        later = fake.pod(
-            "later", container("app", "1"), annotations={"corepin.io/cpu-policy": "exclusive"}
-        )
+        kube.bind("default", "later", "a")
+        later = kube.get(PODS, "later", "default")
+        fake.seen(later)
         fake.run(later)
         assert agent.wait_idle(10)
         assert fake.cpus(later, "app") == CPUSet.of(0)

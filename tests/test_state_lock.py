@@ -239,6 +239,77 @@ def test_reconcile_in_loop_mode_survives_a_busy_lock_and_carries_on(
     assert len(passes) >= 2 and all(p == {"changes": []} for p in passes), out
 
 
+SQUATTER = """
+    import os, sys
+    from corepin.state.lock import QUEUE_DIR, _open_queue, _take_ticket
+    directory = sys.argv[1]
+    dir_fd = os.open(directory, os.O_RDONLY | os.O_DIRECTORY)
+    queue_fd = _open_queue(dir_fd, os.path.join(directory, QUEUE_DIR))
+    _take_ticket(queue_fd)  # a place in line, kept locked, but the lock is never taken
+    print("queued", flush=True)
+    sys.stdin.readline()
+"""
+
+
+def test_a_stopped_run_at_the_head_of_the_line_loses_its_place_while_stopped(
+    tmp_path: Path, procs: list[subprocess.Popen[str]]
+) -> None:
+    state = tmp_path / "state"
+    StateStore(state).ensure_directory()
+    holder = hold(state, procs)
+    run = subprocess.Popen(corepin_argv(*run_true(state)), env=ENV, start_new_session=True)
+    procs.append(run)
+    wait_for(lambda: len(tickets(state)) == 1, what="the run's ticket")
+    os.kill(run.pid, signal.SIGSTOP)  # Ctrl-Z while it queues for the lock
+    try:
+        release(holder)
+        env = {**ENV, "COREPIN_LOCK_TIMEOUT": "5"}
+        out = run_corepin("reconcile", "--once", *state_args(state), env=env)
+        assert out.returncode == 0, out.stderr
+        assert len(tickets(state)) == 1, "the stopped run keeps its ticket"
+    finally:
+        os.kill(run.pid, signal.SIGCONT)
+    assert run.wait(timeout=30) == 0, "the resumed run got the lock"
+    assert tickets(state) == []
+
+
+def test_a_resumed_waiter_takes_its_place_back(
+    tmp_path: Path, procs: list[subprocess.Popen[str]]
+) -> None:
+    state = tmp_path / "state"
+    StateStore(state).ensure_directory()
+    order = tmp_path / "order"
+    holder = hold(state, procs)
+    first = spawn(WAITER, str(state), str(order), "first", stdout=subprocess.PIPE)
+    procs.append(first)
+    wait_for(lambda: len(tickets(state)) == 1, what="the first waiter's ticket")
+    os.kill(first.pid, signal.SIGSTOP)
+    second = spawn(WAITER, str(state), str(order), "second", stdout=subprocess.PIPE)
+    procs.append(second)
+    wait_for(lambda: len(tickets(state)) == 2, what="the second waiter's ticket")
+    os.kill(first.pid, signal.SIGCONT)
+    time.sleep(0.3)  # running again: the older ticket is first in line once more
+    release(holder)
+    assert first.wait(timeout=30) == 0 and second.wait(timeout=30) == 0
+    assert order.read_text().split() == ["first", "second"]
+
+
+def test_a_waiter_that_leaves_a_free_lock_untaken_loses_its_place(
+    tmp_path: Path, procs: list[subprocess.Popen[str]]
+) -> None:
+    state = tmp_path / "state"
+    StateStore(state).ensure_directory()
+    squatter = spawn(SQUATTER, str(state), stdin=subprocess.PIPE, stdout=subprocess.PIPE)
+    procs.append(squatter)
+    assert squatter.stdout is not None and squatter.stdout.readline().strip() == "queued"
+    env = {**ENV, "COREPIN_LOCK_TIMEOUT": "5"}
+    out = run_corepin("reconcile", "--once", *state_args(state), env=env)
+    assert out.returncode == 0, out.stderr
+    done = run_corepin(*run_true(state), env=env)
+    assert done.returncode == 0, done.stderr
+    assert len(tickets(state)) == 1, "the slow waiter keeps its ticket"
+
+
 def test_the_holders_are_read_from_proc_locks_by_device_and_inode() -> None:
     from corepin.sysfs.procfs import parse_lock_holders
 

@@ -468,21 +468,69 @@ def test_an_idle_keep_alive_connection_is_closed(tls: TLSMaterial) -> None:
         hook.stop()
 
 
-def test_connections_beyond_the_limit_are_closed_at_once(tls: TLSMaterial) -> None:
+def _closed(sock: ssl.SSLSocket) -> bool:
+    """True when the server closed the connection (EOF or a reset), False while it is open."""
+    sock.settimeout(0.2)
+    try:
+        return sock.recv(100) == b""
+    except TimeoutError:
+        return False
+    except (ssl.SSLError, ConnectionError):
+        return True
+
+
+def test_a_connection_beyond_the_limit_closes_the_oldest_one_still_waiting(
+    tls: TLSMaterial,
+) -> None:
     hook = Webhook(tls.server.cert, tls.server.key, [tls.ca.cert], max_connections=2)
     try:
-        held = [hook.tls_socket(), hook.tls_socket()]
+        held = [hook.tls_socket(), hook.tls_socket()]  # handshaken, no request sent
         wait_for(lambda: hook.server.connections == 2, timeout=5, what="two connections")
+        # the newcomer is served; the oldest silent connection made room for it
+        assert hook.request("GET", "/healthz")[0] == 200
+        assert hook.server.evicted >= 1
+        wait_for(lambda: _closed(held[0]), timeout=5, what="the oldest connection to close")
+        for s in held:
+            s.close()
+        wait_for(lambda: hook.server.connections == 0, timeout=5, what="the connections to go")
+    finally:
+        hook.stop()
+
+
+def test_a_connection_beyond_the_limit_is_closed_when_every_one_is_busy(
+    tls: TLSMaterial,
+) -> None:
+    release = threading.Event()
+
+    def slow(body: bytes) -> tuple[int, bytes, str]:
+        release.wait(10)
+        return 200, b"{}", "application/json"
+
+    hook = Webhook(
+        tls.server.cert, tls.server.key, [tls.ca.cert], max_connections=2, routes={"/v": slow}
+    )
+    busy = [hook.tls_socket(), hook.tls_socket()]
+    try:
+        for s in busy:
+            s.sendall(b"POST /v HTTP/1.1\r\nHost: x\r\nContent-Length: 2\r\n\r\n{}")
+        wait_for(lambda: hook.server.connections == 2, timeout=5, what="two busy connections")
         with pytest.raises((ssl.SSLError, ConnectionError, OSError)):
             extra = hook.tls_socket(timeout=3)
             extra.sendall(b"GET /healthz HTTP/1.1\r\nHost: x\r\n\r\n")
             if not extra.recv(100):
                 raise ConnectionError("closed")
-        for s in held:
+        assert hook.server.refused >= 1
+        release.set()
+        for s in busy:
+            reply = http.client.HTTPResponse(s)  # type: ignore[arg-type]
+            reply.begin()
+            assert reply.status == 200  # the busy ones were answered, not dropped
+            reply.close()
             s.close()
         wait_for(lambda: hook.server.connections == 0, timeout=5, what="the connections to go")
         assert hook.request("GET", "/healthz")[0] == 200
     finally:
+        release.set()
         hook.stop()
 
 

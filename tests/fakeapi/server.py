@@ -34,6 +34,7 @@ from fakeapi.cluster import (
     MERGE_PATCH,
     STRATEGIC_PATCH,
     Cluster,
+    Snapshot,
     Watcher,
     WriteOptions,
 )
@@ -92,6 +93,7 @@ class Fault:
     drop: bool
     times: int | None  # None: until removed
     query: dict[str, str]
+    retry_after: int | None = None  # sent as the Retry-After header (and in the Status)
     hits: int = 0
 
     def matches(self, method: str, path: str, query: dict[str, str]) -> bool:
@@ -206,6 +208,16 @@ class FakeApiServer:
         """Compact history at the current revision: older watches/continues get 410."""
         return self.cluster.compact()
 
+    def snapshot(self) -> Snapshot:
+        """The stored state now (objects, history, revision), for `restore()`."""
+        return self.cluster.snapshot()
+
+    def restore(self, snapshot: Snapshot) -> int:
+        """Go back to an older stored state, as an API server whose etcd was restored from a
+        backup (and which was restarted, as a restore requires): revisions go backwards and
+        every open watch is cut. Returns the revision now current."""
+        return self.cluster.restore(snapshot)
+
     def send_bookmarks(self) -> None:
         """Ask every open watch that allows bookmarks to send one now."""
         with self.cluster.lock:
@@ -222,11 +234,16 @@ class FakeApiServer:
         drop: bool = False,
         times: int | None = 1,
         query: dict[str, str] | None = None,
+        retry_after: int | None = None,
     ) -> Fault:
         """Fail (status), delay or drop (close without answer) requests whose path matches the
         regular expression `path` (and whose query has the given values; "*" = present);
-        `times=None` keeps the fault until `clear_faults()`."""
-        fault = Fault(re.compile(path), method, status, delay, drop, times, dict(query or {}))
+        `times=None` keeps the fault until `clear_faults()`. `retry_after` adds the header
+        `Retry-After: N` and `details.retryAfterSeconds`, as the API server's 429s (and its
+        503s while it starts or stops) carry them."""
+        fault = Fault(
+            re.compile(path), method, status, delay, drop, times, dict(query or {}), retry_after
+        )
         with self._lock:
             self.faults.append(fault)
         return fault
@@ -404,10 +421,18 @@ class _Handler(BaseHTTPRequestHandler):
         length = int(self.headers.get("Content-Length") or 0)
         return self.rfile.read(length) if length else b""
 
-    def _send_json(self, code: int, body: Obj, warnings: list[str] | None = None) -> None:
+    def _send_json(
+        self,
+        code: int,
+        body: Obj,
+        warnings: list[str] | None = None,
+        headers: dict[str, str] | None = None,
+    ) -> None:
         data = json.dumps(body).encode()
         self._record.code = code  # recorded before the client can read the answer
         self.send_response(code)
+        for name, value in (headers or {}).items():
+            self.send_header(name, value)
         self.send_header("Content-Type", "application/json")
         self.send_header("Content-Length", str(len(data)))
         self.send_header("Cache-Control", "no-cache, private")
@@ -474,13 +499,16 @@ class _Handler(BaseHTTPRequestHandler):
                     self.connection.shutdown(socket.SHUT_RDWR)
                 return
             if fault.status is not None:
-                self._fail(
-                    err.ApiFailure(
-                        fault.status,
-                        _reason_for(fault.status),
-                        f"injected failure ({fault.status})",
-                    )
+                failure = err.ApiFailure(
+                    fault.status,
+                    _reason_for(fault.status),
+                    f"injected failure ({fault.status})",
+                    {"retryAfterSeconds": fault.retry_after}
+                    if fault.retry_after is not None
+                    else None,
                 )
+                extra = {} if fault.retry_after is None else {"Retry-After": str(fault.retry_after)}
+                self._send_json(failure.code, failure.status(), headers=extra)
                 return
         try:
             self._route(method, path, query, body)
@@ -961,7 +989,7 @@ class _Handler(BaseHTTPRequestHandler):
                 send(kind, obj)
             if send_initial:
                 self._bookmark(rt, start, initial_end=True)
-            self._stream(watcher, send, bookmarks, time.monotonic() + timeout, rt)
+            self._stream(watcher, send, bookmarks, time.monotonic() + timeout, timeout, rt, start)
         except (OSError, ValueError):
             cluster.close_watch(watcher)
             return
@@ -974,10 +1002,17 @@ class _Handler(BaseHTTPRequestHandler):
         send: Callable[[str, Obj], None],
         bookmarks: bool,
         deadline: float,
+        timeout: float,
         rt: ResourceType,
+        start: int,
     ) -> None:
+        """Send the watcher's changes until `deadline`. As the API server's watch cache does:
+        nothing at or below the version the watch started from (a server restored to an older
+        state stays silent to a watch from a newer version, bookmarks included), a bookmark every
+        `bookmark_interval` and one 2 s before the deadline (watches longer than 2 s)."""
         cluster = self.fake.cluster
         last_bookmark = time.monotonic()
+        pre_deadline = deadline - 2.0 if timeout > 2.0 else None
         while not self.fake.stopping.is_set():
             remaining = deadline - time.monotonic()
             if remaining <= 0:
@@ -992,18 +1027,21 @@ class _Handler(BaseHTTPRequestHandler):
                         self.connection.shutdown(socket.SHUT_RDWR)
                     return
                 break
-            if change:
+            if change and change.rv > start:
                 event = watcher.translate(change)
                 if event is not None:
                     send(*event)
             wanted = id(watcher) in self.fake._bookmark_now
-            due = time.monotonic() - last_bookmark >= self.fake.bookmark_interval
+            now = time.monotonic()
+            due = now - last_bookmark >= self.fake.bookmark_interval
+            if pre_deadline is not None and now >= pre_deadline:
+                due, pre_deadline = True, None
             if bookmarks and (wanted or due):
                 rv = cluster.bookmark_rv(watcher)
-                if rv is not None:
+                if rv is not None and rv >= start:
                     self._bookmark(rt, rv)
-                    last_bookmark = time.monotonic()
                     self.fake._bookmark_now.discard(id(watcher))
+                last_bookmark = now
             if self._client_gone():
                 return
         self._end_chunks()

@@ -6,9 +6,11 @@
         print(result.stdout)
 
 The guest runs the host's own root file system (read-only over virtio-9p) and sees this
-checkout and its venv at the same paths as the host; `guest.share` is a writable directory at the
-same path on both sides. Commands are shell text run by /bin/sh in the checkout, with the venv's
-bin/ first on PATH. Everything is bounded in time:
+checkout (or the one given as `checkout`) and its venv at the same paths as the host, wherever it
+lives: the guest mounts tmpfs on /tmp and /run, and binds the checkout back over them at its own
+path; `guest.share` is a writable directory at the same path on both sides. Commands are shell
+text run by /bin/sh in the checkout, with the venv's bin/ first on PATH. Everything is bounded in
+time:
 
 - the boot has `boot_timeout` seconds to reach READY; a guest that panics (the kernel runs with
   `panic=-1`, QEMU with `-no-reboot`, so QEMU exits), cannot mount 9p (its init prints why and
@@ -133,8 +135,11 @@ class Guest:
         cmdline: Sequence[str] = (),
         pool: GuestPool | None = None,
         cgroup_v1: bool = False,
+        checkout: str | os.PathLike[str] = REPO,
     ) -> None:
         self.shape = shape
+        #: the checkout commands run in (and whose venv they use), at the same path as here
+        self.checkout = Path(os.path.abspath(checkout))
         #: boot without `cgroup_no_v1=all`: controllers stay free for a v1 mount (cgroup v2 is
         #: still the hierarchy mounted; a controller enabled in one cannot be mounted in the other)
         self.cgroup_v1 = cgroup_v1
@@ -231,6 +236,9 @@ class Guest:
         if self.share.exists():
             shutil.rmtree(self.share)
         self.share.mkdir()
+        # the init binds this path back after it covers /tmp and /run with tmpfs
+        self.queue.mkdir()
+        (self.queue / "checkout").write_text(os.fspath(self.checkout))
         self.console_log.write_bytes(b"")
         files = self.boot_files
         if files is None:
@@ -313,8 +321,8 @@ class Guest:
     # ------------------------------------------------------------------ commands
     def environment(self, extra: Mapping[str, str] | None = None) -> dict[str, str]:
         env = {
-            "PATH": f"{REPO / '.venv' / 'bin'}:/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:"
-            "/sbin:/bin",
+            "PATH": f"{self.checkout / '.venv' / 'bin'}:/usr/local/sbin:/usr/local/bin:"
+            "/usr/sbin:/usr/bin:/sbin:/bin",
             "HOME": "/root",
             "LANG": "C.UTF-8",
             "PYTHONDONTWRITEBYTECODE": "1",
@@ -345,7 +353,7 @@ class Guest:
         lines = ["set -e"]
         for key, value in self.environment(env).items():
             lines.append(f"export {key}={shlex.quote(value)}")
-        lines.append(f"cd {shlex.quote(os.fspath(cwd or REPO))}")
+        lines.append(f"cd {shlex.quote(os.fspath(cwd or self.checkout))}")
         lines.append("set +e")
         lines.append(text)
         (self.queue / f"{n}.limit").write_text(f"{max(1, int(timeout))}\n")

@@ -10,8 +10,10 @@ SeaBIOS), and `build_initramfs` writes a newc cpio archive holding busybox, the 
 1. loads the modules (in the order modules.dep gives),
 2. mounts the host's root read-only over virtio-9p (tag `hostroot`) at /mnt/root, then proc,
    sysfs, devtmpfs, cgroup2 (the only cgroup hierarchy: the kernel runs with
-   `cgroup_no_v1=all`) and tmpfs on /tmp and /run inside it, and the writable share (tag
-   `share`) at the same path it has on the host,
+   `cgroup_no_v1=all`) and tmpfs on /tmp and /run inside it, the writable share (tag
+   `share`) at the same path it has on the host, and then the checkout (the path the host wrote
+   to `<share>/.vm/checkout`) bound at its own path from the host root as it was before those
+   mounts - so a checkout under /tmp or /run is not hidden by the guest's tmpfs,
 3. brings up the loopback interface (the guest has no network device) and takes the shape's
    offline CPUs offline,
 4. says READY on the console and in the share, then runs the commands the host drops into
@@ -64,6 +66,9 @@ R=/mnt/root
 opts=trans=virtio,version=9p2000.L,msize=512000
 mount -t 9p -o "$opts,ro,cache=loose" hostroot $R ||
     fail "cannot mount the host root (9p tag hostroot)"
+# the host root as it is, before tmpfs covers its /tmp and /run: the checkout is bound back
+# from here at its own path below, wherever it lives
+mkdir -p /mnt/host && mount --bind $R /mnt/host || fail "cannot bind the host root"
 mount -t proc proc $R/proc || fail "mount proc in the host root"
 mount -t sysfs sysfs $R/sys || fail "mount sysfs in the host root"
 mount -t devtmpfs devtmpfs $R/dev || fail "mount devtmpfs in the host root"
@@ -77,6 +82,11 @@ mkdir -p "$R$share"
 mount -t 9p -o "$opts,cache=none" share "$R$share" || fail "cannot mount the share (9p tag share)"
 q="$R$share/.vm"
 mkdir -p "$q" || fail "the share is not writable"
+if [ -s "$q/checkout" ]; then
+    c=$(cat "$q/checkout")
+    [ -d "/mnt/host$c" ] || fail "the checkout $c is not a directory of the host root"
+    mkdir -p "$R$c" && mount --bind "/mnt/host$c" "$R$c" || fail "cannot bind the checkout $c"
+fi
 ip link set lo up || ifconfig lo 127.0.0.1 up || fail "cannot bring up the loopback interface"
 for cpu in $(echo "$offline" | tr , ' '); do
     echo 0 > "/sys/devices/system/cpu/cpu$cpu/online" || fail "cannot take CPU $cpu offline"

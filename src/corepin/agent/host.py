@@ -498,7 +498,7 @@ class HostAgent:
         deadline = began + wait
         StateStore(self.settings.state_dir, proc_root=self.settings.proc_root).ensure_directory()
         said = False
-        with WaitLine(self.settings.state_dir) as line:
+        with WaitLine(self.settings.state_dir, proc_root=self.settings.proc_root) as line:
             while True:
                 problem: AllocationError | None = None
                 if line.first():

@@ -55,7 +55,8 @@ KUBELET_PARENTS = ("kubepods", "kubepods.slice")
 def usable_hierarchy(driver: CgroupDriver) -> CgroupDriver:
     """`driver` when its hierarchy is there and carries the cpuset controller; CgroupError
     (no_cpuset_hierarchy) otherwise. A cgroup v2 driver is set to enable only `cpuset` in the
-    groups it creates (host mode needs nothing else, and a v2 host may not offer `cpu`)."""
+    groups it creates (host mode needs nothing else, and a v2 host may not offer `cpu`), and
+    never in a group that holds processes (`CgroupV2.guard_processes`)."""
     from corepin.enforcement.cgroups import CgroupV2
 
     if not os.path.isdir(driver.root):
@@ -78,6 +79,7 @@ def usable_hierarchy(driver: CgroupDriver) -> CgroupDriver:
                 reason="no_cpuset_hierarchy",
             )
         driver.controllers = ("cpuset",)
+        driver.guard_processes = True  # never turn someone's group with processes threaded
     return driver
 
 
@@ -120,11 +122,18 @@ class Pinner:
                 )
             parent = self.settings.cgroup_parent
             if not driver.exists(parent):
-                self.writes += len(driver.create(parent))
+                try:
+                    self.writes += len(driver.create(parent))
+                except CgroupError as err:
+                    # v2: a group on the way holds processes, so no run group can be made
+                    # below it (`prepare` says why); a partition's group below the root can
+                    if err.reason != "cgroup_has_processes" or mode != "on":
+                        raise
             self._driver = driver
             return True
         except CorepinError:
             if mode == "on":
+                self._cgroups = False  # nothing was made: releasing the run has none to remove
                 raise
             return False
 

@@ -370,17 +370,43 @@ class Shield:
                 continue
             if not in_scope(record, path):
                 continue
+            stranded = self._stranded(record, path, st)
+            if stranded:
+                out.append({"pid": pid, "tid": pid, "comm": st.comm, "cpus": "", "why": stranded})
+                continue
             try:
                 for tid in list_threads(pid, self.proc_root):
                     allowed = cpus_allowed_list(pid, self.proc_root, tid=tid)
                     if not allowed <= system:
                         if st.kernel_thread and len(allowed) == 1:
                             break  # a per-CPU kernel thread: it cannot move
-                        out.append({"pid": pid, "tid": tid, "comm": st.comm, "cpus": str(allowed)})
+                        out.append(
+                            {
+                                "pid": pid,
+                                "tid": tid,
+                                "comm": st.comm,
+                                "cpus": str(allowed),
+                                "why": "allowed outside the system set",
+                            }
+                        )
                         break
             except (ProcessGone, CorepinError):
                 continue
         return out
+
+    @staticmethod
+    def _stranded(record: ShieldRecord, path: str, st: ProcStat) -> str:
+        """Why a user task of a cpuset shield's scope escapes it whatever the system set is
+        ("" when it does not): it sits in the scope group itself (whose CPUs the shield never
+        narrows: it failed to move it) or, unmanaged, in the shield's managed group."""
+        if record.mode != "cpuset" or st.kernel_thread:
+            return ""
+        rel = path.strip("/")
+        if rel == record.scope:
+            return f"in the scope group {'/' + record.scope}, which keeps every CPU"
+        if rel == record.managed_group:
+            return f"unmanaged, in {'/' + record.managed_group}, which keeps every CPU"
+        return ""
 
 
 def notes_text(notes: Iterable[ShieldNote], *, limit: int = 20) -> list[str]:

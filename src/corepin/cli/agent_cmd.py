@@ -63,6 +63,14 @@ def add_arguments(parser: argparse.ArgumentParser, name: str) -> None:
     )
     parser.add_argument("--resync-period", metavar="SECONDS", type=positive_seconds, default=30.0)
     parser.add_argument(
+        "--api-idle-timeout",
+        metavar="SECONDS",
+        type=_idle_seconds,
+        default=40.0,
+        help="a watch silent this long counts as a dead connection and is reopened; /healthz "
+        "fails while no list or watch has answered for this long (default: 40)",
+    )
+    parser.add_argument(
         "--kubelet-compat",
         action="store_true",
         help="run beside the kubelet's static CPU manager: import its assignments, leave them",
@@ -80,6 +88,15 @@ def add_arguments(parser: argparse.ArgumentParser, name: str) -> None:
         default="/var/lib/kubelet/cpu_manager_state",
         help="the kubelet's CPU manager checkpoint (default: /var/lib/kubelet/cpu_manager_state)",
     )
+
+
+def _idle_seconds(text: str) -> float:
+    """argparse type of --api-idle-timeout: at least 4 s (watches end 1 s or more before it,
+    and the API server's last bookmark comes 2 s before a watch ends)."""
+    value = positive_seconds(text)
+    if value < 4:
+        raise argparse.ArgumentTypeError(f"expected at least 4 seconds, got {text!r}")
+    return value
 
 
 def settings_from(args: Any, environ: dict[str, str]) -> Any:
@@ -134,14 +151,24 @@ def run(args: Any) -> int:
         layout=settings.cgroup_driver,
         proc_root=settings.proc_root,
     )
-    client = KubeClient.from_config(load_config(args.kubeconfig, env=environ))
+    client = KubeClient.from_config(
+        load_config(args.kubeconfig, env=environ), idle_timeout=args.api_idle_timeout
+    )
     metrics = AgentMetrics()
     agent = NodeAgent(settings, client, topology, cgroups, hooks=_metrics_hooks(metrics))
-    ops = OpsServer(settings.metrics_address, metrics=metrics.registry, ready=agent.synced.is_set)
+
+    def ready() -> bool:
+        # started, and every informer heard from the API lately (a dead connection shows here)
+        return agent.synced.is_set() and all(i.in_contact() for i in agent._informers)
+
+    ops = OpsServer(settings.metrics_address, metrics=metrics.registry, ready=ready)
     grpc_server = GrpcServer(agent, Listen.unix(settings.grpc_socket), metrics=metrics)
     done = stop_on_signals()
     ops.start()
     try:
+        # a second agent of this node waits here (not ready) until the first one goes
+        if not agent.acquire_node_lock(done):
+            return 0
         agent.start()
         grpc_server.start()
         watches = 0

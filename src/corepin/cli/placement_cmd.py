@@ -67,6 +67,30 @@ def add_arguments(parser: argparse.ArgumentParser, name: str) -> None:
             "--max-body-bytes", metavar="N", type=_bytes, default=16 * 1024 * 1024,
             help="larger requests are refused with 413 (default: 16 MiB)",
         )  # fmt: skip
+        parser.add_argument(
+            "--tls-cert", metavar="FILE", help="serve HTTPS with this PEM certificate (reread "
+            "on change); needs --tls-key and --client-ca",
+        )  # fmt: skip
+        parser.add_argument("--tls-key", metavar="FILE", help="its PEM private key")
+        parser.add_argument(
+            "--client-ca", metavar="FILE", help="PEM CA bundle: every client (kube-scheduler) "
+            "must present a certificate it signed",
+        )  # fmt: skip
+        parser.add_argument(
+            "--insecure-http", action="store_true", help="serve plain HTTP without client "
+            "authentication instead of TLS (development only: anyone who reaches the port can "
+            "have pods bound)",
+        )  # fmt: skip
+        parser.add_argument(
+            "--scheduler-name", metavar="NAME", action="append", default=[],
+            help="bind only pods whose spec.schedulerName is NAME (repeatable; default: "
+            "default-scheduler, the profile of the shipped KubeSchedulerConfiguration)",
+        )  # fmt: skip
+        parser.add_argument(
+            "--metrics-address", metavar="HOST:PORT", default="",
+            help="also serve /healthz and /metrics over plain HTTP here, for probes and "
+            "scrapes that have no client certificate (default: none)",
+        )  # fmt: skip
     parser.add_argument(
         "--profile",
         choices=PROFILES,
@@ -132,36 +156,82 @@ def run(args: Any) -> int:
     return _run_extender(args)
 
 
+def _extender_tls(args: Any) -> Any:
+    """The extender's ServingCertificate (loaded: exit 4 naming a bad file), or None with
+    --insecure-http; InputError (exit 2) for a combination that is not one of the two."""
+    from corepin.core.errors import InputError
+
+    files = {"--tls-cert": args.tls_cert, "--tls-key": args.tls_key, "--client-ca": args.client_ca}
+    if args.insecure_http:
+        given = [flag for flag, value in files.items() if value]
+        if given:
+            raise InputError(
+                f"--insecure-http serves plain HTTP: drop {', '.join(given)} (or drop "
+                "--insecure-http to serve TLS)",
+                reason="bad_flags",
+            )
+        return None
+    missing = [flag for flag, value in files.items() if not value]
+    if missing:
+        raise InputError(
+            f"the extender serves TLS with client certificates: give {', '.join(missing)} "
+            "(or --insecure-http, for development only)",
+            reason="bad_flags",
+        )
+    from corepin.api.webhook.tls import ServingCertificate
+
+    certificate = ServingCertificate(args.tls_cert, args.tls_key, client_ca=args.client_ca)
+    certificate.load()
+    return certificate
+
+
 def _run_extender(args: Any) -> int:
     from corepin.agent.scheduler.feed import PlacementFeed
     from corepin.agent.scheduler.metrics import PlacementMetrics
-    from corepin.api.extender.server import ExtenderServer, ExtenderService
-    from corepin.api.http import parse_address
+    from corepin.api.extender.server import SCHEDULER_NAMES, ExtenderServer, ExtenderService
+    from corepin.api.http import OpsServer, parse_address
     from corepin.placement.cluster import Cluster
 
     parse_address(args.address)  # a bad address is refused before the API is asked
+    if args.metrics_address:
+        parse_address(args.metrics_address)
+    certificate = _extender_tls(args)
     done = stop_on_signals()
     client = _connect(args)
     cluster = Cluster(
         profile=args.profile, stale_after=args.stale_after, assume_ttl=args.assume_ttl
     )
     metrics = PlacementMetrics()
-    feed = PlacementFeed(client, cluster)
-    service = ExtenderService(cluster, feed, client, metrics=metrics)
+    feed = PlacementFeed(client, cluster, nodes=True)
+    service = ExtenderService(
+        cluster,
+        feed,
+        client,
+        metrics=metrics,
+        scheduler_names=tuple(args.scheduler_name) or SCHEDULER_NAMES,
+    )
     server = ExtenderServer(
         service,
         args.address,
         ready=lambda: feed.synced,
         metrics=metrics.registry,
         max_body=args.max_body_bytes,
+        tls=None if certificate is None else certificate.context,
     )
+    ops = None
+    if args.metrics_address:
+        ops = OpsServer(args.metrics_address, metrics=metrics.registry, ready=lambda: feed.synced)
     server.start()
     try:
+        if ops is not None:
+            ops.start()
         feed.start()
         _settle_heap()
         _until(done, _gauges(metrics, cluster, feed))
     finally:
         server.stop(timeout=1.5)
+        if ops is not None:
+            ops.stop(timeout=1.0)
         feed.stop(timeout=1.5)
         client.close()
     return 0

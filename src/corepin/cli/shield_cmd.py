@@ -109,7 +109,22 @@ def run(args: Any) -> int:
                 "confined, which a task may widen again (`corepin reconcile` puts it back)",
                 file=sys.stderr,
             )
+        exposed: list[Any] = []
+        if result.record is not None:
+            exposed = agent.shield_status().get("exposed", [])
+            data["exposed"] = exposed
         write_output(dump(data, args.output) if args.output != "table" else _notes(data), None)
+        if exposed or result.failed:
+            from corepin.core.errors import EnvironmentProblem
+
+            pids = ", ".join(str(e["pid"]) for e in exposed[:10])
+            raise EnvironmentProblem(
+                f"the shield is up but does not cover {len(exposed)} task(s)"
+                + (f" (pid {pids}{', ...' if len(exposed) > 10 else ''})" if exposed else "")
+                + (f" and {len(result.failed)} change(s) failed" if result.failed else "")
+                + ": see above and `corepin shield status`; `corepin shield off` undoes it",
+                reason="shield_exposed",
+            )
         return 0
     result = agent.shield_off()
     data = _result_data(result, "")
@@ -224,12 +239,10 @@ def _status_table(data: Mapping[str, Any]) -> str:
     width = max(len(k) for k, _ in rows)
     lines = [printable(f"{k.ljust(width)}  {v}") for k, v in rows]
     for item in exposed[:20]:
-        lines.append(
-            printable(
-                f"  pid {item['pid']} tid {item['tid']} ({item['comm']}) may run on CPUs "
-                f"{item['cpus']}"
-            )
+        where = (
+            f"may run on CPUs {item['cpus']}" if item.get("cpus") else item.get("why", "exposed")
         )
+        lines.append(printable(f"  pid {item['pid']} tid {item['tid']} ({item['comm']}) {where}"))
     if len(exposed) > 20:
         lines.append(f"  ... and {len(exposed) - 20} more")
     return "\n".join(lines) + "\n"

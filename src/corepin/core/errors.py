@@ -194,6 +194,8 @@ class ApiError(EnvironmentProblem):
         self.details = details or {}
         self.verb = verb
         self.target = target
+        # seconds the server asked us to wait before trying again (Retry-After), when it did
+        self.retry_after: float | None = None
         where = f"{verb} {target}: " if verb or target else ""
         reason = "api_" + _snake(status_reason) if status_reason else self.default_reason
         super().__init__(f"{where}{message} ({code} {status_reason})".strip(), reason=reason)

@@ -87,6 +87,16 @@ _WRITE_ERRORS: Final[Mapping[int, tuple[str, str]]] = {
         "the kernel refused with ENODEV: the controller is not enabled for this group",
     ),
     errno.ESRCH: ("process_gone", "the process exited before it could be moved"),
+    errno.EOPNOTSUPP: (
+        "cgroup_invalid_domain",
+        "the kernel refused with EOPNOTSUPP: the group cannot hold processes or controllers in "
+        "its state (v2: a domain group inside a threaded subtree is invalid until made threaded)",
+    ),
+    errno.ENOENT: (
+        "cgroup_no_controller",
+        "the kernel refused with ENOENT: the controller is not offered here (the parent does not "
+        "enable it in its cgroup.subtree_control)",
+    ),
 }
 
 
@@ -174,6 +184,22 @@ class CpuQuota:
         return quota if self.period_us is None else f"{quota} {self.period_us}"
 
 
+def _processes_of(tids: Iterable[str], proc_root: str = "/proc") -> list[int]:
+    """The distinct processes (thread group ids) of thread ids `tids`, in order; threads that
+    are gone are left out."""
+    out: dict[int, None] = {}
+    for tid in tids:
+        try:
+            status = _read_text(os.path.join(proc_root, tid, "status"))
+        except OSError:
+            continue
+        for line in status.splitlines():
+            if line.startswith("Tgid:"):
+                out.setdefault(int(line.split()[1]), None)
+                break
+    return list(out)
+
+
 def _read_text(path: str) -> str:
     fd = os.open(path, os.O_RDONLY)
     try:
@@ -232,6 +258,15 @@ class CgroupDriver:
 
     def exists(self, path: str) -> bool:
         return os.path.isdir(self.dir(path))
+
+    def forget(self, path: str) -> None:
+        """Drop the cached file names of the group `path` and of every group below it (it is
+        gone: a node agent's pod), so the caches stay as big as the live groups."""
+        below = path.rstrip("/") + "/"
+        for dir_key in [k for k in self._dirs if k[0] == path or k[0].startswith(below)]:
+            self._dirs.pop(dir_key, None)
+        for file_key in [k for k in self._files if k[0] == path or k[0].startswith(below)]:
+            self._files.pop(file_key, None)
 
     @staticmethod
     def parent(path: str) -> str | None:
@@ -615,6 +650,9 @@ class CgroupV2(CgroupDriver):
 
     #: the controllers `create` enables for the children of each parent it walks through
     controllers: tuple[str, ...] = field(default=("cpuset", "cpu"), kw_only=True)
+    #: refuse to enable controllers in a (non-root, domain) group that holds processes (host
+    #: mode sets it: see `enable_controllers`)
+    guard_processes: bool = field(default=False, kw_only=True)
 
     def __post_init__(self) -> None:
         self.version = 2
@@ -661,40 +699,94 @@ class CgroupV2(CgroupDriver):
 
         `cpuset` is required; any other controller is enabled only when `path` offers it
         (its cgroup.controllers), so a host without, say, the cpu controller still gets
-        cpuset groups."""
+        cpuset groups.
+
+        With `guard_processes`, a plain (domain) group below the root that holds processes is
+        refused with a CgroupError (cgroup_has_processes), nothing written: v2 lets such a group
+        enable
+        cpuset or cpu, but then silently makes it the root of a threaded subtree
+        (`domain threaded`), and every domain child it has or gets becomes `domain invalid`,
+        unable to hold processes - someone else's group would change type by our write."""
         try:
             text = self.read_file(path, "cgroup.subtree_control")
             current = {c.lstrip("+") for c in text.split()}
         except CgroupError:
             current = set()
+        wanted = [c for c in controllers if c not in current]
+        if not wanted:
+            return
         try:
             offered: set[str] | None = set(self.read_file(path, "cgroup.controllers").split())
         except CgroupError:
             offered = None
-        missing = [
-            c
-            for c in controllers
-            if c not in current and (c == "cpuset" or offered is None or c in offered)
-        ]
-        if missing:
-            self.write_file(path, "cgroup.subtree_control", " ".join(f"+{c}" for c in missing))
+        missing = [c for c in wanted if c == "cpuset" or offered is None or c in offered]
+        if not missing:
+            return
+        if self.guard_processes and split_cgroup_path(path) and self.group_type(path) == "domain":
+            try:
+                pids = self.procs(path)
+            except CgroupError as err:
+                if err.reason != "cgroup_missing":
+                    raise
+                pids = []  # a tree standing in for cgroupfs, made without the file
+            if pids:
+                shown = " ".join(map(str, pids[:5])) + (" ..." if len(pids) > 5 else "")
+                raise CgroupError(
+                    os.path.join(self.dir(path), "cgroup.subtree_control"),
+                    f"not enabling {' '.join(missing)}: the group holds processes ({shown}); "
+                    "cgroup v2 hands controllers to child groups only from a group without "
+                    "processes of its own (enabling them here would turn it into a threaded "
+                    "subtree root): move those processes out, or use --cgroups off",
+                    reason="cgroup_has_processes",
+                )
+        self.write_file(path, "cgroup.subtree_control", " ".join(f"+{c}" for c in missing))
+
+    def group_type(self, path: str) -> str:
+        """The group's `cgroup.type`: `domain`, `domain threaded` (root of a threaded subtree),
+        `threaded` or `domain invalid`; the hierarchy root (which has no such file) and a tree
+        standing in for cgroupfs without one are `domain`."""
+        if not split_cgroup_path(path):
+            return "domain"
+        try:
+            return self.read_file(path, "cgroup.type")
+        except CgroupError as err:
+            if err.reason == "cgroup_missing" and self.exists(path):
+                return "domain"
+            raise
 
     def create(self, path: str) -> list[str]:
-        """mkdir `path` (and missing ancestors), enabling `controllers` in each parent's
-        cgroup.subtree_control first. A new v2 group starts with empty cpuset.cpus and
-        cpuset.mems: it uses its parent's effective sets until they are written."""
+        """mkdir `path` (and missing ancestors), enabling `controllers` in the
+        cgroup.subtree_control of every group on the way down where they are not yet (groups
+        that are already there included: one made by someone else may not hand cpuset down).
+        A new group whose parent is `threaded` or `domain threaded` is made `threaded` itself:
+        a domain group there is invalid (it can hold no processes). A new v2 group starts with
+        empty cpuset.cpus and cpuset.mems: it uses its parent's effective sets until they are
+        written."""
         parts = split_cgroup_path(path)
         created: list[str] = []
         for depth in range(1, len(parts) + 1):
             parent = "/".join(parts[: depth - 1])
             rel = "/".join(parts[:depth])
-            if not os.path.isdir(self.dir(rel)):
-                self.enable_controllers(parent, self.controllers)
+            self.enable_controllers(parent, self.controllers)
             if self._mkdir(rel, self.root):
                 created.append(rel)
                 if self.fake_tree:
                     self._fake_seed(rel)
+                if parent and self.group_type(parent) in ("threaded", "domain threaded"):
+                    self.write_file(rel, "cgroup.type", "threaded")
         return created
+
+    def procs(self, path: str) -> list[int]:
+        """The processes in the group. A threaded group's cgroup.procs cannot be read
+        (EOPNOTSUPP): there the processes are those of its threads (cgroup.threads)."""
+        file = os.path.join(self.dir(path), "cgroup.procs")
+        try:
+            text = _read_text(file)
+        except OSError as err:
+            if err.errno != errno.EOPNOTSUPP:
+                return CgroupDriver.procs(self, path)  # raises the CgroupError for it
+            return _processes_of(self.read_file(path, "cgroup.threads").split())
+        return [int(x) for x in text.split()]
 
     def _fake_seed(self, path: str) -> None:
         for name, value in (
@@ -852,8 +944,6 @@ DEFAULT_CGROUP_ROOT = "/sys/fs/cgroup"
 
 def is_cgroup_mount(path: str | os.PathLike[str], mountinfo: str = "/proc/self/mountinfo") -> bool:
     """Whether `path` is itself the mount point of a cgroup (v1 or v2) file system."""
-    from corepin.sysfs.procfs import read_mountinfo
-
     target = os.path.realpath(path)
     try:
         mounts = read_mountinfo(mountinfo)
@@ -862,20 +952,65 @@ def is_cgroup_mount(path: str | os.PathLike[str], mountinfo: str = "/proc/self/m
     return any(m.mount_point == target and m.fstype in ("cgroup", "cgroup2") for m in mounts)
 
 
+def _v1_controller_dirs(root: str, mountinfo: str) -> dict[str, str]:
+    """v1 controller -> its hierarchy's directory below `root` (symlinks resolved): the cgroup
+    mounts mountinfo lists right below `root` as reached from here (a bind mount of the host's
+    /sys/fs/cgroup lists its own copies of them), then the directories (and symlinks such as
+    `cpu -> cpu,cpuacct`) right below `root`, named after the controllers they carry."""
+    found: dict[str, str] = {}
+    real = os.path.realpath(root)
+    try:
+        mounts = read_mountinfo(mountinfo)
+    except CorepinError:
+        mounts = []
+    for mount in mounts:
+        if mount.fstype == "cgroup" and os.path.dirname(mount.mount_point) == real:
+            for controller in mount.cgroup_controllers:
+                found.setdefault(controller, mount.mount_point)
+    try:
+        entries = sorted(os.listdir(root))
+    except OSError:
+        entries = []
+    for entry in entries:
+        target = os.path.realpath(os.path.join(root, entry))
+        if not os.path.isdir(target):
+            continue
+        for controller in (*entry.split(","), *os.path.basename(target).split(",")):
+            if controller:
+                found.setdefault(controller, target)
+    return found
+
+
 def open_cpuset_hierarchy(
     cgroup_root: str | os.PathLike[str] = DEFAULT_CGROUP_ROOT,
+    *,
+    mountinfo: str = "/proc/self/mountinfo",
 ) -> CgroupDriver:
-    """The driver of the cpuset hierarchy below `cgroup_root` (CONTRACTS 7.1 `--cgroup-root`):
-    at the default root the mounted hierarchy found in /proc/self/mountinfo (v1 or v2); else
-    `<cgroup_root>/cpuset` as cgroup v1 - a real mount, or a plain directory tree standing in
-    for one (tests, dry runs), driven with `fake_tree` so the kernel's rules still apply; or,
+    """The driver of the cpuset hierarchy below `cgroup_root` (`--cgroup-root`):
+    at the default root the mounted hierarchy found in /proc/self/mountinfo (v1 or v2); else,
     when there is no `cpuset` below it but a `cgroup.controllers` file in it, `cgroup_root`
-    itself as cgroup v2 (a cgroup2 mount, or a tree standing in for one)."""
+    itself as cgroup v2 (a cgroup2 mount, or a tree standing in for one); else cgroup v1 with
+    each controller found below the root, however the root is reached (a bind mount such as a
+    DaemonSet's /host/sys/fs/cgroup, a symlink): `<root>/cpuset` for cpusets, and for CFS quota
+    the hierarchy carrying `cpu` - `<root>/cpu`, the combined `cpu,cpuacct` mount, or a symlink
+    to it - that holds `cpu.cfs_quota_us`. A plain directory tree standing in for cgroupfs
+    (tests, dry runs) is driven with `fake_tree`, so the kernel's rules still apply."""
     root = os.fspath(cgroup_root).rstrip("/") or "/"
     if root == DEFAULT_CGROUP_ROOT:
         return open_cgroups()
     cpuset = os.path.join(root, "cpuset")
     if not os.path.isdir(cpuset) and os.path.isfile(os.path.join(root, "cgroup.controllers")):
         # a cgroup v2 root: a cgroup2 mount, or a directory tree standing in for one
-        return CgroupV2(root, fake_tree=not is_cgroup_mount(root))
-    return CgroupV1(cpuset, fake_tree=os.path.isdir(cpuset) and not is_cgroup_mount(cpuset))
+        return CgroupV2(root, fake_tree=not is_cgroup_mount(root, mountinfo))
+    dirs = _v1_controller_dirs(root, mountinfo)
+    if not os.path.isdir(cpuset) and "cpuset" in dirs:
+        cpuset = dirs["cpuset"]
+    cpu = dirs.get("cpu")
+    if cpu is not None and not os.path.isfile(os.path.join(cpu, "cpu.cfs_quota_us")):
+        cpu = None  # (a kernel without CFS bandwidth control: quota is not managed)
+    if (cpu is None and os.path.isfile(os.path.join(cpuset, "cpu.cfs_quota_us"))) or (
+        cpu is not None and os.path.realpath(cpu) == os.path.realpath(cpuset)
+    ):
+        cpu = cpuset  # co-mounted with cpuset
+    fake = os.path.isdir(cpuset) and not is_cgroup_mount(cpuset, mountinfo)
+    return CgroupV1(cpuset, cpu, fake_tree=fake)

@@ -138,6 +138,8 @@ class _Pending:
     depth: int
     want: CPUSet
     target: CgroupTarget
+    #: the group holds `want` already but an ancestor does not hand it down (v2): widen those
+    ancestors: bool = False
 
 
 def _depth(rel: str) -> int:
@@ -301,6 +303,8 @@ class Reconciler:
             if cur != target.cpus:
                 cache[("cpus", rel)] = cur
                 pending_cpus.append(_Pending(rel, _depth(rel), target.cpus, target))
+        elif target.cpus and not virtual and self._not_handed_down(drv, rel, "cpus", target.cpus):
+            pending_cpus.append(_Pending(rel, _depth(rel), target.cpus, target, ancestors=True))
         if mems is not None:
             mtext = str(cache[("mems", rel)]) if virtual else drv.read_mems_text(rel)
             if mtext != str(mems):
@@ -308,10 +312,26 @@ class Reconciler:
                 if cur != mems:
                     cache[("mems", rel)] = cur
                     pending_mems.append(_Pending(rel, _depth(rel), mems, target))
+            elif mems and not virtual and self._not_handed_down(drv, rel, "mems", mems):
+                pending_mems.append(_Pending(rel, _depth(rel), mems, target, ancestors=True))
         if target.quota is not None:
             got = None if virtual else drv.read_quota_fast(rel, target.quota)
             if got is None or not target.quota.satisfied_by(got):
                 pending_quota.append((rel, target, got, target.quota))
+
+    @staticmethod
+    def _not_handed_down(drv: CgroupDriver, rel: str, kind: str, want: CPUSet) -> bool:
+        """v2: the group's own set is `want`, but the kernel gives it something else
+        (`cpuset.*.effective`): an ancestor's explicit set no longer holds `want`, so the group
+        (and its processes) fell back to that ancestor's CPUs or nodes. v1 refuses such a state
+        outright; an offline CPU is no reason (widening would not bring it back)."""
+        if drv.version != 2 or not split_cgroup_path(rel):
+            return False
+        try:
+            got = drv.effective_cpus(rel) if kind == "cpus" else drv.effective_mems(rel)
+        except CgroupError:
+            return False
+        return not want <= got
 
     def _create(
         self,
@@ -391,6 +411,9 @@ class Reconciler:
         # widen, parents first
         for item in sorted(pending, key=lambda p: p.depth):
             try:
+                if item.ancestors:
+                    self._widen_ancestors(drv, kind, item.rel, item.want, cache, report)
+                    continue
                 cur = self._value(drv, kind, item.rel, cache)
                 if item.want <= cur:
                     continue
@@ -404,7 +427,7 @@ class Reconciler:
                 report.errors.append(err)
         # shrink, children first
         for item in sorted(pending, key=lambda p: -p.depth):
-            if item.rel in failed:
+            if item.rel in failed or item.ancestors:
                 continue
             try:
                 cur = self._value(drv, kind, item.rel, cache)

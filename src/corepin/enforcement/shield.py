@@ -40,6 +40,7 @@ affinity (tests), so a fake /proc never makes the engine touch a real thread.
 
 from __future__ import annotations
 
+import contextlib
 import errno
 import os
 import time
@@ -73,6 +74,7 @@ from corepin.sysfs.procfs import (
     process_table,
     read_cgroup,
     read_stat,
+    read_status,
 )
 
 if TYPE_CHECKING:
@@ -386,8 +388,11 @@ class ShieldEngine:
         own = (record.system_group, record.managed_group)
         return any(path == i or path.startswith(i + "/") for i in (*own, *record.excluded))
 
-    def _foreign_groups(self, record: ShieldRecord) -> list[str]:
-        """Every group below the scope that is not excluded, parents before children."""
+    def _foreign_groups(
+        self, record: ShieldRecord, partitions: list[str] | None = None
+    ) -> list[str]:
+        """Every group below the scope that is not excluded nor a partition (or below one),
+        parents before children; the partitions found are added to `partitions`."""
         drv = self._drv
         out: list[str] = []
         stack = list(reversed(drv.child_groups(record.scope)))
@@ -395,36 +400,119 @@ class ShieldEngine:
             path = stack.pop()
             if self._excluded(path, record):
                 continue
+            if self._partition(path):
+                if partitions is not None:
+                    partitions.append(path)
+                continue
             out.append(path)
             stack.extend(reversed(drv.child_groups(path)))
         return out
+
+    def _partition(self, path: str) -> str:
+        """cgroup v2: the group's `cpuset.cpus.partition` when it is not a plain member ("root",
+        "isolated", or an invalid one: "root invalid (...)"), else "". The shield never
+        rewrites a partition or the groups below it: narrowing a partition root's CPUs can
+        invalidate it (its CPUs go back to its parent), and writing an invalid one's can make
+        it valid again - either way `off` could not put the partition back as it was. Its
+        tasks stay where they are, and `shield status` lists those allowed on a CPU outside
+        the system set as exposed."""
+        if self._drv.version != 2 or not path:
+            return ""
+        try:
+            text = self._drv.read_file(path, "cpuset.cpus.partition").strip()
+        except CgroupError:
+            return ""
+        return "" if not text or text == "member" else text
 
     def _table(self) -> dict[int, ProcStat]:
         return process_table(self.proc_root)
 
     def _procs(self, path: str) -> list[int]:
+        """The processes of `path`; none for a threaded group (cgroup v2 refuses to list
+        them: its processes are its thread root's) or one that is gone."""
         try:
             return self._drv.procs(path)
         except CgroupError:
             if not self._drv.exists(path):
                 return []
+            if self._drv.version == 2 and self._cgroup_type(path) == "threaded":
+                return []
             raise
 
+    def _cgroup_type(self, path: str) -> str:
+        """cgroup v2: the group's `cgroup.type` ("domain", "domain threaded", "threaded",
+        "domain invalid"); "domain" for the root and for trees that show none."""
+        if not path:
+            return "domain"
+        try:
+            return self._drv.read_file(path, "cgroup.type")
+        except CgroupError:
+            return "domain"
+
+    def _threaded(self, record: ShieldRecord) -> bool:
+        """Whether the shield lives in a threaded subtree: its scope is a thread root (or
+        threaded), so its groups are threaded and it moves the scope's threads one by one
+        (`cgroup.threads`), never whole processes (whose other threads sit in threaded
+        groups of their own)."""
+        drv = self._drv
+        return (
+            drv.version == 2
+            and bool(record.scope)
+            and self._cgroup_type(record.scope) in ("domain threaded", "threaded")
+        )
+
+    def _members(self, path: str, threaded: bool) -> list[int]:
+        """The processes of `path` (`cgroup.procs`), or its threads (`cgroup.threads`)."""
+        if not threaded:
+            return self._procs(path)
+        try:
+            text = self._drv.read_file(path, "cgroup.threads")
+        except CgroupError:
+            if not self._drv.exists(path):
+                return []
+            raise
+        return [int(t) for t in text.split() if t.isdigit()]
+
+    def _started(self, pid: int, start: int) -> bool:
+        """Whether the task (process or thread) `pid` is there and started at `start`."""
+        try:
+            return read_stat(pid, self.proc_root).start_time == start
+        except (ProcessGone, SysfsError):
+            return False
+
+    def _tgid(self, tid: int) -> int:
+        """The process a thread belongs to (itself when unknown)."""
+        try:
+            return int(read_status(tid, self.proc_root).get("Tgid", tid))
+        except (ProcessGone, SysfsError, ValueError):
+            return tid
+
     def _move(
-        self, group: str, pid: int, start: int, notes: list[ShieldNote], why: str = ""
+        self,
+        group: str,
+        pid: int,
+        start: int,
+        notes: list[ShieldNote],
+        why: str = "",
+        *,
+        thread: bool = False,
     ) -> bool:
-        """Move `pid` (if it still started at `start`) into `group`; a refusal is a note."""
+        """Move `pid` (if it still started at `start`) into `group` (with `thread`: only that
+        thread, through `cgroup.threads`); a refusal is a note."""
         try:
             if read_stat(pid, self.proc_root).start_time != start:
                 return False
         except ProcessGone:
             return False
         try:
-            self._drv.write_file(group, "cgroup.procs", str(pid))
+            self._drv.write_file(group, "cgroup.threads" if thread else "cgroup.procs", str(pid))
         except CgroupError as exc:
             if exc.reason == "process_gone":
                 return False
-            notes.append(ShieldNote("refused", f"pid {pid}", f"cannot move it to {group}: {exc}"))
+            what = "tid" if thread else "pid"
+            notes.append(
+                ShieldNote("refused", f"{what} {pid}", f"cannot move it to {group}: {exc}")
+            )
             return False
         if why:
             notes.append(ShieldNote("moved", f"pid {pid}", why))
@@ -473,9 +561,9 @@ class ShieldEngine:
         try:
             self._create_system_group(result, record, system, managed)
         except BaseException:
-            # nothing is recorded yet: take back the group (still without tasks) and the
-            # cpuset controller turned on for it
-            self._undo_creation(record)
+            # nothing is recorded in the state yet: take back the tasks moved, the groups and
+            # the cpuset controller turned on for them
+            self._undo_creation(_must(result.record))
             raise
 
     def _create_system_group(
@@ -490,17 +578,11 @@ class ShieldEngine:
         if drv.version == 2:
             parent = drv.parent(scope) if scope else None
             enabled = list(self._enable_cpuset(parent)) if parent is not None else []
-            self._make_v2_group(record.system_group)
-            try:
-                enabled += self._enable_cpuset(scope, only_last=True)
-            except CgroupError as exc:
-                if exc.reason != "cgroup_busy":
-                    raise
-                # a group with domain controllers on may not keep tasks and give cpuset to
-                # its children: its tasks move first (managed ones to the managed group)
-                self._empty_scope(record, managed, result.notes)
-                enabled += self._enable_cpuset(scope, only_last=True)
-            record = record.evolve(enabled=tuple(enabled))
+            # recorded at once: a failure below must find them to switch them off again
+            result.record = record = record.evolve(enabled=tuple(enabled))
+            threaded = self._threaded(record)
+            self._make_v2_group(record.system_group, threaded=threaded)
+            record = self._cpuset_at_scope(result, record, managed, threaded)
             drv.write_cpus(record.system_group, system)
         else:
             drv.create(record.system_group)
@@ -510,16 +592,78 @@ class ShieldEngine:
         )
         result.record = record
 
-    def _undo_creation(self, record: ShieldRecord) -> None:
+    def _cpuset_at_scope(
+        self,
+        result: ShieldResult,
+        record: ShieldRecord,
+        managed: Mapping[int, CPUSet],
+        threaded: bool,
+    ) -> ShieldRecord:
+        """cgroup v2: `cpuset` in the scope's subtree_control, the scope's own tasks moved
+        into the shield's leaves FIRST. The kernel lets a group with tasks enable a threaded
+        controller such as cpuset - and then makes it a thread root whose domain children
+        (the system group) can take no task (EOPNOTSUPP): a domain scope must be empty
+        before, and still a domain after (a task that joined meanwhile is taken out and the
+        controller enabled again)."""
         drv = self._drv
-        group = record.system_group
-        try:
-            if drv.exists(group):
-                for pid in self._procs(group):  # tasks an EBUSY fallback moved already
-                    drv.write_file(record.scope, "cgroup.procs", str(pid))
+        scope = record.scope
+        before = self._cgroup_type(scope)
+        for attempt in range(4):
+            if scope and not threaded:
+                record = record.evolve(
+                    moved=merge_moved(
+                        record.moved, self._empty_scope(record, managed, result.notes)
+                    )
+                )
+                result.record = record
+            try:
+                now = self._enable_cpuset(scope, only_last=True)
+            except CgroupError as exc:
+                if exc.reason != "cgroup_busy" or attempt == 3:
+                    raise
+                continue  # a domain controller is on and a task came back: empty it again
+            record = record.evolve(enabled=(*record.enabled, *now))
+            result.record = record
+            if threaded or self._cgroup_type(scope) == before:
+                return record
+            # a task joined between the moves and the write: the scope turned thread root
+            drv.write_file(scope, "cgroup.subtree_control", "-cpuset")
+            record = record.evolve(enabled=tuple(e for e in record.enabled if e != scope))
+            result.record = record
+        raise EnvironmentProblem(
+            f"{drv.dir(scope)}: tasks keep joining the scope group itself; the kernel would "
+            "turn it into a threaded subtree if it gave cpuset to the shield's group",
+            reason="shield_scope_busy",
+        )
+
+    def _undo_creation(self, record: ShieldRecord) -> None:
+        """Take back a shield that failed half-way: the scope's controller first (so its tasks
+        may come home), the tasks, the groups, the controllers enabled above the scope."""
+        drv = self._drv
+        threaded = self._threaded(record)
+        if drv.version == 2 and record.scope in record.enabled:
+            with contextlib.suppress(CorepinError):
+                drv.write_file(record.scope, "cgroup.subtree_control", "-cpuset")
+        for group in (record.system_group, record.managed_group):
+            try:
+                if not drv.exists(group):
+                    continue
+                for pid in self._members(group, threaded):
+                    name = "cgroup.threads" if threaded else "cgroup.procs"
+                    home = None
+                    for task in record.moved:
+                        if task.pid == pid and drv.exists(task.origin):
+                            home = task.origin
+                    drv.write_file(record.scope if home is None else home, name, str(pid))
                 drv.remove(group)
-        except CorepinError:
-            pass
+            except CorepinError:
+                pass
+        if drv.version == 2:
+            for path in reversed(record.enabled):
+                if path == record.scope:
+                    continue
+                with contextlib.suppress(CorepinError):
+                    drv.write_file(path, "cgroup.subtree_control", "-cpuset")
 
     def _enable_cpuset(self, scope: str, *, only_last: bool = False) -> tuple[str, ...]:
         """cgroup v2: `cpuset` in the subtree_control of the root and every group down to
@@ -543,7 +687,7 @@ class ShieldEngine:
             enabled.append(path)
         return tuple(enabled)
 
-    def _make_v2_group(self, path: str) -> None:
+    def _make_v2_group(self, path: str, *, threaded: bool = False) -> None:
         drv = self._drv
         target = drv.dir(path)
         try:
@@ -554,18 +698,25 @@ class ShieldEngine:
             raise CgroupError(target, f"cannot create the group: {exc.strerror or exc}") from exc
         if drv.fake_tree:
             drv._fake_seed(path)  # a stand-in tree shows the files the kernel would
+        if threaded:
+            # the scope is a thread root already: a domain child of it could hold nothing
+            drv.write_file(path, "cgroup.type", "threaded")
 
     def _empty_scope(
         self, record: ShieldRecord, managed: Mapping[int, CPUSet], notes: list[ShieldNote]
-    ) -> None:
-        """Move every task out of the scope group itself (cgroup v2, see `_on_cpuset`)."""
+    ) -> list[MovedTask]:
+        """Move every task out of the scope group itself (cgroup v2, see `_cpuset_at_scope`):
+        managed processes to the managed group, the others to the system group."""
         table = self._table()
+        moved: list[MovedTask] = []
         for pid in self._procs(record.scope):
             st = table.get(pid)
             if st is None or st.kernel_thread:
                 continue
             target = self._ensure_managed(record, notes) if pid in managed else record.system_group
-            self._move(target, pid, st.start_time, notes)
+            if self._move(target, pid, st.start_time, notes):
+                moved.append(MovedTask(pid, st.start_time, record.scope))
+        return moved
 
     def _ensure_managed(self, record: ShieldRecord, notes: list[ShieldNote]) -> str:
         """The managed group (created with the scope's CPUs and memory nodes when missing)."""
@@ -574,7 +725,7 @@ class ShieldEngine:
         if drv.exists(path):
             return path
         if drv.version == 2:
-            self._make_v2_group(path)
+            self._make_v2_group(path, threaded=self._threaded(record))
         else:
             drv.create(path)  # v1: the scope's own cpus and mems
         notes.append(ShieldNote("created", path, "for managed processes that had to move"))
@@ -634,20 +785,26 @@ class ShieldEngine:
         # 3. tasks of the scope group itself, and of the managed group that are not managed
         moved: list[MovedTask] = []
         kernel = 0
+        threaded = self._threaded(record)
         for source in (record.scope, record.managed_group):
             if source and not drv.exists(source):
                 continue
-            for pid in self._procs(source):
+            for pid in self._members(source, threaded):
                 st = table.get(pid)
+                if st is None and threaded:
+                    try:
+                        st = read_stat(pid, self.proc_root)
+                    except ProcessGone:
+                        continue
                 if st is None or not st.alive:
                     continue
                 if st.kernel_thread:
                     kernel += 1
                     continue
-                if pid in managed:
+                if (self._tgid(pid) if threaded else pid) in managed:
                     continue
                 origin = record.origin_of(pid, st.start_time) or source
-                if self._move(group, pid, st.start_time, notes):
+                if self._move(group, pid, st.start_time, notes, thread=threaded):
                     moved.append(MovedTask(pid, st.start_time, origin))
         if kernel and not record.kthreads:
             notes.append(
@@ -661,7 +818,11 @@ class ShieldEngine:
         if moved:
             notes.append(ShieldNote("moved", group, f"{len(moved)} task(s) into the system set"))
         alive = {(pid, st.start_time) for pid, st in table.items() if st.alive}
-        kept = [t for t in record.moved if (t.pid, t.start_time) in alive]
+        kept = [
+            t
+            for t in record.moved
+            if (t.pid, t.start_time) in alive or (threaded and self._started(t.pid, t.start_time))
+        ]
         result.record = record.evolve(moved=merge_moved(kept, moved))
 
     def _restrict(
@@ -680,7 +841,17 @@ class ShieldEngine:
 
         drv = self._drv
         saved = {g.path: g.cpus for g in record.restricted}
-        groups = self._foreign_groups(record)
+        partitions: list[str] = []
+        groups = self._foreign_groups(record, partitions)
+        for path in partitions:
+            notes.append(
+                ShieldNote(
+                    "left",
+                    path,
+                    f"a cpuset partition ({self._partition(path)}): never narrowed, nor the "
+                    "groups below it (its tasks allowed on an exclusive CPU are exposed)",
+                )
+            )
         wanted: dict[str, CPUSet] = {}
         originals: dict[str, str] = {}
         for path in groups:
@@ -948,9 +1119,18 @@ class ShieldEngine:
         if path == record.managed_group:
             return True
         inside = not record.scope or path.startswith(record.scope + "/")
-        if path == record.system_group or (inside and not self._excluded(path, record)):
+        if path == record.system_group or (
+            inside and not self._excluded(path, record) and not self._in_partition(record, path)
+        ):
             return needs <= system
         return self._allows(path, needs)
+
+    def _in_partition(self, record: ShieldRecord, path: str) -> bool:
+        """Whether `path` (below the scope) is a partition or below one: the shield leaves its
+        CPUs as they are."""
+        parts = split_cgroup_path(path) if path else []
+        depth = len(split_cgroup_path(record.scope)) if record.scope else 0
+        return any(self._partition("/".join(parts[:n])) for n in range(depth + 1, len(parts) + 1))
 
     def launch_group(
         self, record: ShieldRecord, caller: str | None, needs: CPUSet, system: CPUSet
@@ -1056,26 +1236,28 @@ class ShieldEngine:
     def _off_cpuset(
         self, record: ShieldRecord, system: CPUSet, notes: list[ShieldNote]
     ) -> ShieldRecord:
+        """In the order the kernel needs: narrowed groups get their CPUs back (before tasks
+        come home to them); on v2, the scope's controller goes off (when the shield turned it
+        on) before tasks come home to the scope itself, which may then hold tasks again; the
+        shield's groups go; the controllers it turned on above the scope go off, deepest
+        first; groups whose cpuset went with their parent's controller are checked last."""
         drv = self._drv
         table = self._table()
+        threaded = self._threaded(record)
         # 1. groups narrowed in place get their CPUs back first (tasks going home find them)
         record = self._unrestrict(record, system, notes)
-        # 2. every task in the shield's groups goes home: where it came from, else the scope
-        back = self._send_home(record, table, notes)
-        if (
-            drv.version == 2
-            and record.scope in record.enabled
-            and any(drv.exists(g) and self._procs(g) for g in (record.system_group,))
-        ):
-            # v2: the scope may not keep tasks while it gives cpuset to its children
+        # 2. tasks whose home is not the scope go home; v2: the scope's controller off; the rest
+        back = self._send_home(record, table, notes, threaded, scope_too=drv.version == 1)
+        if drv.version == 2 and record.scope in record.enabled and record.scope:
             try:
                 drv.write_file(record.scope, "cgroup.subtree_control", "-cpuset")
+                notes.append(ShieldNote("restored", record.scope, "cpuset controller off again"))
                 record = record.evolve(
                     enabled=tuple(e for e in record.enabled if e != record.scope)
                 )
             except CgroupError as exc:
-                notes.append(ShieldNote("failed", record.scope or "/", str(exc)))
-            back += self._send_home(record, self._table(), notes)
+                notes.append(ShieldNote("failed", record.scope, str(exc)))
+        back += self._send_home(record, self._table(), notes, threaded, scope_too=True)
         if back:
             notes.append(ShieldNote("restored", "tasks", f"{back} task(s) back to their groups"))
         # 3. the shield's groups go
@@ -1090,19 +1272,177 @@ class ShieldEngine:
             except CgroupError as exc:
                 # a group below uses cpuset now: it stays on (not an error)
                 notes.append(ShieldNote("left", path or "/", f"cpuset controller stays on: {exc}"))
+        # 5. groups whose cpuset was to go with their parent's controller
+        if drv.version == 2:
+            record = self._dropped_check(record, notes)
         return record.evolve(moved=(), enabled=())
 
+    def _dropped_check(self, record: ShieldRecord, notes: list[ShieldNote]) -> ShieldRecord:
+        """v2: a narrowed group whose parent's cpuset the shield turned on got its CPUs back
+        when that controller went off (its cpuset files went with it). Where the controller
+        stayed on, its original value is written now; what still fails stays recorded."""
+        drv = self._drv
+        left: list[RestrictedGroup] = []
+        for g in record.restricted:
+            if not drv.exists(g.path):
+                continue
+            try:
+                live = drv.read_cpus_text(g.path)
+            except CgroupError as exc:
+                if exc.reason == "cgroup_missing":
+                    notes.append(ShieldNote("restored", g.path, "CPUs (parent's: no cpuset)"))
+                    continue
+                notes.append(ShieldNote("failed", g.path, str(exc)))
+                left.append(g)
+                continue
+            if live == g.cpus:
+                notes.append(ShieldNote("restored", g.path, f"CPUs {g.cpus or '(parent)'}"))
+                continue
+            if not self._write_original(g, notes):
+                left.append(g)
+        return record.evolve(restricted=tuple(left))
+
+    def _write_original(
+        self, g: RestrictedGroup, notes: list[ShieldNote], park: str | None = None
+    ) -> bool:
+        """Write a narrowed group's original cpuset.cpus back (v2). An empty one (inherit the
+        parent's) is refused with ENOSPC while the group holds tasks: then, where it is safe,
+        the parent's controller is switched off and on again, which resets its children to
+        inherit (`_reset_children`); where it is not (a sibling is a partition, or gives
+        cpuset to its own children), the group's tasks wait in the `park` group (the
+        shield's system group) while the empty value is written, and come back at once."""
+        drv = self._drv
+        try:
+            drv.write_cpus(g.path, CPUSet.parse(g.cpus))
+            notes.append(ShieldNote("restored", g.path, f"CPUs {g.cpus or '(parent)'}"))
+            return True
+        except CorepinError as exc:
+            if g.cpus or getattr(exc, "reason", "") != "cgroup_empty_cpuset":
+                notes.append(ShieldNote("failed", g.path, str(exc)))
+                return False
+            why = self._reset_children(drv.parent(g.path) or "", g)
+            if why is None:
+                notes.append(ShieldNote("restored", g.path, "CPUs (parent)"))
+                return True
+            if park is not None:
+                parked = self._empty_parked(g.path, park)
+                if parked is None:
+                    notes.append(
+                        ShieldNote(
+                            "restored",
+                            g.path,
+                            f"CPUs (parent; its tasks waited in the {park} group meanwhile)",
+                        )
+                    )
+                    return True
+                why += f"; with its tasks moved out: {parked}"
+            notes.append(
+                ShieldNote(
+                    "failed",
+                    g.path,
+                    "the kernel refuses an empty cpuset.cpus (inherit the parent's) for a group "
+                    f"with tasks (ENOSPC), and its parent's controller cannot be reset: {why}",
+                )
+            )
+            return False
+
+    def _empty_parked(self, path: str, park: str) -> str | None:
+        """Write an empty cpuset.cpus to `path` with its processes moved to `park` for the
+        time of the write (the kernel takes it only in a group without tasks), then move them
+        back. None when done, else why not (the processes are back either way)."""
+        drv = self._drv
+        table = self._table()
+        taken: list[tuple[int, int]] = []
+        why: str | None = None
+        try:
+            for _ in range(3):  # a task forked meanwhile starts in the group too
+                pids = drv.procs(path)
+                if not pids:
+                    break
+                for pid in pids:
+                    st = table.get(pid)
+                    if st is None:
+                        try:
+                            st = read_stat(pid, self.proc_root)
+                        except ProcessGone:
+                            continue
+                    if self._move(park, pid, st.start_time, []):
+                        taken.append((pid, st.start_time))
+            drv.write_cpus(path, CPUSet())
+            if drv.read_cpus_text(path):
+                why = f"cpuset.cpus reads {drv.read_cpus_text(path)} after writing it empty"
+        except CgroupError as exc:
+            why = str(exc)
+        for pid, start in taken:
+            if not self._move(path, pid, start, []) and self._started(pid, start):
+                why = (why + "; " if why else "") + f"pid {pid} stays in {park}"
+        return why
+
+    def _reset_children(self, parent: str, g: RestrictedGroup) -> str | None:
+        """Switch cpuset off and on again in `parent`'s subtree_control, which makes every
+        child inherit again - only when that loses nothing: no other child is a partition or
+        gives cpuset to a group below (the others get their CPUs and memory nodes written
+        back at once). None when done, else why not."""
+        drv = self._drv
+        if not parent:
+            return "it is the root group"
+        for child in drv.child_groups(parent):
+            if child == g.path:
+                continue
+            try:
+                if "cpuset" in drv.read_file(child, "cgroup.subtree_control").split():
+                    return f"{child} gives cpuset to its own children"
+                part = drv.read_file(child, "cpuset.cpus.partition").split()
+                if part and part[0] != "member":
+                    return f"{child} is a {part[0]} partition"
+            except CgroupError as exc:
+                if exc.reason != "cgroup_missing":
+                    return str(exc)
+        if "cpuset" in drv.read_file(g.path, "cgroup.subtree_control").split():
+            return f"{g.path} gives cpuset to its own children"
+        mems = drv.read_mems_text(g.path)
+        if mems:
+            return f"{g.path} has memory nodes of its own ({mems})"
+        keep: list[tuple[str, str, str]] = []
+        for child in drv.child_groups(parent):
+            if child != g.path:
+                try:
+                    keep.append((child, drv.read_cpus_text(child), drv.read_mems_text(child)))
+                except CgroupError:
+                    continue
+        try:
+            drv.write_file(parent, "cgroup.subtree_control", "-cpuset")
+        except CgroupError as exc:
+            return str(exc)
+        try:
+            drv.write_file(parent, "cgroup.subtree_control", "+cpuset")
+            for child, cpus, mems in keep:  # the other children keep what they had
+                if mems:
+                    drv.write_file(child, "cpuset.mems", mems)
+                if cpus:
+                    drv.write_file(child, "cpuset.cpus", cpus)
+        except CgroupError as exc:
+            return f"cpuset in {parent} after a reset: {exc}"
+        return None
+
     def _send_home(
-        self, record: ShieldRecord, table: dict[int, ProcStat], notes: list[ShieldNote]
+        self,
+        record: ShieldRecord,
+        table: dict[int, ProcStat],
+        notes: list[ShieldNote],
+        threaded: bool = False,
+        *,
+        scope_too: bool = True,
     ) -> int:
-        """Move every task of the shield's groups where it came from (else to the scope)."""
+        """Move every task of the shield's groups where it came from (else to the scope;
+        without `scope_too`, only those with another home)."""
         drv = self._drv
         back = 0
         for group in (record.system_group, record.managed_group):
             if not drv.exists(group):
                 continue
             for attempt in range(3):
-                pids = self._procs(group)
+                pids = self._members(group, threaded)
                 if not pids:
                     break
                 for pid in pids:
@@ -1116,8 +1456,12 @@ class ShieldEngine:
                     home = origin if origin is not None and self._home_ok(origin) else None
                     if home is None:
                         home = record.scope
-                    if self._move(home, pid, st.start_time, notes):
+                    if home == record.scope and not scope_too:
+                        continue
+                    if self._move(home, pid, st.start_time, notes, thread=threaded):
                         back += 1
+                if not scope_too:
+                    break
         return back
 
     def _home_ok(self, path: str) -> bool:
@@ -1141,15 +1485,23 @@ class ShieldEngine:
         self, record: ShieldRecord, system: CPUSet, notes: list[ShieldNote]
     ) -> ShieldRecord:
         """Put back the original CPUs of the groups narrowed in place, parents first; a group
-        someone changed since keeps what it has (noted)."""
+        someone changed since keeps what it has (noted). v2: a group whose parent's cpuset the
+        shield turned on is not written - it gets its CPUs back when that controller goes off
+        (`_dropped_check`, after the shield's groups are gone) - and an empty original is
+        written last, while its parent still offers CPUs."""
         from corepin.enforcement.reconcile import CgroupTarget
 
         drv = self._drv
         wanted: dict[str, CPUSet] = {}
         restore: list[RestrictedGroup] = []
         left: list[RestrictedGroup] = []
+        dropped: list[RestrictedGroup] = []
         for g in sorted(record.restricted, key=lambda g: g.path.count("/")):
             if not drv.exists(g.path):
+                continue
+            parent = drv.parent(g.path) or ""
+            if drv.version == 2 and parent in record.enabled:
+                dropped.append(g)
                 continue
             try:
                 live = drv.read_cpus_text(g.path)
@@ -1157,7 +1509,6 @@ class ShieldEngine:
                 notes.append(ShieldNote("failed", g.path, str(exc)))
                 left.append(g)
                 continue
-            parent = drv.parent(g.path) or ""
             bound = wanted.get(parent, system)
             shielded = bound if not g.cpus else confine(CPUSet.parse(g.cpus), bound)
             wanted[g.path] = shielded
@@ -1168,18 +1519,14 @@ class ShieldEngine:
                 continue
             restore.append(g)
         if drv.version == 2:
-            for g in restore:
-                try:
-                    drv.write_cpus(g.path, CPUSet.parse(g.cpus))
-                    notes.append(ShieldNote("restored", g.path, f"CPUs {g.cpus or '(parent)'}"))
-                except CorepinError as exc:
-                    notes.append(ShieldNote("failed", g.path, str(exc)))
+            for g in sorted(restore, key=lambda g: not g.cpus):  # empty ones last
+                if not self._write_original(g, notes, park=record.system_group):
                     left.append(g)
         elif restore:
             targets = [CgroupTarget(g.path, cpus=CPUSet.parse(g.cpus)) for g in restore]
             if not self._reconcile_v1(targets, "restored", notes):
                 left.extend(restore)
-        return record.evolve(restricted=tuple(left))
+        return record.evolve(restricted=(*left, *dropped))
 
     def _reconcile_v1(
         self, targets: list[CgroupTarget], action: str, notes: list[ShieldNote]

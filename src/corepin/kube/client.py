@@ -40,6 +40,12 @@ PATCH_CONTENT_TYPES: dict[str, str] = {
     "apply": "application/apply-patch+yaml",
 }
 DEFAULT_FIELD_MANAGER = "corepin"
+# the API server's watch cache sends every watcher that allows bookmarks one per minute
+BOOKMARK_INTERVAL = 60.0
+WATCH_READ_MARGIN = 5.0
+# how long a list/watch may go without an answer from the API before the connection counts as
+# dead and `/healthz` says so; also the socket read timeout of watches (see informer.py)
+DEFAULT_IDLE_TIMEOUT = 40.0
 
 
 @dataclass(frozen=True)
@@ -89,8 +95,11 @@ def api_error(
     http_reason: str = "",
     verb: str = "",
     target: str = "",
+    headers: Mapping[str, str] | None = None,
 ) -> ApiError:
-    """The typed error for a failed answer (HTTP status + body, or a watch ERROR Status)."""
+    """The typed error for a failed answer (HTTP status + body, or a watch ERROR Status).
+    A `Retry-After` header (or the Status's `details.retryAfterSeconds`, which the API server
+    sets on 429s) lands in the error's `retry_after`."""
     status: Mapping[str, Any] = {}
     if isinstance(body, Mapping):
         status = body
@@ -115,7 +124,7 @@ def api_error(
         cls: type[ApiError] = ApiAlreadyExists if reason == "AlreadyExists" else ApiConflict
     else:
         cls = _BY_CODE.get(code, ApiError)
-    return cls(
+    error = cls(
         code,
         reason,
         message,
@@ -123,6 +132,36 @@ def api_error(
         verb=verb,
         target=target,
     )
+    error.retry_after = retry_after_of(headers or {}, error.details)
+    return error
+
+
+def retry_after_of(headers: Mapping[str, str], details: Mapping[str, object]) -> float | None:
+    """Seconds from `Retry-After` (delta-seconds, the form the API server and proxies in front
+    of it send; an HTTP date is ignored) or `details.retryAfterSeconds`; None when neither."""
+    for name, value in headers.items():
+        if name.lower() == "retry-after":
+            try:
+                seconds = float(str(value).strip())
+            except ValueError:
+                break
+            if seconds >= 0 and seconds == seconds and seconds != float("inf"):
+                return seconds
+            break
+    found = details.get("retryAfterSeconds")
+    if isinstance(found, int | float) and not isinstance(found, bool) and found >= 0:
+        return float(found)
+    return None
+
+
+def too_large_resource_version(exc: ApiError) -> bool:
+    """The server does not have the resource version asked for yet (504, cause
+    ResourceVersionTooLarge): it is behind us, e.g. restored from an older etcd state."""
+    if exc.code != 504:
+        return False
+    if any(c.get("reason") == "ResourceVersionTooLarge" for c in exc.causes):
+        return True
+    return "too large resource version" in exc.api_message.lower()
 
 
 @dataclass(frozen=True)
@@ -170,9 +209,16 @@ class Watch:
 class KubeClient:
     """Generic, thread-safe access to the API server."""
 
-    def __init__(self, transport: Transport, *, field_manager: str = DEFAULT_FIELD_MANAGER) -> None:
+    def __init__(
+        self,
+        transport: Transport,
+        *,
+        field_manager: str = DEFAULT_FIELD_MANAGER,
+        idle_timeout: float = DEFAULT_IDLE_TIMEOUT,
+    ) -> None:
         self.transport = transport
         self.field_manager = field_manager
+        self.idle_timeout = idle_timeout
 
     @classmethod
     def from_config(
@@ -182,9 +228,13 @@ class KubeClient:
         timeout: float = 30.0,
         user_agent: str = "corepin",
         field_manager: str = DEFAULT_FIELD_MANAGER,
+        idle_timeout: float = DEFAULT_IDLE_TIMEOUT,
     ) -> KubeClient:
+        """A client; `idle_timeout` is the default of its informers (see informer.py)."""
         return cls(
-            Transport(config, timeout=timeout, user_agent=user_agent), field_manager=field_manager
+            Transport(config, timeout=timeout, user_agent=user_agent),
+            field_manager=field_manager,
+            idle_timeout=idle_timeout,
         )
 
     @property
@@ -220,7 +270,12 @@ class KubeClient:
         )
         if answer.status >= 400:
             raise api_error(
-                answer.status, answer.body, http_reason=answer.reason, verb=verb, target=path
+                answer.status,
+                answer.body,
+                http_reason=answer.reason,
+                verb=verb,
+                target=path,
+                headers=answer.headers,
             )
         try:
             decoded = json.loads(answer.body or b"{}")
@@ -296,8 +351,10 @@ class KubeClient:
         resource_version: str | None = None,
         resource_version_match: str | None = None,
         cancel: Cancel | None = None,
+        timeout: float | None = None,
     ) -> Obj:
-        """One list call (one page when `limit` is given): the List object."""
+        """One list call (one page when `limit` is given): the List object. `timeout` bounds
+        each wait for the server (default: the transport's)."""
         query: dict[str, str] = {}
         if label_selector:
             query["labelSelector"] = label_selector
@@ -312,7 +369,7 @@ class KubeClient:
         if resource_version_match:
             query["resourceVersionMatch"] = resource_version_match
         path = resource.path(namespace if resource.namespaced else None)
-        return self._call("GET", path, verb="list", query=query, cancel=cancel)
+        return self._call("GET", path, verb="list", query=query, cancel=cancel, timeout=timeout)
 
     def list_all(
         self,
@@ -323,6 +380,7 @@ class KubeClient:
         field_selector: str | None = None,
         page_size: int = 500,
         cancel: Cancel | None = None,
+        timeout: float | None = None,
     ) -> tuple[builtins.list[Obj], str]:
         """Every matching object, page by page, consistent at one resource version (returned
         too). A continue token that expires mid-way (410) restarts the list once, in full."""
@@ -340,6 +398,7 @@ class KubeClient:
                         limit=page_size,
                         continue_token=token,
                         cancel=cancel,
+                        timeout=timeout,
                     )
                     meta = page.get("metadata") or {}
                     version = version or str(meta.get("resourceVersion") or "")
@@ -536,10 +595,16 @@ class KubeClient:
         field_selector: str | None = None,
         timeout_seconds: int | None = None,
         allow_bookmarks: bool = True,
+        read_timeout: float | None = None,
         cancel: Cancel | None = None,
     ) -> Watch:
         """Open a watch from `resource_version` ("" or None: current state first, as ADDED).
-        A too-old version surfaces as ApiGone when iterating."""
+        A too-old version surfaces as ApiGone when iterating.
+
+        `read_timeout` is the longest silence accepted on the open stream before it counts as
+        dead (ApiUnreachable "timed out"). By default: the longest a healthy watch stays
+        silent, plus a margin: the API server sends a bookmark every minute and one about 2 s
+        before `timeout_seconds` runs out, then ends the watch."""
         query: dict[str, str] = {"watch": "1"}
         if resource_version is not None:
             query["resourceVersion"] = resource_version
@@ -552,12 +617,19 @@ class KubeClient:
         if allow_bookmarks:
             query["allowWatchBookmarks"] = "true"
         path = resource.path(namespace if resource.namespaced else None)
-        read_timeout = None if not timeout_seconds else timeout_seconds + 60.0
+        if read_timeout is None:
+            read_timeout = min(float(timeout_seconds or BOOKMARK_INTERVAL), BOOKMARK_INTERVAL)
+            read_timeout += WATCH_READ_MARGIN
         stream = self.transport.stream(path, query=query, read_timeout=read_timeout, cancel=cancel)
         if stream.status >= 400:
             body = stream.read_all()
             stream.close()
             raise api_error(
-                stream.status, body, http_reason=stream.reason, verb="watch", target=path
+                stream.status,
+                body,
+                http_reason=stream.reason,
+                verb="watch",
+                target=path,
+                headers=stream.headers,
             )
         return Watch(stream, path)

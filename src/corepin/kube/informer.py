@@ -5,14 +5,36 @@ One thread per informer runs the loop (as client-go's reflector does):
   1. list (paginated, consistent at one resource version) and reconcile the cache with it:
      handlers see what changed since the last known state (nothing twice: an object whose
      resourceVersion did not change is not reported again);
-  2. watch from that resource version (bookmarks on, a random server timeout between
-     `watch_timeout` and twice that, so many agents do not restart their watches together);
+  2. watch from that resource version, bookmarks on;
   3. when the watch ends normally, watch again from the last version seen (events and
-     bookmarks advance it); when it drops or fails, watch again after a bounded exponential
-     backoff with jitter; on 410 Gone, go back to 1 (relist).
+     bookmarks advance it); when it drops or fails, watch again after a backoff; on 410 Gone,
+     or when the server turns out to be behind us, go back to 1 (relist).
 Handlers run on the informer thread, in order; they must be quick (hand work to a queue) and
 must not change the objects they are given. A handler that raises is logged and counted; the
 informer goes on.
+
+A silently dead connection (a proxy or NAT that dropped it without FIN/RST) is found by time:
+`idle_timeout` (default: the client's, 40 s) is the longest a watch may stay silent. The
+server's `timeoutSeconds` is drawn between half of it and a little less than all of it (random,
+so many agents do not restart their watches together), and the API server sends a bookmark
+about 2 s before it ends a watch, so a healthy watch is never silent that long; the socket read
+timeout is `idle_timeout`. `in_contact()` says whether a list or a watch answered within that
+bound (the agent's /healthz). An explicit `watch_timeout` keeps the old shape (between it and
+twice it), the read timeout then being the server's bookmark interval (60 s) plus a margin.
+
+Retries: an exponential backoff with jitter (`backoff_initial` doubling up to `backoff_max`),
+reset by every good list and by every watch that delivered something, so one incident's
+failures do not slow the next one down. An answer with `Retry-After` (429, 5xx) is honoured
+instead: the informer waits what the server asked (at most `RETRY_AFTER_MAX`).
+
+A server behind us: an API server restored from an older etcd state hands out smaller
+resource versions than the ones we hold, and a watch from our version then stays silent (the
+watch cache sends nothing at or below the version it was asked for, bookmarks included) or
+fails with 504 "Too large resource version". The informer relists when a watch fails that way,
+when an event or a bookmark carries a version older than ours, and when a watch that asked for
+bookmarks ends without any (the server would have sent one before ending it). Resource versions
+are opaque strings to clients; compared here only when both parse as integers (etcd revisions,
+what every etcd-backed API server gives), otherwise only the silent-watch rule applies.
 
 `stop()` cancels the request in flight (its socket is shut down) and joins the thread within
 its timeout. `stats` holds counters the agent exports (watch restarts, relists, errors).
@@ -30,7 +52,13 @@ from dataclasses import dataclass
 from typing import Any
 
 from corepin.core.errors import ApiError, ApiGone, ApiUnreachable
-from corepin.kube.client import KubeClient, Resource
+from corepin.kube.client import (
+    BOOKMARK_INTERVAL,
+    WATCH_READ_MARGIN,
+    KubeClient,
+    Resource,
+    too_large_resource_version,
+)
 from corepin.kube.transport import Cancel, Cancelled
 
 Obj = dict[str, Any]
@@ -40,6 +68,22 @@ UpdateHandler = Callable[[Obj, Obj], None]
 DeleteHandler = Callable[[Obj], None]
 
 log = logging.getLogger("corepin.kube.informer")
+
+RETRY_AFTER_MAX = 60.0  # a longer Retry-After is cut to this (a bogus header must not stall us)
+PRE_TIMEOUT_BOOKMARK = 2.0  # the API server's last bookmark comes this long before the end
+
+
+class ServerBehind(Exception):
+    """The API server is behind the resource version we hold: relist."""
+
+
+def older_version(theirs: str, ours: str) -> bool:
+    """True when resource version `theirs` is older than `ours`; only integer versions are
+    compared (opaque ones never count as older)."""
+    try:
+        return int(theirs) < int(ours)
+    except ValueError:
+        return False
 
 
 def object_key(obj: Obj) -> Key:
@@ -99,7 +143,8 @@ class InformerStats:
     """Counters (monotonic) for metrics and tests."""
 
     lists: int = 0  # full lists, the first one included
-    relists: int = 0  # lists after 410 Gone
+    relists: int = 0  # lists after 410 Gone or a server found behind us
+    behind: int = 0  # times the server was found behind our resource version
     watches: int = 0  # watches opened
     watch_restarts: int = 0  # watches opened after the first one of a list
     watch_errors: int = 0  # watches that dropped or failed (each followed by a backoff)
@@ -118,9 +163,14 @@ class Backoff:
         self._rng = rng
         self._failures = 0
 
-    def next_delay(self) -> float:
-        ceiling = min(self.maximum, self.initial * (2**self._failures))
+    def next_delay(self, retry_after: float | None = None) -> float:
+        """The wait before the next try; a server's Retry-After wins (capped, with up to 10 %
+        jitter on top so many clients do not come back at once)."""
+        ceiling = min(self.maximum, self.initial * (2 ** min(self._failures, 32)))
         self._failures += 1
+        if retry_after is not None:
+            asked = min(max(retry_after, 0.0), RETRY_AFTER_MAX)
+            return float(asked + self._rng.uniform(0, asked / 10))
         return float(ceiling / 2 + self._rng.uniform(0, ceiling / 2))
 
     def reset(self) -> None:
@@ -139,10 +189,10 @@ class Informer:
         label_selector: str | None = None,
         field_selector: str | None = None,
         page_size: int = 500,
-        watch_timeout: int = 300,
+        watch_timeout: int | None = None,
+        idle_timeout: float | None = None,
         backoff_initial: float = 0.5,
-        backoff_max: float = 30.0,
-        healthy_after: float = 30.0,
+        backoff_max: float = 5.0,
         name: str = "",
         rng: random.Random | None = None,
     ) -> None:
@@ -153,7 +203,7 @@ class Informer:
         self.field_selector = field_selector
         self.page_size = page_size
         self.watch_timeout = watch_timeout
-        self.healthy_after = healthy_after
+        self.idle_timeout = float(idle_timeout or client.idle_timeout)
         self.name = name or f"informer-{resource.plural}"
         self.cache = Cache()
         self.stats = InformerStats()
@@ -166,6 +216,7 @@ class Informer:
         self._stop = Cancel()
         self._thread: threading.Thread | None = None
         self._last_rv = ""
+        self._contact: float | None = None  # monotonic time of the last answer from the API
 
     # ------------------------------------------------------------------ public
     def add_handlers(
@@ -191,6 +242,22 @@ class Informer:
     @property
     def last_resource_version(self) -> str:
         return self._last_rv
+
+    def in_contact(self, within: float | None = None) -> bool:
+        """Synced, and a list or watch answered within `within` seconds (default
+        `idle_timeout`): False while the API cannot be seen."""
+        contact = self._contact
+        bound = self.idle_timeout if within is None else within
+        return self.synced and contact is not None and time.monotonic() - contact <= bound
+
+    @property
+    def silent_for(self) -> float | None:
+        """Seconds since the API last answered a list or watch (None: never)."""
+        contact = self._contact
+        return None if contact is None else time.monotonic() - contact
+
+    def _touch(self) -> None:
+        self._contact = time.monotonic()
 
     def wait_for_sync(self, timeout: float | None = None) -> bool:
         return self._synced.wait(timeout)
@@ -224,6 +291,7 @@ class Informer:
                     self._list()
                     needs_list = False
                     first_watch = True
+                    self._backoff.reset()
                 if not first_watch:
                     self.stats.watch_restarts += 1
                 first_watch = False
@@ -234,12 +302,33 @@ class Informer:
                 log.info("informer=%s event=relist reason=gone rv=%s", self.name, self._last_rv)
                 self.stats.relists += 1
                 needs_list = True
+            except ServerBehind as exc:
+                log.warning(
+                    "informer=%s event=relist reason=server_behind rv=%s detail=%r",
+                    self.name,
+                    self._last_rv,
+                    str(exc),
+                )
+                self.stats.behind += 1
+                self.stats.relists += 1
+                needs_list = True
             except (ApiError, ApiUnreachable) as exc:
+                if isinstance(exc, ApiError) and not needs_list and too_large_resource_version(exc):
+                    self.stats.behind += 1
+                    self.stats.relists += 1
+                    log.warning(
+                        "informer=%s event=relist reason=too_large_rv rv=%s",
+                        self.name,
+                        self._last_rv,
+                    )
+                    needs_list = True
+                    continue
                 if needs_list:
                     self.stats.list_errors += 1
                 else:
                     self.stats.watch_errors += 1
-                delay = self._backoff.next_delay()
+                asked = exc.retry_after if isinstance(exc, ApiError) else None
+                delay = self._backoff.next_delay(asked)
                 log.warning(
                     "informer=%s event=retry error=%r delay=%.2f", self.name, str(exc), delay
                 )
@@ -254,8 +343,17 @@ class Informer:
             field_selector=self.field_selector,
             page_size=self.page_size,
             cancel=self._stop,
+            timeout=self.idle_timeout,
         )
+        self._touch()
         self.stats.lists += 1
+        if older_version(version, self._last_rv):
+            log.warning(
+                "informer=%s event=server_went_back rv=%s list_rv=%s",
+                self.name,
+                self._last_rv,
+                version,
+            )
         fresh = {object_key(o): o for o in items}
         known = self.cache._snapshot()
         for key, obj in fresh.items():
@@ -273,8 +371,19 @@ class Informer:
         self._last_rv = version
         self._synced.set()
 
+    def _watch_timing(self) -> tuple[int, float]:
+        """(server timeoutSeconds, socket read timeout) of the next watch."""
+        if self.watch_timeout is not None:
+            timeout = self._rng.randint(self.watch_timeout, 2 * self.watch_timeout)
+            read = max(self.idle_timeout, min(timeout, BOOKMARK_INTERVAL) + WATCH_READ_MARGIN)
+            return timeout, read
+        idle = self.idle_timeout
+        low = max(1, int(idle / 2))
+        high = max(low, int(idle - max(1.0, idle / 8)))
+        return self._rng.randint(low, high), idle
+
     def _watch(self) -> None:
-        timeout = self._rng.randint(self.watch_timeout, 2 * self.watch_timeout)
+        timeout, read_timeout = self._watch_timing()
         watch = self.client.watch(
             self.resource,
             self.namespace,
@@ -283,28 +392,38 @@ class Informer:
             field_selector=self.field_selector,
             timeout_seconds=timeout,
             allow_bookmarks=True,
+            read_timeout=read_timeout,
             cancel=self._stop,
         )
+        self._touch()
         self.stats.watches += 1
         opened = time.monotonic()
         seen = 0
         for event in self._events(watch):
+            self._touch()
             if self._stop.cancelled:
                 watch.close()
                 raise Cancelled("informer stopped")
             seen += 1
-            self._apply(event.type, event.object)
             version = event.resource_version
+            if version and older_version(version, self._last_rv):
+                watch.close()
+                raise ServerBehind(f"{event.type} at {version}, older than ours {self._last_rv}")
+            self._apply(event.type, event.object)
             if version:
                 self._last_rv = version
+            self._backoff.reset()
+        self._touch()
         lived = time.monotonic() - opened
         if seen == 0 and lived < 1.0:
             # a watch the server ends at once, again and again, must not spin: back off
             raise ApiUnreachable(
                 self.client.transport.config.server, f"watch of {self.resource} ended immediately"
             )
-        if lived >= self.healthy_after:
-            self._backoff.reset()
+        if seen == 0 and timeout > PRE_TIMEOUT_BOOKMARK and lived >= timeout - 1.0:
+            # it ran its course without the bookmark the server sends before ending a watch:
+            # the server has nothing at or after our version (it is behind us)
+            raise ServerBehind(f"a {timeout} s watch from {self._last_rv} brought no bookmark")
 
     def _events(self, watch: Any) -> Iterator[Any]:
         try:

@@ -16,7 +16,9 @@ Rules (CONTRACTS.md 7.3):
 - `share` and `exclusive` need a whole CPU limit >= 1 equal to the request; otherwise `none`
   with the reason (the agent emits `CPUPolicyIgnored`);
 - a PodCPUBinding naming explicit CPUs for a container makes it `exclusive` on exactly those
-  CPUs (its level from the binding);
+  CPUs (its level from the binding), when the container is eligible as above and the binding
+  names exactly as many CPUs as its limit (`binding_refusal`); otherwise the binding is ignored
+  for that container (with the reason) and its annotations decide;
 - init containers always run in the shared pool (they finish before the app containers);
 - a container id must be a runtime id of hex digits; anything else (path characters, ...) is
   treated as not running, with the reason.
@@ -209,13 +211,13 @@ def plan_pod(pod: Mapping[str, Any], binding: Mapping[str, Any] | None = None) -
         asked = wanted.policy_for(cname)
         policy, count, why = asked, 0, problem
         cpus = explicit.get(cname, explicit.get("") if len(containers) == 1 else None)
+        sized, where = _sized(c, statuses.get(cname), i)
+        refused = "" if cpus is None or problem else binding_refusal(sized, where, cname, cpus)
+        if refused:
+            cpus = None  # never applied: the container gets what its annotations ask
+            why = refused = f"{refused}; its PodCPUBinding is ignored"
         if cpus is not None:
             asked = policy = "exclusive"
-        row = statuses.get(cname)
-        applied = row.get("resources") if row is not None else None
-        # an in-place resize counts once the kubelet reports it applied (status resources)
-        sized: Mapping[str, Any] = {"resources": applied} if isinstance(applied, Mapping) else c
-        where = f"status.containerStatuses[{cname}]" if sized is not c else f"spec.containers[{i}]"
         if problem:
             policy = "none"
         elif policy != "none":
@@ -240,7 +242,7 @@ def plan_pod(pod: Mapping[str, Any], binding: Mapping[str, Any] | None = None) -
                 count=count,
                 level=binding_level if cpus is not None and binding_level else wanted.level,
                 workload=wanted.workload,
-                problem=why if policy != asked or problem else "",
+                problem=why if policy != asked or problem or refused else "",
                 bad_id=id_problem,
                 cpus=cpus,
                 runtime=runtime,
@@ -275,6 +277,83 @@ def plan_pod(pod: Mapping[str, Any], binding: Mapping[str, Any] | None = None) -
         problem=problem,
         deleting=deleting,
     )
+
+
+def _sized(
+    c: Mapping[str, Any], row: Mapping[str, Any] | None, index: int
+) -> tuple[Mapping[str, Any], str]:
+    """The container as its CPUs are sized, and where that is read: an in-place resize counts
+    once the kubelet reports it applied (the status's resources), else the spec."""
+    applied = row.get("resources") if row is not None else None
+    if isinstance(applied, Mapping):
+        return {"resources": applied}, f"status.containerStatuses[{c.get('name')}]"
+    return c, f"spec.containers[{index}]"
+
+
+def container_size(sized: Mapping[str, Any], where: str) -> tuple[int, str]:
+    """(whole CPUs, "") of a container eligible for CPUs of its own (a whole CPU limit >= 1
+    equal to the request), else (0, why not)."""
+    from corepin.kube.models import container_eligibility
+
+    try:
+        eligible = container_eligibility(sized, where)
+    except CorepinError as exc:
+        return 0, exc.message
+    return (eligible.cpus, "") if eligible.eligible else (0, eligible.reason)
+
+
+def container_sizes(pod: Mapping[str, Any]) -> dict[str, tuple[int, str]]:
+    """`container_size` of every app container of `pod`, by name."""
+    spec = pod.get("spec") if isinstance(pod.get("spec"), Mapping) else {}
+    assert isinstance(spec, Mapping)
+    containers = spec.get("containers") if isinstance(spec.get("containers"), list) else []
+    assert isinstance(containers, list)
+    statuses = _statuses(pod, "containerStatuses")
+    out: dict[str, tuple[int, str]] = {}
+    for i, c in enumerate(containers):
+        if isinstance(c, Mapping) and isinstance(c.get("name"), str):
+            out[c["name"]] = container_size(*_sized(c, statuses.get(c["name"]), i))
+    return out
+
+
+def size_refusal(name: str, size: tuple[int, str], cpus: CPUSet) -> str:
+    """Why a PodCPUBinding may not give container `name` (of `size`, as `container_size`
+    reads it) the explicit CPUs `cpus`, or "" when it may.
+
+    A binding is held to the same eligibility as the annotations - a whole CPU limit >= 1
+    equal to the CPU request - and must name exactly as many CPUs as that limit: the agent
+    removes the CFS quota of an exclusive container, which is only the same as the limit when
+    the container has that many CPUs of its own. Without this rule a binding would turn a
+    `100m` container into an unthrottled one on every CPU it names."""
+    count, why = size
+    if why:
+        return f"container {name!r}: {why}"
+    if count != len(cpus):
+        return (
+            f"container {name!r}: the binding names {len(cpus)} CPU(s) ({cpus}) but its CPU "
+            f"limit is {count}"
+        )
+    return ""
+
+
+def binding_refusal(sized: Mapping[str, Any], where: str, name: str, cpus: CPUSet) -> str:
+    """`size_refusal` of a container as `_sized` reads it."""
+    return size_refusal(name, container_size(sized, where), cpus)
+
+
+def binding_refusals(pod: Mapping[str, Any], spec: Mapping[str, Any]) -> dict[str, str]:
+    """Container name -> why the binding `spec` may not give it its CPUs, for every app
+    container of `pod` the binding gives CPUs to (a row of its own; the pod-wide set for a
+    pod of one container) and may not. Empty when the binding fits the pod's limits."""
+    explicit = binding_cpus(spec)
+    sizes = container_sizes(pod)
+    out: dict[str, str] = {}
+    for name, size in sizes.items():
+        cpus = explicit.get(name, explicit.get("") if len(sizes) == 1 else None)
+        why = "" if cpus is None else size_refusal(name, size, cpus)
+        if why:
+            out[name] = why
+    return out
 
 
 def binding_cpus(spec: Mapping[str, Any]) -> dict[str, CPUSet]:

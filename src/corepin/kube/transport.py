@@ -28,6 +28,29 @@ from corepin.kube.config import ClusterConfig
 _IDEMPOTENT = frozenset({"GET", "HEAD", "PUT", "DELETE"})
 _POOL_SIZE = 8
 _MAX_LINE = 65537
+# TCP keepalive on every connection to the API server: a peer that vanished without FIN/RST
+# (a node or NAT gone) is found dead after about idle + interval * count = 30 s, also on a
+# pooled connection nobody reads from. A middlebox that still answers TCP but forwards nothing
+# is found by the read timeouts instead (watches: see KubeClient.watch).
+KEEPALIVE_IDLE = 15
+KEEPALIVE_INTERVAL = 5
+KEEPALIVE_COUNT = 3
+
+
+def keepalive(sock: socket.socket | None) -> None:
+    """Turn TCP keepalive on for `sock` with the probes above (where the platform has them)."""
+    if sock is None:
+        return
+    with contextlib.suppress(OSError):
+        sock.setsockopt(socket.SOL_SOCKET, socket.SO_KEEPALIVE, 1)
+        for name, value in (
+            ("TCP_KEEPIDLE", KEEPALIVE_IDLE),
+            ("TCP_KEEPINTVL", KEEPALIVE_INTERVAL),
+            ("TCP_KEEPCNT", KEEPALIVE_COUNT),
+        ):
+            option = getattr(socket, name, None)
+            if option is not None:
+                sock.setsockopt(socket.IPPROTO_TCP, option, value)
 
 
 class Cancelled(CorepinError):
@@ -185,6 +208,16 @@ class Transport:
         for conn in idle:
             conn.close()
 
+    def drop_idle(self) -> int:
+        """Close every pooled connection (returns how many). Called when a read timed out: a
+        connection that went silent without FIN/RST (a proxy or NAT that lost it) rarely goes
+        alone, and a request sent on one of its dead siblings would wait its whole timeout."""
+        with self._lock:
+            idle, self._idle = self._idle, []
+        for conn in idle:
+            conn.close()
+        return len(idle)
+
     # ------------------------------------------------------------------ requests
     def url(self, path: str, query: Mapping[str, str] | None = None) -> str:
         full = self.base_path + path
@@ -247,6 +280,7 @@ class Transport:
             try:
                 if conn.sock is None:
                     conn.connect()
+                    keepalive(conn.sock)
                 if cancel is not None:
                     cancel._register(conn.sock)
                 conn.request(method, target, body=body, headers=headers)
@@ -257,6 +291,8 @@ class Transport:
                 conn.close()
                 if cancel is not None and cancel.cancelled:
                     raise Cancelled("request cancelled") from exc
+                if isinstance(exc, TimeoutError):
+                    self.drop_idle()
                 stale = reused and isinstance(
                     exc, http.client.RemoteDisconnected | BrokenPipeError | ConnectionResetError
                 )
@@ -294,6 +330,7 @@ class Transport:
         conn = self._connect(read_timeout)
         try:
             conn.connect()
+            keepalive(conn.sock)
             if cancel is not None:
                 cancel._register(conn.sock)
             conn.request(
@@ -307,6 +344,8 @@ class Transport:
                 cancel._unregister(sock)
                 if cancel.cancelled:
                     raise Cancelled("request cancelled") from exc
+            if isinstance(exc, TimeoutError):
+                self.drop_idle()
             raise self._unreachable(exc) from exc
         return Stream(self, conn, answer, cancel)
 
@@ -328,6 +367,7 @@ class Stream:
         self._cancel = cancel
         self.status = answer.status
         self.reason = answer.reason
+        self.headers: dict[str, str] = dict(answer.getheaders())
 
     def read_all(self) -> bytes:
         try:
@@ -354,6 +394,8 @@ class Stream:
         except (OSError, http.client.HTTPException, ValueError) as exc:
             if self._cancel is not None and self._cancel.cancelled:
                 raise Cancelled("watch cancelled") from exc
+            if isinstance(exc, TimeoutError):
+                self._transport.drop_idle()
             raise self._transport._unreachable(exc) from exc
         if self._cancel is not None and self._cancel.cancelled:
             raise Cancelled("watch cancelled")

@@ -13,13 +13,21 @@ queue in a ticket directory next to the lock, `state.lock.queue/`:
   such a clean-up before renaming it simply starts over);
 - the oldest live ticket goes next: only its owner tries `flock(state.lock, LOCK_EX|LOCK_NB)`;
   the others wait until no live ticket older than theirs is left;
+- a waiter that is stopped (SIGSTOP, Ctrl-Z, a debugger: state `T` or `t` in /proc/PID/stat,
+  PID read from its ticket's name) does not hold up the ones behind it while it stays stopped:
+  they pass it by. Nor does one that leaves a free lock untaken (too slow to be scheduled, or
+  in another PID namespace, so that its stop cannot be seen): the waiter behind it probes the
+  lock (LOCK_NB, let go at once) and, when it has found it free at every look for `GRACE`
+  seconds times its place in line, keeps it. Neither loses its ticket: once it runs again
+  and looks, it is first in line again and the others wait for it;
 - with the lock in hand the owner removes its ticket (unlink, then close).
 
 Mutual exclusion rests on the flock of `state.lock` alone; the queue only orders corepin
 processes. An operator or a tool that runs `flock /var/lib/corepin/state.lock CMD` therefore
 still pauses corepin: the head of the queue waits behind it. A process that finds no ticket
 and a free lock takes the lock at once (one listdir, one flock). Waiting is polling (at most
-every 20 ms), because `flock` has no timeout.
+every 20 ms), because `flock` has no timeout; the lock is held for short transactions, so lines
+are short.
 
 The order is that of CLOCK_MONOTONIC, which Linux keeps system-wide (processes in different
 time namespaces sharing one state directory would be ordered by their own clocks: still safe,
@@ -48,6 +56,9 @@ QUEUE_DIR: Final = "state.lock.queue"
 TEMP_PREFIX: Final = ".tmp-"
 #: Longest pause between two looks at the queue and the lock, in seconds.
 MAX_POLL: Final = 0.02
+#: How long (times its place in line) a waiter lets a free lock lie untaken by the running
+#: waiter ahead of it before it takes the lock itself, in seconds.
+GRACE: Final = 0.5
 
 
 def acquire(dir_fd: int, directory: str, timeout: float, *, proc_root: str = "/proc") -> int:
@@ -143,6 +154,15 @@ def _take_ticket(queue_fd: int) -> tuple[int, str]:
         return fd, name
 
 
+def _try_lock(lock_fd: int) -> bool:
+    """Whether the lock was free (it is now held through `lock_fd`)."""
+    try:
+        fcntl.flock(lock_fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+    except BlockingIOError:
+        return False
+    return True
+
+
 def _leave(queue_fd: int, ticket_fd: int, name: str) -> None:
     with contextlib.suppress(OSError):
         os.unlink(name, dir_fd=queue_fd)
@@ -173,24 +193,47 @@ def _alive(queue_fd: int, name: str) -> bool:
     return False
 
 
-def _live_ahead(queue_fd: int, mine: str, *, count_all: bool = False) -> int:
-    """How many live tickets are older than `mine` (dead ones met on the way are removed).
+def _stopped(name: str, proc_root: str) -> bool:
+    """Whether the owner of ticket `name` (its pid is the name's second field) is stopped."""
+    try:
+        pid = int(name.split("-")[1])
+        with open(os.path.join(proc_root, str(pid), "stat"), "rb") as f:
+            text = f.read()
+    except (IndexError, ValueError, OSError):
+        return False
+    fields = text[text.rfind(b")") + 1 :].split()
+    return bool(fields) and fields[0] in (b"T", b"t")
 
-    Looks from the nearest predecessor backwards and stops at the first live one unless
+
+def _live_ahead(
+    queue_fd: int, mine: str, *, count_all: bool = False, proc_root: str = "/proc"
+) -> int:
+    """How many live tickets whose owners are not stopped are older than `mine` (dead ones met
+    on the way are removed); with `count_all`, how many live ones (stopped or not).
+
+    Looks from the nearest predecessor backwards and stops at the first one that counts unless
     `count_all`: a waiter only needs to know whether it is first in line."""
+    return _ahead(queue_fd, mine, count_all=count_all, proc_root=proc_root)[0]
+
+
+def _ahead(
+    queue_fd: int, mine: str, *, count_all: bool = False, proc_root: str = "/proc"
+) -> tuple[int, str, int]:
+    """`_live_ahead`, the name of the nearest live running ticket ahead ("" when none) and how
+    many tickets are older than `mine` (its place in line, dead or stopped ones included)."""
     names = os.listdir(queue_fd)
     older = sorted((n for n in names if not n.startswith(".") and n < mine), reverse=True)
     live = 0
     for name in older:
-        if _alive(queue_fd, name):
+        if _alive(queue_fd, name) and (count_all or not _stopped(name, proc_root)):
             live += 1
             if not count_all:
-                return live
+                return live, name, len(older)
     if live == 0:  # first in line: clear what dead creators left half-made
         for name in names:
             if name.startswith(TEMP_PREFIX):
                 _alive(queue_fd, name)
-    return live
+    return live, "", len(older)
 
 
 def _wait_in_line(
@@ -201,16 +244,28 @@ def _wait_in_line(
     ticket_fd, ticket = _take_ticket(queue_fd)
     try:
         delay = 0.0005
+        waiting_for = ""  # the running waiter ahead whose turn it is
+        free_since = 0.0  # since when the lock has been found free at every look (0: it was not)
         while True:
-            if _live_ahead(queue_fd, ticket) == 0:
+            live, nearest, place = _ahead(queue_fd, ticket, proc_root=proc_root)
+            if live == 0:
                 try:
                     fcntl.flock(lock_fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
                     return
                 except BlockingIOError:
                     pass
+            elif _try_lock(lock_fd):  # a probe: is the lock lying free?
+                now = time.monotonic()
+                if nearest == waiting_for and free_since and now - free_since >= GRACE * place:
+                    return  # the running waiters ahead let it lie that long: keep it
+                fcntl.flock(lock_fd, fcntl.LOCK_UN)
+                if nearest != waiting_for or not free_since:
+                    waiting_for, free_since = nearest, now
+            else:
+                free_since = 0.0
             now = time.monotonic()
             if now >= deadline:
-                ahead = _live_ahead(queue_fd, ticket, count_all=True)
+                ahead = _live_ahead(queue_fd, ticket, count_all=True, proc_root=proc_root)
                 raise _timeout(lock_fd, lock_path, now - start, timeout, ahead, proc_root)
             time.sleep(min(delay, deadline - now))
             delay = min(delay * 2, MAX_POLL)

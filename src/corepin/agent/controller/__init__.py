@@ -14,8 +14,14 @@ One replica acts at a time: the holder of the Lease `--lease-namespace/--lease-n
    *Who wrote a binding*: the node agent puts the label `app.kubernetes.io/managed-by:
    corepin-agent` on every binding it creates (`corepin.kube.models.agent_binding_labels()`);
    every binding without it is user-written (a person, a tool, the scheduler's `--bind-cpus`).
-   Agent bindings are records of what the agent pinned: the controller never judges them, but
-   their CPUs count as taken on their node, and they are deleted with their pod like any other.
+   The label only says "a record, not a request": neither the controller nor the agent acts on
+   such a binding as a request. It is no proof of who wrote it - any tenant allowed to create
+   bindings can set it - so a labelled binding counts as the agent's record (never judged, its
+   CPUs taken on its node) only when the node's NodeCPUTopology status, which only that
+   node's agent writes, lists an allocation of the same pod uid (owner reference), container
+   and CPUs for every row of its `spec.containers`. Unconfirmed it counts for nothing; the
+   node is decided again when the agent's status changes. Agent bindings are deleted with
+   their pod like any other.
    A user-written binding is checked, the first failing rule deciding:
    - the spec can be read (else `Failed`, `InvalidSpec`, naming the field and value);
    - its pod `spec.podName` exists in the binding's namespace (else `Failed`, `PodNotFound`);
@@ -27,8 +33,17 @@ One replica acts at a time: the holder of the Lease `--lease-namespace/--lease-n
      has no node to check the CPUs against; it is checked again when it is bound);
    - that node has a readable NodeCPUTopology (else `Pending`, `NodeTopologyMissing` /
      `NodeTopologyInvalid`: the agent has not published it; checked again when it does);
-   - every CPU named exists on the node (`UnknownCPUs`), is online (`OfflineCPUs`) and is not
-     reserved for the system (`spec.reservedCPUs` or `status.reservedCPUs`, `ReservedCPUs`);
+   - every app container the binding gives CPUs to (a row of its own; the pod-wide
+     `spec.cpuSet` for a pod of one container) is eligible as for the annotations - a whole
+     CPU limit >= 1 equal to its request - and is given exactly as many CPUs as that limit
+     (else `Failed`, `IneligibleContainer`): a binding never gives a container more CPUs than
+     its limits ask for, so removing its CFS quota never lifts a limit;
+   - every CPU named exists on the node (`UnknownCPUs`), is online (`OfflineCPUs`), is among
+     the CPUs the agent's status reports - shared pool, free, reserved, isolated, held (else
+     `UnknownCPUs`; `Pending`, `NodeTopologyInvalid`, while the status reports none): the
+     spec can be edited by whoever may write the object, the status is rewritten by the agent
+     from its own machine on every heartbeat - and is not reserved for the system
+     (`spec.reservedCPUs` or `status.reservedCPUs`, `ReservedCPUs`);
    - the pod has no other validated user-written binding (`DuplicateBinding`: one per pod);
    - what its exclusiveness level withholds (`allocation.levels.withheld_for` of its CPUs)
      overlaps nothing withheld by a binding of another pod on the node (`Conflict`, naming
@@ -50,8 +65,9 @@ One replica acts at a time: the holder of the Lease `--lease-namespace/--lease-n
    (condition `Validated` True), keeps its phase and message; a binding that cannot be decided
    now keeps `Validated`/`Applied` (only the condition turns Unknown). Bindings are checked
    again whenever their pod, another binding of their node, or the node's topology changes.
-   **The agent** applies a user-written binding only in phase `Validated` (then sets
-   `Applied`) and leaves the `Validated` condition alone.
+   **The agent** applies a user-written binding only in phase `Validated` and only when it
+   fits the container's limits (checked again on the node: a status is not proof), and
+   leaves the `Validated` condition alone.
 
 2. **Deletes bindings whose pod is gone.** A binding belongs to one pod incarnation: the
    uid of its owner reference to the pod (`kind: Pod`, `apiVersion: v1`, the name

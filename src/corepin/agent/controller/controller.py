@@ -96,6 +96,22 @@ def _meta(obj: Mapping[str, Any]) -> Mapping[str, Any]:
     return meta if isinstance(meta, Mapping) else {}
 
 
+#: the NodeCPUTopology status fields the decisions read (not the heartbeat, not the conditions)
+_ACCOUNTING: Final = (
+    "reservedCPUs",
+    "sharedPool",
+    "free",
+    "isolatedCPUs",
+    "allocations",
+)
+
+
+def _accounting(ncpt: Mapping[str, Any]) -> tuple[Any, ...]:
+    status = ncpt.get("status")
+    status = status if isinstance(status, Mapping) else {}
+    return tuple(status.get(k) for k in _ACCOUNTING)
+
+
 def _label(namespace: str, name: str) -> str:
     return f"{namespace}/{name}" if namespace else name
 
@@ -134,7 +150,7 @@ class Controller:
         # (namespace, binding name) -> (resourceVersion our last status write replaced, the
         # object it returned): newer than a cached copy still at that version (worker only)
         self._written: dict[tuple[str, str], tuple[str, Obj]] = {}
-        # node name -> (spec, status.reservedCPUs, facts): NodeCPUTopology parsed once per change
+        # node name -> (spec, status accounting, facts): NodeCPUTopology parsed once per change
         self._facts: dict[str, tuple[Any, Any, rules.NodeFacts]] = {}
         self._worker: threading.Thread | None = None
         self._stopping = threading.Event()
@@ -324,8 +340,7 @@ class Controller:
         name = str(_meta(new).get("name") or "")
         self._observe_heartbeat(new)
         self.queue.add(("topology", name))
-        reserved = [(o.get("status") or {}).get("reservedCPUs") for o in (old, new)]
-        if old.get("spec") != new.get("spec") or reserved[0] != reserved[1]:
+        if old.get("spec") != new.get("spec") or _accounting(old) != _accounting(new):
             self.queue.add(("node", name))
 
     def _topology_deleted(self, obj: Obj) -> None:
@@ -546,15 +561,14 @@ class Controller:
         if ncpt is None:
             return None
         spec = ncpt.get("spec")
-        status = ncpt.get("status")
-        reserved = status.get("reservedCPUs") if isinstance(status, Mapping) else None
+        accounting = _accounting(ncpt)
         with self._lock:
             cached = self._facts.get(node)
-        if cached is not None and cached[0] == spec and cached[1] == reserved:
+        if cached is not None and cached[0] == spec and cached[1] == accounting:
             return cached[2]
         facts = rules.node_facts(ncpt)
         with self._lock:
-            self._facts[node] = (spec, reserved, facts)
+            self._facts[node] = (spec, accounting, facts)
         return facts
 
     def _entry(
@@ -567,10 +581,24 @@ class Controller:
         except FieldError:
             return None  # decided on its own (no node)
         agent = is_agent_binding(binding.metadata.labels)
+        owner = pod_owner_uid(binding.metadata.owner_references, binding.spec.pod_name)
+        if agent and (
+            facts is None
+            or not facts.confirms(
+                binding.namespace, binding.spec.pod_name, owner, binding.spec.containers
+            )
+        ):
+            # The label only says "not a request" (neither the agent nor this controller acts
+            # on such a binding as one); it never makes a binding the agent's record. Anyone
+            # who may create bindings may set it, so the record must be confirmed by what the
+            # node's agent publishes through its NodeCPUTopology status (cluster scoped,
+            # written by that node's agent only): an allocation of this pod uid and container
+            # on exactly these CPUs. Unconfirmed (a forgery, or the agent's status not out
+            # yet: the node is decided again when it is), it counts for nothing.
+            return None
         phase = rules.status_phase(obj)
         holding = agent or phase in rules.HOLDING_PHASES
         pod = self._cached_pod(binding.namespace, binding.spec.pod_name)
-        owner = pod_owner_uid(binding.metadata.owner_references, binding.spec.pod_name)
         matches = pod is not None and (owner is None or owner == pod.uid)
         on = pod.node if matches and pod is not None else None
         if on is None and holding:
@@ -578,7 +606,7 @@ class Controller:
         if on != node or not (matches or holding):
             return None
         cpus = rules.explicit_cpus(binding)
-        if agent or phase == "Applied":
+        if phase == "Applied" and not agent:
             cpus = cpus | rules.status_cpus(obj)
         claim = None
         if facts is not None and facts.topology is not None and cpus:

@@ -50,6 +50,7 @@ R_OFFLINE_CPUS: Final = "OfflineCPUs"
 R_RESERVED_CPUS: Final = "ReservedCPUs"
 R_CONFLICT: Final = "Conflict"
 R_DUPLICATE: Final = "DuplicateBinding"
+R_INELIGIBLE: Final = "IneligibleContainer"
 
 #: Phases in which a binding holds its CPUs (the agent acts on Validated, then sets Applied).
 HOLDING_PHASES: Final = frozenset({"Validated", "Applied"})
@@ -79,17 +80,42 @@ class PodFacts:
     node: str | None
     containers: tuple[str, ...]
     init_containers: tuple[str, ...] = ()
+    #: per app container: (whole CPUs, "") when eligible for CPUs of its own, else (0, why
+    #: not) - `corepin.kube.podplan.container_sizes`, the agent's own reading of the limits
+    sizes: tuple[tuple[str, tuple[int, str]], ...] = ()
+
+    def size_of(self, container: str) -> tuple[int, str]:
+        for name, size in self.sizes:
+            if name == container:
+                return size
+        return 0, "it has no CPU limit"
+
+
+#: one row of a node's published `status.allocations`: namespace, pod, pod uid, container, CPUs
+Held = tuple[str, str, str, str, CPUSet]
 
 
 @record
 class NodeFacts:
     """A node's NodeCPUTopology as the controller uses it: the topology and the reserved CPUs,
-    or why it cannot be read."""
+    or why it cannot be read; `accounted`, the CPUs the agent's status reports (pools, free,
+    reserved, isolated, held: a binding may only name these; None: not known, not checked);
+    `held`, the allocations the agent published (what confirms the agent's own bindings)."""
 
     name: str
     topology: Topology | None
     reserved: CPUSet = EMPTY
     error: str = ""
+    accounted: CPUSet | None = None
+    held: frozenset[Held] = frozenset()
+
+    def confirms(self, namespace: str, pod: str, uid: str | None, rows: Sequence[Any]) -> bool:
+        """Whether the agent's published allocations hold exactly these container rows
+        (`ContainerCPUSet`s) of pod `namespace/pod` with uid `uid`: the proof that a binding
+        labelled as the agent's is the agent's record, not a tenant's forgery."""
+        if not uid or not rows:
+            return False
+        return all((namespace, pod, uid, row.name, row.cpus) in self.held for row in rows)
 
 
 @record
@@ -137,6 +163,8 @@ def _names(rows: object) -> tuple[str, ...]:
 
 
 def pod_facts(pod: Mapping[str, Any]) -> PodFacts:
+    from corepin.kube.podplan import container_sizes
+
     meta = pod.get("metadata") or {}
     spec = pod.get("spec") or {}
     return PodFacts(
@@ -146,6 +174,7 @@ def pod_facts(pod: Mapping[str, Any]) -> PodFacts:
         node=str(spec.get("nodeName") or "") or None,
         containers=_names(spec.get("containers")),
         init_containers=_names(spec.get("initContainers")),
+        sizes=tuple(sorted(container_sizes(pod).items())),
     )
 
 
@@ -158,9 +187,22 @@ def node_facts(ncpt: Mapping[str, Any]) -> NodeFacts:
     except FieldError as exc:
         return NodeFacts(name, None, EMPTY, str(exc))
     reserved = model.spec.reserved_cpus
-    if model.status is not None:
-        reserved = reserved | model.status.reserved_cpus
-    return NodeFacts(name, model.spec.topology, reserved)
+    status = model.status
+    topology = model.spec.topology
+    if status is None:
+        return NodeFacts(name, topology, reserved, accounted=EMPTY)
+    reserved = reserved | status.reserved_cpus
+    # What the agent reports through the status subresource, which it rewrites on every
+    # heartbeat from its own reading of the machine: a spec somebody else edited (a CPU 4000
+    # added) does not make CPUs appear here, so a binding can never be validated on them.
+    accounted = status.shared_pool | status.free | status.reserved_cpus | status.isolated_cpus
+    held: set[Held] = set()
+    for a in status.allocations:
+        held.add((a.namespace, a.pod, a.pod_uid, a.container, a.cpus))
+        accounted = (
+            accounted | a.cpus | withheld_for(topology, a.level, a.cpus & topology.online_cpus)
+        )
+    return NodeFacts(name, topology, reserved, accounted=accounted, held=frozenset(held))
 
 
 def status_cpus(binding: Mapping[str, Any]) -> CPUSet:
@@ -209,9 +251,11 @@ def check_binding(
     """The rules a user-written binding must pass on its own, in this order (the first that
     fails decides): the pod exists; each `spec.containers[].name` is a container of the pod;
     per-container CPU sets do not overlap each other, nor the pod-wide `cpuSet` when some
-    container uses it; the pod is bound to a node (else Pending); the node has a readable
-    NodeCPUTopology (else Pending); every CPU named exists on the node, is online and is not
-    reserved. `node` must be the NodeFacts of the pod's node (or None when there is none)."""
+    container uses it; every app container given CPUs is eligible as for the annotations and
+    is given exactly as many CPUs as its CPU limit; the pod is bound to a node (else Pending);
+    the node has a readable NodeCPUTopology (else Pending); every CPU named exists on the
+    node, is online, is among the CPUs the agent's status reports, and is not reserved.
+    `node` must be the NodeFacts of the pod's node (or None when there is none)."""
     where = f"{binding.namespace}/{binding.spec.pod_name}"
     if pod is None:
         return Verdict(FAILED, R_POD_NOT_FOUND, f"pod {where} not found")
@@ -241,6 +285,18 @@ def check_binding(
                     f"{a_name} and {b_name} both list CPUs {both}: the CPUs of a binding's "
                     "containers must not overlap",
                 )
+    from corepin.kube.podplan import size_refusal
+
+    for name, cpus in _given(binding, pod):
+        why = size_refusal(name, pod.size_of(name), cpus)
+        if why:
+            return Verdict(
+                FAILED,
+                R_INELIGIBLE,
+                f"{why}: a binding needs a whole CPU limit >= 1 equal to the CPU request and "
+                "exactly that many CPUs (the pod's limits, never more)",
+                pod.node,
+            )
     if pod.node is None:
         return Verdict(
             PENDING,
@@ -282,6 +338,26 @@ def check_binding(
                 f"(online: {_cpus_text(topology.online_cpus)})",
                 pod.node,
             )
+    if node.accounted is not None:
+        for path, cpus in _cpu_fields(binding):
+            unreported = cpus - node.accounted
+            if unreported and not node.accounted:
+                return Verdict(
+                    PENDING,
+                    R_TOPOLOGY_INVALID,
+                    f"the corepin agent of node {pod.node} has not reported its CPUs yet "
+                    "(NodeCPUTopology status)",
+                    pod.node,
+                )
+            if unreported:
+                return Verdict(
+                    FAILED,
+                    R_UNKNOWN_CPUS,
+                    f"{path}: CPUs {unreported} are not among the CPUs the corepin agent of node "
+                    f"{pod.node} reports ({node.accounted}); a NodeCPUTopology spec the agent "
+                    "did not write is not trusted",
+                    pod.node,
+                )
     for path, cpus in _cpu_fields(binding):
         reserved = cpus & node.reserved
         if reserved:
@@ -293,6 +369,20 @@ def check_binding(
                 pod.node,
             )
     return Verdict(VALID, R_VALID, _valid_message(binding, pod.node), pod.node)
+
+
+def _given(binding: PodCPUBinding, pod: PodFacts) -> list[tuple[str, CPUSet]]:
+    """(app container, CPUs) for every app container the binding gives CPUs to, as the agent
+    reads it: a row of its own, else the pod-wide `spec.cpuSet` when the pod has one container.
+    (Rows of init containers give nothing: they run on the shared pool.)"""
+    rows = {row.name: row.cpus for row in binding.spec.containers}
+    pod_wide = binding.spec.cpus if len(pod.containers) == 1 else None
+    out: list[tuple[str, CPUSet]] = []
+    for name in pod.containers:
+        cpus = rows.get(name, pod_wide)
+        if cpus is not None:
+            out.append((name, cpus))
+    return out
 
 
 def _valid_message(binding: PodCPUBinding, node: str) -> str:

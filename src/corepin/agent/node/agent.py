@@ -16,7 +16,16 @@ Threads and data flow:
 
 Restart: the checkpoint is validated against the live topology, assignments of pods that are
 gone are released, and the agent's own PodCPUBindings fill in what a lost checkpoint forgot, all
-before the first pod is looked at - a CPU is never handed out twice across a restart.
+before the first pod is looked at - a CPU is never handed out twice across a restart. Agent
+bindings and assignment files of pods that are gone are deleted then and on every resync, and
+every table kept per pod goes with its pod.
+
+One agent per node: `start` first takes the node lock (a `flock` on `<state dir>/agent.lock`),
+so a second agent of the node reads and writes nothing until the first is gone.
+
+One pod never stops the others: a pod whose sync, quota or Events fail is logged and told (a
+Warning Event), and the batch goes on without it; each API write and assignment file is done on
+its own.
 
 The agent refuses to start next to the kubelet's static CPU manager (its cpu_manager_state
 names policy `static`) unless `kubelet_compat`, which imports the kubelet's assignments and
@@ -71,10 +80,18 @@ NODE_LABEL: Final = "corepin.io/node"
 POD_UID_LABEL: Final = "corepin.io/pod-uid"
 CONTAINER_LABEL: Final = "corepin.io/container"
 POLICY_ANNOTATION: Final = "corepin.io/cpu-policy"
+#: the node lock in the state directory (see `NodeAgent.acquire_node_lock`)
+LOCK_FILE: Final = "agent.lock"
 
 Key = tuple[str, ...]
+#: seconds a validated binding holds its CPUs for a pod not bound to this node yet (`_promised`)
+PROMISE_GRACE: Final = 30.0
 #: keys handled in one state transaction at most
 BATCH: Final = 256
+#: the largest CPU quantity (limit or request) the agent acts on: far above any machine (the
+#: kernel counts at most 8192 CPUs) and below what a CFS quota can hold; a pod asking more is
+#: told so and left on the shared pool
+MAX_CPU_QUANTITY: Final = 1 << 20
 
 
 @record(frozen=False)
@@ -161,7 +178,11 @@ class NodeAgent:
         self._uids: dict[tuple[str, str], str] = {}  # (namespace, pod) -> uid of what we saw
         self._told: dict[tuple[str, str, str], str] = {}  # (uid, container, reason) -> message
         self._annotated: dict[str, str | None] = {}  # pod uid -> corepin.io/cpus we last wrote
-        self._bindings: dict[tuple[str, str], str] = {}  # (uid, container) -> spec we wrote
+        # (uid, container) -> (what we wrote, namespace, binding name)
+        self._bindings: dict[tuple[str, str], tuple[str, str, str]] = {}
+        # binding uid -> (first seen, resourceVersion checked, its pod may come here)
+        self._incoming_seen: dict[str, tuple[float, str, bool]] = {}
+        self.promise_grace = PROMISE_GRACE
         self._files: dict[str, set[str]] = {}  # pod uid -> assignment files we wrote
         self._seen_running: dict[tuple[str, str], float] = {}  # (uid, cid) -> first seen
         self._nrt = True
@@ -181,6 +202,8 @@ class NodeAgent:
         self.feed = StateFeed()
         self._shield_engine: Any = None
         self._shield_pending = False
+        self._lock_fd: int | None = None
+        self._spec_stored: Any = None  # NodeCPUTopology.spec as the API stored what we wrote
 
     # ------------------------------------------------------------------ resources
     @property
@@ -207,11 +230,24 @@ class NodeAgent:
     # ------------------------------------------------------------------ lifecycle
     def start(self, sync_timeout: float = 60.0) -> None:
         """Check the node, restore the state, start watching and syncing (see the module
-        docstring). EnvironmentProblem (exit 4) when the node cannot be managed."""
+        docstring); first the node lock (`acquire_node_lock`), waiting for another agent of
+        this node to go. EnvironmentProblem (exit 4) when the node cannot be managed."""
+        self.client.check()
+        if not self.acquire_node_lock(self._stop):
+            raise EnvironmentProblem(
+                "stopped while waiting for the node lock", reason="node_lock_wait_stopped"
+            )
+        try:
+            self._start(sync_timeout)
+        except BaseException:
+            self._release_node_lock()
+            raise
+
+    def _start(self, sync_timeout: float) -> None:
         from corepin.kube.informer import Informer
         from corepin.kube.resources import NODES, PODS
 
-        self.client.check()
+        self._say_hierarchy()
         imported = self._kubelet_assignments()
         self._restore(imported)
         node = self.settings.node_name
@@ -266,6 +302,74 @@ class NodeAgent:
         for thread in self._threads:
             thread.join(timeout / 2)
         self.events.stop(timeout / 2)
+        self._release_node_lock()
+
+    # ------------------------------------------------------------------ the node lock
+    def acquire_node_lock(self, stop: threading.Event | None = None, poll: float = 0.2) -> bool:
+        """Hold the node lock: an exclusive `flock` on `<state dir>/agent.lock`, kept for the
+        agent's life. A second agent of the same node waits here - it reads no state and
+        writes no cgroup - until the first stops or dies (the kernel drops the lock of a dead
+        process at once), then takes over. False when `stop` was set while waiting."""
+        import fcntl
+        import os
+
+        if self._lock_fd is not None:
+            return True
+        path = os.path.join(self.settings.state_dir, LOCK_FILE)
+        try:
+            os.makedirs(self.settings.state_dir, mode=0o755, exist_ok=True)
+            fd = os.open(path, os.O_RDWR | os.O_CREAT | os.O_CLOEXEC, 0o644)
+        except OSError as exc:
+            raise EnvironmentProblem(
+                f"cannot open the node lock {path}: {exc.strerror or exc}",
+                reason="node_lock_unusable",
+            ) from exc
+        told = False
+        while True:
+            try:
+                fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+                break
+            except BlockingIOError:
+                if not told:
+                    holder = os.pread(fd, 200, 0).decode("ascii", "replace").strip()
+                    log.warning(
+                        "event=node_lock_busy path=%s holder=%s: another agent manages node %s; "
+                        "waiting until it stops",
+                        path,
+                        holder or "unknown",
+                        self.settings.node_name,
+                    )
+                    told = True
+                if stop is not None and stop.wait(poll):
+                    os.close(fd)
+                    return False
+                if stop is None:
+                    time.sleep(poll)
+        os.ftruncate(fd, 0)
+        os.pwrite(fd, f"pid={os.getpid()} node={self.settings.node_name}\n".encode(), 0)
+        self._lock_fd = fd
+        if told:
+            log.info("event=node_lock_taken_over path=%s", path)
+        return True
+
+    def _release_node_lock(self) -> None:
+        import os
+
+        fd, self._lock_fd = self._lock_fd, None
+        if fd is not None:
+            os.close(fd)
+
+    def _say_hierarchy(self) -> None:
+        """Log the cgroup hierarchies the agent writes, once (CFS quota needs the cpu one)."""
+        driver = self.cgroups.driver
+        cpu = getattr(driver, "cpu_root", driver.root) if driver.version == 1 else driver.root
+        log.info("event=cgroups version=%d cpuset=%s cpu=%s", driver.version, driver.root, cpu)
+        if not driver.has_cpu_controller():
+            log.warning(
+                "event=no_cpu_controller cgroup_root=%s: no cpu controller found below the "
+                "cgroup root; exclusive containers keep their CFS quota",
+                self.settings.cgroup_root,
+            )
 
     def wait_idle(self, timeout: float = 30.0) -> bool:
         """Wait until the work queue is empty, the worker rests and every API write is done
@@ -438,9 +542,13 @@ class NodeAgent:
                 forgotten.extend(gone)
             bindings = self._user_bindings() if pods else {}
             for namespace, name in pods:
-                state, work, gone = self._apply_pod(
-                    state, namespace, name, "resync" in kinds, bindings
-                )
+                try:
+                    state, work, gone = self._apply_pod(
+                        state, namespace, name, "resync" in kinds, bindings
+                    )
+                except Exception as exc:  # this pod stays as it was; the others go on
+                    self._pod_failed(namespace, name, "sync", exc)
+                    continue
                 forgotten.extend(gone)
                 if work is not None:
                     done.append(work)
@@ -452,7 +560,10 @@ class NodeAgent:
         quotas: dict[str, CpuQuota | None] = {}
         for work in done:
             targets.extend(pod_assignments(state, work.plan.uid))
-            quotas.update(self._quotas(state, work.plan, work.pod))
+            try:
+                quotas.update(self._quotas(state, work.plan, work.pod))
+            except Exception as exc:  # its CPUs are written all the same, its quota left
+                self._pod_failed(work.plan.namespace, work.plan.name, "quota", exc)
         if "resync" in kinds:
             targets.extend(a for a in state if a.container is not None)
         elif state.shared_pool != before.shared_pool:
@@ -462,12 +573,16 @@ class NodeAgent:
         self._enforce(state, _unique(targets), quotas)
         for work in done:
             self._observe_latency(work.plan)
-            self._tell(work.pod, work.plan, work.notes)
+            try:
+                self._tell(work.pod, work.plan, work.notes)
+            except Exception as exc:
+                self._pod_failed(work.plan.namespace, work.plan.name, "events", exc)
             self._publish_later(("pod", work.plan.uid), work)
         for uid in forgotten:
-            self._last_plan.pop(uid, None)
-            self._plans.pop(uid, None)
+            self._forget_tables(uid)
             self._publish_later(("forget", uid), uid)
+        if kinds & {"orphans", "resync"}:
+            self._publish_later(("sweep",), None)
         if "resync" in kinds:
             self.hooks.reconciled(time.monotonic() - started)
         if (
@@ -555,22 +670,41 @@ class NodeAgent:
             with self._lock:
                 payload = self._to_publish.pop(key, None)
             state = self._state
-            try:
-                if key[0] == "pod" and state is not None:
-                    self._publish_pod(payload.pod, payload.plan, state)
-                    self._write_assignment_files(payload.plan, state)
-                elif key[0] == "forget":
-                    self._delete_bindings(payload, keep=())
-                    self._annotated.pop(payload, None)
-                    self._remove_assignment_files(payload)
-                elif key[0] == "topology":
-                    self._publish_topology()
-                elif key[0] == "pool" and state is not None:
-                    self._refresh_shared_files(state)
-            except CorepinError as exc:
-                log.warning("event=publish_failed key=%s error=%s", "/".join(key), exc)
-            except Exception:
-                log.exception("event=publish_crashed key=%s", "/".join(key))
+            steps: list[tuple[Callable[..., Any], tuple[Any, ...]]] = []
+            if key[0] == "pod" and state is not None:
+                if not self._live(payload.plan):
+                    continue  # gone meanwhile: nothing is written for it (its forget follows)
+                steps = [
+                    (self._publish_pod, (payload.pod, payload.plan, state)),
+                    (self._write_assignment_files, (payload.plan, state)),
+                ]
+            elif key[0] == "forget":
+                steps = [
+                    (self._delete_bindings, (payload, ())),
+                    (self._annotated.pop, (payload, None)),
+                    (self._remove_assignment_files, (payload,)),
+                ]
+            elif key[0] == "topology":
+                steps = [(self._publish_topology, ())]
+            elif key[0] == "pool" and state is not None:
+                steps = [(self._refresh_shared_files, (state,))]
+            elif key[0] == "sweep" and state is not None:
+                steps = [(self._sweep_assignment_files, (state,)), (self._sweep_bindings, (state,))]
+            for step, args in steps:  # each on its own: one failing never skips the next
+                try:
+                    step(*args)
+                except CorepinError as exc:
+                    log.warning("event=publish_failed key=%s error=%s", "/".join(key), exc)
+                except Exception:
+                    log.exception("event=publish_crashed key=%s", "/".join(key))
+
+    def _live_uids(self) -> set[str]:
+        return {str((p.get("metadata") or {}).get("uid")) for p in self._pods.cache.list()}
+
+    def _live(self, plan: PodPlan) -> bool:
+        """Whether the pod of `plan` is on the node now (as the pod informer has it)."""
+        pod = self._pods.cache.get(plan.name, plan.namespace)
+        return pod is not None and (pod.get("metadata") or {}).get("uid") == plan.uid
 
     # ------------------------------------------------------------------ state
     @contextmanager
@@ -647,12 +781,13 @@ class NodeAgent:
 
     def _from_bindings(self, state: HostState) -> HostState:
         from corepin.allocation.levels import withheld_for
-        from corepin.kube.models import PodCPUBinding
+        from corepin.kube.models import PodCPUBinding, pod_owner_uid
         from corepin.state.model import Assignment
         from corepin.state.owners import ContainerOwner
 
         selector = f"{MANAGED_BY}={AGENT},{NODE_LABEL}={self.settings.node_name}"
         items, _ = self.client.list_all(self.pcb, label_selector=selector)
+        published = self._published_allocations() if items else set()
         for raw in items:
             try:
                 binding = PodCPUBinding.from_dict(raw)
@@ -670,6 +805,13 @@ class NodeAgent:
             if ident in state or kind not in ("exclusive", "share"):
                 continue
             level = binding.spec.level
+            owner_uid = pod_owner_uid(binding.metadata.owner_references, binding.spec.pod_name)
+            record_of = (binding.namespace, binding.spec.pod_name, uid, container, status.cpus)
+            if owner_uid != uid or (*record_of, kind, level) not in published:
+                # its labels (and status) are whatever its writer said: only what this agent
+                # itself published before the restart confirms that it holds these CPUs
+                log.warning("event=binding_not_ours id=%s binding=%s", ident, binding.name)
+                continue
             owner = ContainerOwner(
                 pod_uid=uid,
                 container=container,
@@ -695,11 +837,39 @@ class NodeAgent:
                 log.warning("event=binding_not_restored id=%s error=%s", ident, exc)
         return state
 
+    def _published_allocations(self) -> set[tuple[str, str, str, str, CPUSet, str, str]]:
+        """(namespace, pod, pod uid, container, CPUs, kind, level) of every allocation this
+        node's NodeCPUTopology status shows: what this agent published before it restarted.
+
+        Why this and not the label of a binding: a PodCPUBinding may be created (labels and
+        all) by any tenant allowed to create bindings in its namespace, while the
+        NodeCPUTopology is cluster scoped, and only this node's agent writes it (its status is
+        rewritten from the agent's own state on every heartbeat). A binding is restored as the
+        agent's record only when both agree."""
+        from corepin.core.errors import ApiNotFound
+        from corepin.kube.models import NodeCPUTopologyStatus
+
+        try:
+            ncpt = self.client.get(self.ncpt, self.settings.node_name)
+            status = NodeCPUTopologyStatus.from_dict(ncpt.get("status") or {})
+        except ApiNotFound:
+            return set()
+        except CorepinError as exc:
+            log.warning("event=published_allocations_unreadable error=%s", exc)
+            return set()
+        return {
+            (a.namespace, a.pod, a.pod_uid, a.container, a.cpus, a.policy, a.level)
+            for a in status.allocations
+        }
+
     # ------------------------------------------------------------------ pods
     def _user_bindings(self) -> dict[tuple[str, str], Mapping[str, Any]]:
         """(namespace, pod) -> the user's PodCPUBinding for that pod once the controller
         validated it (phase `Validated`, or `Applied`); bindings the agent wrote itself are its
-        records, not requests (`corepin.kube.models.is_agent_binding`)."""
+        records, not requests (`corepin.kube.models.is_agent_binding`). A binding whose owner
+        reference names another incarnation of the pod is not this pod's. Whether the binding
+        fits the pod's limits is checked where it is applied (`plan_pod`), whatever its status
+        says."""
         from corepin.kube.models import is_agent_binding
 
         out: dict[tuple[str, str], Mapping[str, Any]] = {}
@@ -709,32 +879,55 @@ class NodeAgent:
                 continue
             if (b.get("status") or {}).get("phase") in ("Validated", "Applied"):
                 key = (str(meta.get("namespace")), str((b.get("spec") or {}).get("podName")))
+                pod = self._pods.cache.get(key[1], key[0])
+                if pod is not None and not _owned_by(b, pod):
+                    continue
                 out.setdefault(key, b)
         return out
 
     def _promised(self, state: HostState, exclude: tuple[str, str] = ("", "")) -> CPUSet:
-        """CPUs that user PodCPUBindings name for pods of this node whose containers do not
-        hold them yet (the scheduler's --bind-cpus chose them before the pods ran): decisions
-        from annotations leave them alone, and the published free set does not offer them."""
+        """CPUs that validated user PodCPUBindings name for pods bound to this node whose
+        containers do not hold them yet (the scheduler's --bind-cpus chose them before the pods
+        ran): decisions from annotations leave them alone, and the published free set does not
+        offer them.
+
+        Who may make the agent withhold CPUs this way matters: any tenant may create a
+        binding, and a label (`corepin.io/node`) is whatever its writer says. So only a binding
+        in phase `Validated`/`Applied` counts (no status, `Pending`: nothing is withheld), only
+        for the containers it may give CPUs to (eligible, exactly their limit), and only for a
+        pod this node runs: its `spec.nodeName` as the pod informer (field selector) sees it.
+        The one exception is the scheduler's own flow, which validates the binding and only
+        then binds the pod: a validated binding whose status names this node (the status
+        subresource, written by the controller or the scheduler) holds its CPUs for a pod that
+        the API shows not bound anywhere yet (read with a GET, not from a label), for at most
+        `PROMISE_GRACE` seconds - long enough for the bind to reach this node, too short for a
+        binding of a pod that never comes to withhold CPUs for long."""
         from corepin.allocation.levels import withheld_for
         from corepin.kube.models import corepin_level, is_agent_binding
-        from corepin.kube.podplan import binding_cpus
+        from corepin.kube.podplan import binding_cpus, binding_refusals
 
         out = CPUSet()
+        now = time.monotonic()
+        live: set[str] = set()
         for b in self._bindings_informer.cache.list():
             meta = b.get("metadata") or {}
-            labels = meta.get("labels") or {}
-            if is_agent_binding(labels):
+            if is_agent_binding(meta.get("labels")):
                 continue
-            if (b.get("status") or {}).get("phase") == "Failed":
+            status = b.get("status") or {}
+            if status.get("phase") not in ("Validated", "Applied"):
                 continue
             spec = b.get("spec") or {}
             key = (str(meta.get("namespace") or "default"), str(spec.get("podName")))
+            live.add(str(meta.get("uid")))
             if key == exclude:
                 continue
             pod = self._pods.cache.get(key[1], key[0])
-            if pod is None and labels.get(NODE_LABEL) != self.settings.node_name:
-                continue  # not for this node (or not known to be yet)
+            if pod is not None:
+                here = (pod.get("spec") or {}).get("nodeName") == self.settings.node_name
+                if not here or not _owned_by(b, pod) or binding_refusals(pod, spec):
+                    continue
+            elif status.get("nodeName") != self.settings.node_name or not self._incoming(b, now):
+                continue
             uid = str(((pod or {}).get("metadata") or {}).get("uid") or "")
             held = CPUSet().union(*(a.withheld for a in pod_assignments(state, uid) if a.holds))
             try:
@@ -748,7 +941,47 @@ class NodeAgent:
             except CorepinError:
                 continue
             out |= wanted - held
+        with self._lock:
+            for gone in set(self._incoming_seen) - live:
+                del self._incoming_seen[gone]
         return out & state.free
+
+    def _incoming(self, binding: Mapping[str, Any], now: float) -> bool:
+        """Whether a validated binding naming this node, whose pod this node does not run,
+        holds its CPUs now: the pod (read once per binding version with a GET) exists, is
+        the binding's incarnation, is bound to no node yet (or to this one: the watch is on
+        its way), fits the binding, and the binding was first seen less than `PROMISE_GRACE`
+        seconds ago."""
+        from corepin.core.errors import ApiNotFound
+        from corepin.kube.podplan import binding_refusals
+        from corepin.kube.resources import PODS
+
+        meta = binding.get("metadata") or {}
+        uid, version = str(meta.get("uid")), _version(binding)
+        with self._lock:
+            seen = self._incoming_seen.get(uid)
+        if seen is None or seen[1] != version:
+            spec = binding.get("spec") or {}
+            try:
+                pod = self.client.get(PODS, str(spec.get("podName")), str(meta.get("namespace")))
+            except ApiNotFound:
+                pod = None
+            except CorepinError as exc:
+                log.warning("event=promise_check_failed binding=%s error=%s", meta.get("name"), exc)
+                return False
+            node = ((pod or {}).get("spec") or {}).get("nodeName")
+            ok = (
+                pod is not None
+                and node in (None, "", self.settings.node_name)
+                and _owned_by(binding, pod)
+                and not binding_refusals(pod, spec)
+            )
+            # the grace runs from the first sight of the binding, not of this version: a
+            # binding rewritten again and again does not hold CPUs for longer
+            seen = (now if seen is None else seen[0], version, ok)
+            with self._lock:
+                self._incoming_seen[uid] = seen
+        return seen[2] and now - seen[0] < self.promise_grace
 
     def _apply_pod(
         self,
@@ -765,8 +998,8 @@ class NodeAgent:
             uid = self._uids.pop((namespace, name), None)
             if uid is None:
                 return state, None, []
-            state, gone = forget_pod(state, uid)
-            return state, None, [uid] if gone else []
+            state, _ = forget_pod(state, uid)
+            return state, None, [uid]  # (every table of the pod goes, held CPUs or not)
         plan = self._plan(pod, bindings.get((namespace, name)))
         held = tuple(pod_assignments(state, plan.uid))
         if self._last_plan.get(plan.uid) == (plan, held):
@@ -777,6 +1010,7 @@ class NodeAgent:
         promised = self._promised(state, exclude=(namespace, name))
         ctx = SyncContext(self.machine, self.policy, self.clock(), promised)
         state, notes = sync_pod(state, plan, ctx)
+        notes.extend(self._annotation_notes(pod, plan))
         state = self._attach_cgroups(state, plan)
         self._last_plan[plan.uid] = (plan, tuple(pod_assignments(state, plan.uid)))
         return state, _PodWork(pod, plan, notes), stale
@@ -789,9 +1023,74 @@ class NodeAgent:
         cached = self._plans.get(uid)
         if cached is not None and cached[0] == version and version[0]:
             return cached[1]
-        plan = plan_pod(pod, binding)
+        plan = _refuse_absurd(pod, plan_pod(pod, binding))
         self._plans[uid] = (version, plan)
         return plan
+
+    def _annotation_notes(self, pod: Mapping[str, Any], plan: PodPlan) -> list[Note]:
+        """A Warning for every `corepin.io/cpu-policy.<container>` annotation that names no
+        app container of the pod (a typo would otherwise be ignored without a word)."""
+        from corepin.kube.models import ANN_CPU_POLICY_PREFIX
+
+        annotations = (pod.get("metadata") or {}).get("annotations") or {}
+        if not isinstance(annotations, Mapping):
+            return []
+        names = [c.name for c in plan.containers]
+        inits = {c.name for c in plan.init_containers}
+        notes = []
+        for key in sorted(k for k in annotations if isinstance(k, str)):
+            if not key.startswith(ANN_CPU_POLICY_PREFIX):
+                continue
+            target = key[len(ANN_CPU_POLICY_PREFIX) :]
+            if not target or target in names:
+                continue
+            why = (
+                f"names init container {target!r}, and init containers always run on the "
+                "shared pool"
+                if target in inits
+                else f"names no container of this pod (its containers: {', '.join(names)})"
+            )
+            notes.append(
+                Note("Warning", "CPUPolicyIgnored", f"annotation {key}: {why}; ignored", target)
+            )
+        return notes
+
+    def _pod_failed(self, namespace: str, name: str, stage: str, exc: BaseException) -> None:
+        """One pod's failure: logged and told on the pod (a Warning Event, once per message);
+        the rest of the batch goes on without it."""
+        self.errors += 1
+        detail = exc.message if isinstance(exc, CorepinError) else f"{type(exc).__name__}: {exc}"
+        if isinstance(exc, CorepinError):
+            log.warning("event=pod_failed pod=%s/%s stage=%s error=%s", namespace, name, stage, exc)
+        else:
+            log.exception("event=pod_crashed pod=%s/%s stage=%s", namespace, name, stage)
+        pod = self._pods.cache.get(name, namespace)
+        if pod is None:
+            return
+        uid = str((pod.get("metadata") or {}).get("uid") or "")
+        message = f"the node agent could not {stage} this pod ({detail}); other pods go on"
+        key = (uid, "", f"failed-{stage}")
+        if self._told.get(key) == message:
+            return
+        self._told[key] = message
+        try:
+            self.events.event(pod, "Warning", "CPUPinFailed", message)
+        except Exception:
+            log.exception("event=event_failed pod=%s/%s", namespace, name)
+
+    def _forget_tables(self, uid: str) -> None:
+        """Everything the worker remembers about a pod that is gone."""
+        self._last_plan.pop(uid, None)
+        self._plans.pop(uid, None)
+        for told in [k for k in self._told if k[0] == uid]:
+            self._told.pop(told, None)
+        for seen in [k for k in self._seen_running if k[0] == uid]:
+            self._seen_running.pop(seen, None)
+        for qos in ("guaranteed", "burstable", "besteffort"):
+            try:
+                self.cgroups.driver.forget(self.cgroups.pod_path(qos, uid))
+            except CorepinError:
+                break  # (a uid no cgroup path is made of: nothing was cached for it)
 
     def _uids_gone(self, state: HostState, namespace: str, name: str, uid: str) -> list[str]:
         """Uids of older pods with this name (deleted and created again) still in the state."""
@@ -862,10 +1161,12 @@ class NodeAgent:
         from corepin.enforcement.cgroups import CpuQuota
         from corepin.kube.models import parse_quantity
 
+        if not self.cgroups.driver.has_cpu_controller():
+            return {}  # (said once at start-up)
         limits: dict[str, float] = {}
         for c in (pod.get("spec") or {}).get("containers") or []:
             raw = ((c.get("resources") or {}).get("limits") or {}).get("cpu")
-            if raw is not None:
+            if raw is not None and not absurd_cpu(raw):
                 try:
                     limits[c.get("name")] = float(parse_quantity(raw))
                 except CorepinError:
@@ -878,11 +1179,15 @@ class NodeAgent:
                 continue
             if plan.container(owner.container) is None:
                 continue  # an init container: the kubelet's quota stays
-            if a.kind == "exclusive":
+            limit = limits.get(owner.container)
+            if a.kind == "exclusive" and (limit is None or limit >= len(a.cpus)):
+                # no quota: the container's CPUs bound it as tightly as its limit would. An
+                # exclusive set larger than the limit (never planned so; a stale or foreign
+                # record) keeps the limit's quota: a pin never lifts a limit
                 out[a.cgroup] = CpuQuota.unlimited()
                 exclusive += 1
-            elif owner.container in limits:
-                out[a.cgroup] = CpuQuota.for_cpus(limits[owner.container])
+            elif limit is not None:
+                out[a.cgroup] = CpuQuota.for_cpus(limit)
         if plan.containers and exclusive == len(plan.containers):
             out[self.cgroups.pod_path(plan.qos, plan.uid)] = CpuQuota.unlimited()
         elif exclusive == 0 and len(limits) == len(plan.containers) and plan.containers:
@@ -1006,16 +1311,11 @@ class NodeAgent:
         self._delete_bindings(plan.uid, keep={a.container.container for a in holds if a.container})
 
     # ------------------------------------------------------------------ assignment files
-    def _write_assignment_files(self, plan: PodPlan, state: HostState) -> None:
-        """`<assignment dir>/<namespace>.<pod>.<container>`: what the container got, in the
-        form `corepin run` gives a command (COREPIN_CPUS, _EXCLUSIVE, _SHARED, COREPIN_MEMS),
-        written atomically; a container on nothing of its own has no file."""
-        import os
+    def _wanted_files(self, plan: PodPlan, state: HostState) -> dict[str, str]:
+        """name -> text of the pod's assignment files (`corepin.agent.node.files`): what each
+        container got, in the form `corepin run` gives a command."""
+        from corepin.agent.node.files import file_name
 
-        directory = self.settings.assignment_dir
-        if not directory:
-            return
-        os.makedirs(directory, mode=0o755, exist_ok=True)
         pool = state.shared_pool
         wanted: dict[str, str] = {}
         for a in pod_assignments(state, plan.uid):
@@ -1026,40 +1326,69 @@ class NodeAgent:
             shared = pool if a.with_shared else CPUSet()
             mems = a.mems if a.holds and a.mems else self.machine.mems_of(own | shared)
             exclusive = own if a.exclusive else CPUSet()
-            wanted[f"{plan.namespace}.{plan.name}.{owner.container}"] = (
+            wanted[file_name(plan.namespace, plan.name, owner.container)] = (
                 f"COREPIN_CPUS={own | shared}\nCOREPIN_CPUS_EXCLUSIVE={exclusive}\n"
                 f"COREPIN_CPUS_SHARED={shared}\nCOREPIN_MEMS={mems}\n"
                 f"COREPIN_POLICY={a.kind}\nCOREPIN_POD_UID={plan.uid}\n"
             )
-        for name, text in wanted.items():
-            path = os.path.join(directory, name)
-            try:
-                with open(path, encoding="ascii") as handle:
-                    if handle.read() == text:
-                        continue
-            except OSError:
-                pass
-            tmp = f"{path}.tmp"
-            with open(tmp, "w", encoding="ascii") as handle:
-                handle.write(text)
-            os.replace(tmp, path)
-        self._files[plan.uid] = set(wanted)
+        return wanted
+
+    def _write_assignment_files(self, plan: PodPlan, state: HostState) -> None:
+        """Write the pod's files (each on its own: one that fails is logged, the others are
+        written), and remove those of its containers that have none any more."""
+        from corepin.agent.node.files import remove_files, write_files
+
+        directory = self.settings.assignment_dir
+        if not directory:
+            return
+        wanted = self._wanted_files(plan, state)
+        for name, exc in write_files(directory, wanted):
+            log.warning("event=assignment_file_failed pod=%s file=%s error=%s", plan.key, name, exc)
+        before = self._files.get(plan.uid, set())
+        remove_files(directory, before - set(wanted), plan.uid)
+        if wanted:
+            self._files[plan.uid] = set(wanted)
+        else:
+            self._files.pop(plan.uid, None)
 
     def _refresh_shared_files(self, state: HostState) -> None:
-        """Rewrite the files of every pod with a container on the shared pool (it changed)."""
+        """Rewrite the files of every pod with a container on the shared pool (it changed);
+        one pod's failure does not stop the others'."""
         uids = {a.container.pod_uid for a in shared_pool_users(state) if a.container is not None}
         for pod in self._pods.cache.list():
             meta = pod.get("metadata") or {}
             if meta.get("uid") in uids:
-                self._write_assignment_files(plan_pod(pod), state)
+                try:
+                    self._write_assignment_files(plan_pod(pod), state)
+                except Exception:
+                    log.exception("event=assignment_files_crashed pod=%s/%s", _ns(pod), _name(pod))
 
     def _remove_assignment_files(self, uid: str) -> None:
-        import contextlib
-        import os
+        from corepin.agent.node.files import remove_files
 
-        for name in self._files.pop(uid, set()):
-            with contextlib.suppress(OSError):
-                os.unlink(os.path.join(self.settings.assignment_dir, name))
+        names = self._files.pop(uid, set())
+        if self.settings.assignment_dir:
+            remove_files(self.settings.assignment_dir, names, uid)
+
+    def _sweep_assignment_files(self, state: HostState) -> None:
+        """Remove every assignment file that belongs to no live pod (a previous run's, a pod
+        deleted while the agent was down): at start-up and on every resync."""
+        from corepin.agent.node.files import sweep
+
+        directory = self.settings.assignment_dir
+        if not directory:
+            return
+        keep: dict[str, str] = {}
+        for pod in self._pods.cache.list():
+            plan = plan_pod(pod)
+            for name in self._wanted_files(plan, state):
+                keep[name] = plan.uid
+        removed = sweep(directory, keep)
+        if removed:
+            log.info("event=assignment_files_swept count=%d", len(removed))
+        live = self._live_uids()
+        for uid in [u for u in self._files if u not in live]:
+            self._files.pop(uid, None)
 
     def _binding_name(self, pod: str, container: str) -> str:
         name = f"{pod}-{container}".lower()
@@ -1088,7 +1417,7 @@ class NodeAgent:
             "message": f"{a.kind} CPUs of container {owner.container!r}",
         }
         fingerprint = json.dumps([spec, status, a.kind], sort_keys=True)
-        if self._bindings.get((plan.uid, owner.container)) == fingerprint:
+        if (self._bindings.get((plan.uid, owner.container)) or ("",))[0] == fingerprint:
             return
         meta_uid = str((pod.get("metadata") or {}).get("uid") or "")
         labels = {
@@ -1132,38 +1461,70 @@ class NodeAgent:
             self.client.patch_status(
                 self.pcb, name, {"status": {**status, "conditions": [condition]}}, plan.namespace
             )
-            self._bindings[(plan.uid, owner.container)] = fingerprint
+            self._bindings[(plan.uid, owner.container)] = (fingerprint, plan.namespace, name)
         except CorepinError as exc:
             log.warning("event=binding_write_failed binding=%s error=%s", name, exc)
+            return
+        if not self._live(plan):  # the pod went while we wrote: no record of a gone pod
+            self._delete_bindings(plan.uid, keep=())
 
-    def _delete_bindings(self, uid: str, *, keep: Iterable[str]) -> None:
+    def _delete_bindings(self, uid: str, keep: Iterable[str]) -> None:
         from corepin.core.errors import ApiNotFound
 
         keep = set(keep)
         stale = [k for k in self._bindings if k[0] == uid and k[1] not in keep]
         selector = f"{MANAGED_BY}={AGENT},{POD_UID_LABEL}={uid}"
-        existing = [
-            b
-            for b in self._bindings_informer.cache.list()
-            if all(
-                ((b.get("metadata") or {}).get("labels") or {}).get(k) == v
-                for k, v in (s.split("=", 1) for s in selector.split(","))
-            )
-        ]
-        for b in existing:
+        doomed: dict[tuple[str, str], None] = {}
+        for b in self._bindings_informer.cache.list():
             meta = b.get("metadata") or {}
-            if (meta.get("labels") or {}).get(CONTAINER_LABEL) in keep:
+            labels = meta.get("labels") or {}
+            if any(labels.get(k) != v for k, v in (s.split("=", 1) for s in selector.split(","))):
+                continue
+            if labels.get(CONTAINER_LABEL) not in keep:
+                doomed[(str(meta.get("namespace")), str(meta.get("name")))] = None
+        # and those we wrote that the informer may not show yet
+        doomed.update({self._bindings[k][1:]: None for k in stale})
+        failed = False
+        for namespace, name in doomed:
+            try:
+                self.client.delete(self.pcb, name, namespace)
+            except ApiNotFound:
+                pass
+            except CorepinError as exc:
+                failed = True
+                log.warning("event=binding_delete_failed binding=%s error=%s", name, exc)
+        if not failed:
+            for k in stale:
+                self._bindings.pop(k, None)
+
+    def _sweep_bindings(self, state: HostState) -> None:
+        """Delete this node's agent PodCPUBindings whose pod is gone and holds nothing here (a
+        previous run's, one that could not be restored): at start-up and on every resync."""
+        from corepin.core.errors import ApiNotFound
+
+        live = self._live_uids()
+        held = {a.container.pod_uid for a in state if a.container is not None}
+        for b in self._bindings_informer.cache.list():
+            meta = b.get("metadata") or {}
+            labels = meta.get("labels") or {}
+            if labels.get(MANAGED_BY) != AGENT or labels.get(NODE_LABEL) != self.node_name:
+                continue
+            uid = labels.get(POD_UID_LABEL, "")
+            if uid in live or uid in held:
                 continue
             try:
                 self.client.delete(self.pcb, str(meta.get("name")), str(meta.get("namespace")))
+                log.info("event=stale_binding_deleted binding=%s pod_uid=%s", meta.get("name"), uid)
             except ApiNotFound:
                 pass
             except CorepinError as exc:
                 log.warning(
                     "event=binding_delete_failed binding=%s error=%s", meta.get("name"), exc
                 )
-        for k in stale:
-            self._bindings.pop(k, None)
+        for key in [k for k in self._bindings if k[0] not in live]:
+            self._bindings.pop(key, None)
+        for uid in [u for u in self._annotated if u not in live]:
+            self._annotated.pop(uid, None)
 
     def _publish_topology(self) -> None:
         """The node's NodeCPUTopology (spec and status with a heartbeat) and, when its CRD is
@@ -1196,13 +1557,20 @@ class NodeAgent:
                     "spec": spec,
                 }
                 try:
-                    self.client.create(self.ncpt, body)
+                    written = self.client.create(self.ncpt, body)
                 except ApiAlreadyExists:
-                    self.client.patch(self.ncpt, node, {"spec": spec})
+                    written = self._replace_ncpt_spec(spec)
                 self._ncpt_created = True
+                self._spec_stored = (written or {}).get("spec")
+                self._last_reserved = spec.get("reservedCPUs")
             else:
                 self._ncpt_spec(spec)
-            self.client.patch_status(self.ncpt, node, {"status": status})
+            written = self.client.patch_status(self.ncpt, node, {"status": status})
+            # (the answer shows the spec as it is now: someone else's edit is put right)
+            found = (written or {}).get("spec")
+            if found != self._spec_stored and _plain(found) != _plain(spec):
+                log.warning("event=topology_spec_repaired node=%s", node)
+                self._spec_stored = (self._replace_ncpt_spec(spec) or {}).get("spec")
         except ApiNotFound:
             self._ncpt_created = False
         except CorepinError as exc:
@@ -1212,8 +1580,17 @@ class NodeAgent:
 
     def _ncpt_spec(self, spec: Mapping[str, Any]) -> None:
         if spec.get("reservedCPUs") != getattr(self, "_last_reserved", None):
-            self.client.patch(self.ncpt, self.settings.node_name, {"spec": dict(spec)})
+            self._spec_stored = (self._replace_ncpt_spec(spec) or {}).get("spec")
             self._last_reserved = spec.get("reservedCPUs")
+
+    def _replace_ncpt_spec(self, spec: Mapping[str, Any]) -> Any:
+        """Put the whole spec (a JSON patch: a merge patch would keep keys others added)."""
+        return self.client.patch(
+            self.ncpt,
+            self.settings.node_name,
+            [{"op": "replace", "path": "/spec", "value": dict(spec)}],
+            patch_type="json",
+        )
 
     def _node_owner(self) -> dict[str, Any] | None:
         from corepin.kube.models import node_owner
@@ -1291,6 +1668,60 @@ def node_status(
     }
 
 
+def _cpu_quantities(pod: Mapping[str, Any]) -> dict[str, list[tuple[str, Any]]]:
+    """container name -> [(where, raw CPU quantity)] from its spec and its applied resources."""
+    out: dict[str, list[tuple[str, Any]]] = {}
+    spec = pod.get("spec") or {}
+    status = pod.get("status") or {}
+    rows = [*(spec.get("containers") or []), *(status.get("containerStatuses") or [])]
+    for row in rows:
+        if not isinstance(row, Mapping) or not isinstance(row.get("name"), str):
+            continue
+        resources = row.get("resources") or {}
+        if not isinstance(resources, Mapping):
+            continue
+        for kind in ("limits", "requests"):
+            values = resources.get(kind) or {}
+            if isinstance(values, Mapping) and "cpu" in values:
+                out.setdefault(row["name"], []).append((f"{kind[:-1]}", values["cpu"]))
+    return out
+
+
+def absurd_cpu(raw: Any) -> bool:
+    """Whether a CPU quantity is beyond anything a node can give: negative, or more than
+    `MAX_CPU_QUANTITY` CPUs (unparseable ones are the eligibility check's business)."""
+    from corepin.kube.models import parse_quantity
+
+    try:
+        value = parse_quantity(raw)
+    except CorepinError:
+        return False
+    return value < 0 or value > MAX_CPU_QUANTITY
+
+
+def _refuse_absurd(pod: Mapping[str, Any], plan: PodPlan) -> PodPlan:
+    """The plan with every container whose CPU limit or request is absurd (`absurd_cpu`) on
+    the shared pool, its problem saying which quantity and why (a Warning Event)."""
+    from corepin.core.record import replace
+
+    bad: dict[str, str] = {}
+    for name, quantities in _cpu_quantities(pod).items():
+        for where, raw in quantities:
+            if name not in bad and absurd_cpu(raw):
+                bad[name] = (
+                    f"container {name!r}: CPU {where} {raw!r} is out of range (a CPU quantity "
+                    f"must lie between 0 and {MAX_CPU_QUANTITY} CPUs); it runs on the shared "
+                    "pool and its CFS quota is left as the kubelet set it"
+                )
+    if not bad:
+        return plan
+    containers = tuple(
+        replace(c, policy="none", count=0, cpus=None, problem=bad[c.name]) if c.name in bad else c
+        for c in plan.containers
+    )
+    return replace(plan, containers=containers)
+
+
 def _running_ids(pod: Mapping[str, Any]) -> set[str]:
     out = set()
     for row in (pod.get("status") or {}).get("containerStatuses") or []:
@@ -1301,6 +1732,27 @@ def _running_ids(pod: Mapping[str, Any]) -> set[str]:
             if isinstance(cid, str) and "://" in cid:
                 out.add(cid.split("://", 1)[1])
     return out
+
+
+def _owned_by(binding: Mapping[str, Any], pod: Mapping[str, Any]) -> bool:
+    """Whether `binding` may be `pod`'s: it names the pod and, when it has an owner reference
+    to a pod of that name, that reference is this pod's uid (not an earlier incarnation's)."""
+    from corepin.kube.models import ObjectMeta, pod_owner_uid
+
+    name = str((pod.get("metadata") or {}).get("name") or "")
+    if (binding.get("spec") or {}).get("podName") != name:
+        return False
+    try:
+        owners = ObjectMeta.from_dict(binding.get("metadata") or {}).owner_references
+    except CorepinError:
+        return False
+    owner = pod_owner_uid(owners, name)
+    return owner is None or owner == (pod.get("metadata") or {}).get("uid")
+
+
+def _plain(value: Any) -> Any:
+    """`value` as JSON would give it back (tuples as lists), for comparing with the API's."""
+    return json.loads(json.dumps(value))
 
 
 def _version(obj: Mapping[str, Any]) -> str:

@@ -11,34 +11,41 @@ Routes (every answer is JSON as `wire` writes it):
   score 0..100 scaled; a node that does not pass scores 0);
 - `POST /bind` (ExtenderBindingArgs -> ExtenderBindingResult): the pod is placed (counted in
   flight on the node, so the next pod does not get the same CPUs) and bound through
-  `pods/binding`; `Error` says why when it cannot be;
+  `pods/binding`; `Error` says why when it cannot be. Only pods kube-scheduler could have
+  handed this extender are bound: a pending pod whose `spec.schedulerName` is one of
+  `scheduler_names` (default: `default-scheduler`, the profile of the shipped
+  KubeSchedulerConfiguration), onto a node that exists and passes the checks the scheduler
+  makes itself (cordon, taints the pod does not tolerate, nodeSelector - the same code as
+  `corepin scheduler`'s), and that can still give the pod its CPUs;
 - `POST /preempt` (ExtenderPreemptionArgs -> ExtenderPreemptionResult): keeps the candidate
   nodes where the pod fits once the proposed victims' CPUs are released;
 - `GET /healthz` (200 once the informers have listed everything), `GET /metrics`.
 
 Limits: a body larger than `max_body` bytes is refused with 413 before it is read, a body
 without a length with 411, a request that is not an extender message with 400 and the
-message's `Error` set; a connection silent for `timeout` seconds is closed. The standard
-library's threading server (one thread per kube-scheduler connection, kept alive): each
-answer is a few milliseconds of Python at 1,000 nodes, so a framework would add nothing but a
-dependency.
+message's `Error` set; a request (TLS handshake, head and body) must arrive whole within
+`timeout` seconds. Served by `corepin.api.http` (an event loop reads whole requests, a few
+worker threads answer them, slow clients cost no thread): each answer is a few milliseconds of
+Python at 1,000 nodes, so a framework would add nothing but a dependency. With `tls` it serves
+HTTPS and (with a client CA, `corepin.api.webhook.tls.ServingCertificate`) requires a client
+certificate that CA signed, as kube-scheduler's extender `tlsConfig` sends.
 """
 
 from __future__ import annotations
 
 import logging
-import socket
 import time
-from collections.abc import Callable
-from http.server import BaseHTTPRequestHandler
+from collections.abc import Callable, Collection, Mapping
 from typing import TYPE_CHECKING, Any, Final
 
+from corepin.agent.scheduler.nodes import node_refusal
 from corepin.api.extender import wire
-from corepin.api.http import ThreadedServer
-from corepin.api.http import _Server as _HTTPServer
-from corepin.core.errors import CorepinError
+from corepin.api.http import Limits, RequestHandler, ThreadedServer
+from corepin.core.errors import ApiNotFound, CorepinError
 
 if TYPE_CHECKING:
+    import ssl
+
     from corepin.agent.scheduler.feed import PlacementFeed
     from corepin.agent.scheduler.metrics import PlacementMetrics
     from corepin.kube.client import KubeClient
@@ -48,9 +55,18 @@ log = logging.getLogger("corepin.api.extender")
 
 #: 16 MiB: a NodeList of 1,000 real nodes is a few megabytes
 MAX_BODY: Final = 16 * 1024 * 1024
-#: seconds a connection may stay silent (also the longest a body may take to arrive)
+#: seconds a whole request (TLS handshake, head and body) may take to arrive
 TIMEOUT: Final = 10.0
+#: seconds a kept-alive connection may wait for kube-scheduler's next request
+IDLE_TIMEOUT: Final = 60.0
+#: connections open at once; kube-scheduler keeps a few
+MAX_CONNECTIONS: Final = 256
+#: threads answering whole requests
+WORKERS: Final = 4
 JSON: Final = "application/json"
+#: the pods' spec.schedulerName that /bind accepts by default: kube-scheduler's default profile
+#: (the one the shipped KubeSchedulerConfiguration runs)
+SCHEDULER_NAMES: Final = ("default-scheduler",)
 
 Answer = tuple[int, Any]
 
@@ -66,12 +82,14 @@ class ExtenderService:
         *,
         metrics: PlacementMetrics | None = None,
         clock: Callable[[], float] = time.time,
+        scheduler_names: Collection[str] = SCHEDULER_NAMES,
     ) -> None:
         self.cluster = cluster
         self.feed = feed
         self.client = client
         self.metrics = metrics
         self.clock = clock
+        self.scheduler_names = frozenset(scheduler_names)
 
     def _request(self, body: bytes) -> tuple[Any, list[str], list[dict[str, Any]] | None]:
         args = wire.decode(body, wire.EXTENDER_ARGS)
@@ -112,6 +130,50 @@ class ExtenderService:
         answers = self.cluster.evaluate(request, names, self.clock())
         return 200, [{"Host": a.node, "Score": a.extender} for a in answers]
 
+    def _refuse_binding(self, message: str) -> Answer:
+        if self.metrics is not None:
+            self.metrics.bindings.labels("refused").inc()
+        log.info("event=bind_refused why=%s", message)
+        return 200, wire.binding_result(message)
+
+    def _node(self, name: str) -> Mapping[str, Any] | None:
+        """The Node object (the informer's copy, else one GET); None when there is none."""
+        from corepin.kube.resources import NODES
+
+        if self.feed.nodes is not None:
+            found = self.feed.nodes.cache.get(name)
+            if found is not None:
+                return found
+        try:
+            return self.client.get(NODES, name)
+        except ApiNotFound:
+            return None
+
+    def bind_refusal(
+        self, pod: Mapping[str, Any], node_name: str, node: Mapping[str, Any] | None
+    ) -> str | None:
+        """Why this extender must not bind `pod` to `node` (None: it may): the pod was not
+        handed to it by one of `scheduler_names`, is bound already, or the node does not exist
+        or fails the scheduler's own node checks (cordon, taints, nodeSelector)."""
+        meta = pod.get("metadata") or {}
+        key = f"{meta.get('namespace') or ''}/{meta.get('name') or ''}"
+        spec = pod.get("spec") or {}
+        scheduler = spec.get("schedulerName") or "default-scheduler"
+        if scheduler not in self.scheduler_names:
+            accepted = ", ".join(sorted(self.scheduler_names))
+            return (
+                f"pod {key} has schedulerName {scheduler!r}; this extender binds only pods of "
+                f"{accepted} (--scheduler-name)"
+            )
+        if spec.get("nodeName"):
+            return f"pod {key} is bound to {spec['nodeName']} already"
+        if node is None:
+            return f"node {node_name!r} does not exist"
+        why = node_refusal(node, pod)
+        if why is not None:
+            return f"pod {key} may not go to {why[1]}"
+        return None
+
     def bind(self, body: bytes) -> Answer:
         from corepin.kube.resources import PODS
 
@@ -125,15 +187,20 @@ class ExtenderService:
                 pod = self.client.get(PODS, name, namespace)
         except CorepinError as exc:
             return 200, wire.binding_result(f"cannot read pod {namespace}/{name}: {exc}")
+        try:
+            node_object = self._node(node)
+        except CorepinError as exc:
+            return 200, wire.binding_result(f"cannot read node {node}: {exc}")
+        if uid and (pod.get("metadata") or {}).get("uid") != uid:
+            return self._refuse_binding(f"pod {namespace}/{name} is not the pod of UID {uid}")
+        why = self.bind_refusal(pod, node, node_object)
+        if why is not None:
+            return self._refuse_binding(why)
         request = self.feed.request_of(pod)
         now = self.clock()
         answer = self.cluster.evaluate(request, [node], now)[0]
         if not answer.ok:
-            if self.metrics is not None:
-                self.metrics.bindings.labels("refused").inc()
-            return 200, wire.binding_result(
-                f"pod {namespace}/{name} no longer fits: {answer.reason}"
-            )
+            return self._refuse_binding(f"pod {namespace}/{name} no longer fits: {answer.reason}")
         if answer.fit is not None:
             self.cluster.assume(request, node, answer.fit, now)
         try:
@@ -180,20 +247,10 @@ class ExtenderService:
         return code, payload
 
 
-class _Server(_HTTPServer):
-    """The threaded server of `corepin.api.http` with a longer accept queue and TCP_NODELAY
-    on the listening socket."""
-
-    request_queue_size = 128
-
-    def server_bind(self) -> None:
-        self.socket.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
-        super().server_bind()
-
-
-class ExtenderServer(ThreadedServer[_Server]):
+class ExtenderServer(ThreadedServer):
     """The HTTP side (see the module docstring); `start()` binds, `stop()` returns within a
-    few seconds."""
+    few seconds. With `tls` (a callable giving the context of each new connection) it serves
+    HTTPS."""
 
     VERBS: Final = ("filter", "prioritize", "bind", "preempt")
 
@@ -212,29 +269,34 @@ class ExtenderServer(ThreadedServer[_Server]):
         metrics: Any = None,
         max_body: int = MAX_BODY,
         timeout: float = TIMEOUT,
+        max_connections: int = MAX_CONNECTIONS,
+        workers: int = WORKERS,
+        tls: Callable[[], ssl.SSLContext] | None = None,
     ) -> None:
         self.service = service
-        super().__init__(address)
+        super().__init__(
+            address,
+            limits=Limits(
+                request_timeout=timeout,
+                idle_timeout=IDLE_TIMEOUT,
+                max_connections=max_connections,
+                workers=workers,
+                max_body=max_body,
+            ),
+            tls=tls,
+        )
         self.ready = ready
         self.registry = metrics
         self.max_body = max_body
         self.timeout = timeout
 
-    def _make_server(self) -> _Server:
-        return _Server(self.host, self.requested_port, _handler_for(self))
+    def _handler(self) -> type[RequestHandler]:
+        return _handler_for(self)
 
 
-def _handler_for(owner: ExtenderServer) -> type[BaseHTTPRequestHandler]:
-    class Handler(BaseHTTPRequestHandler):
-        timeout = owner.timeout
+def _handler_for(owner: ExtenderServer) -> type[RequestHandler]:
+    class Handler(RequestHandler):
         server_version = "corepin-extender"
-        protocol_version = "HTTP/1.1"
-
-        def setup(self) -> None:
-            super().setup()
-            # headers and body go out in two writes: without this, Nagle's algorithm holds
-            # the body until the client's delayed ACK of the headers (40 ms on Linux)
-            self.request.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
 
         def _send(self, code: int, body: bytes, content_type: str = JSON) -> None:
             self.send_response(code)
@@ -263,11 +325,7 @@ def _handler_for(owner: ExtenderServer) -> type[BaseHTTPRequestHandler]:
             if length > owner.max_body:
                 self._refuse(413, f"the body is larger than {owner.max_body} bytes")
                 return
-            try:
-                body = self.rfile.read(length)
-            except OSError:  # (a client too slow for the timeout)
-                self.close_connection = True
-                return
+            body = self.rfile.read(length)  # (read whole by the server, within its deadline)
             if len(body) < length:
                 self.close_connection = True
                 return
@@ -304,9 +362,6 @@ def _handler_for(owner: ExtenderServer) -> type[BaseHTTPRequestHandler]:
             self.end_headers()
 
         do_PUT = do_DELETE = do_PATCH = _not_allowed
-
-        def log_message(self, format: str, *args: Any) -> None:
-            log.debug("http_request client=%s %s", self.client_address[0], format % args)
 
     return Handler
 

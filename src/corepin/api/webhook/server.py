@@ -8,33 +8,31 @@ server.start()                          # loads the pair and binds: errors surfa
 server.stop()                           # returns within about `timeout` seconds
 ```
 
-The standard library's threaded HTTP/1.1 server (keep-alive, one thread per connection) with
-what a server facing the API server needs:
+The HTTP/1.1 server of `corepin.api.http` (keep-alive; an event loop reads requests, a few
+worker threads answer whole ones) with what a server facing the API server needs:
 - TLS with the certificate reloaded when its files change (`tls.ServingCertificate`); the
-  handshake runs on the connection's thread under `read_timeout`, never on the accept loop;
+  handshake runs on the event loop, never on a thread of its own;
 - a request body limit (`max_body`, default 3 MiB - the API server's own limit on a request
-  body): a larger `Content-Length` gets 413 before the body is read (also instead of
+  body): a larger `Content-Length` gets 413 without the body being read (also instead of
   `100 Continue`), no `Content-Length` gets 411, a bad one 400. (The review of an UPDATE
   carries two pods; one so big that they pass 3 MiB is let through by failurePolicy Ignore.);
-- timeouts: the whole body must arrive within `read_timeout`, a connection idle for
-  `idle_timeout` between requests is closed; at most `max_connections` connections at once
-  (more are closed at accept);
-- a route that raises is answered with 500 and logged; nothing a client sends stops the server;
-- `stop()` ends the accept loop and shuts down every open connection.
+- timeouts: the handshake, head and body of a request must arrive whole within
+  `read_timeout` (a deadline that a client trickling bytes cannot push back; 408 when it
+  passes), a connection idle for `idle_timeout` between requests is closed; at most
+  `max_connections` connections at once: a new one beyond that closes the oldest one that
+  has not sent a whole request, so slow clients cannot lock the API server out;
+- a route that raises is answered with 500 and logged; nothing a client sends stops the server,
+  and a client that goes away is a debug line;
+- `stop()` ends the accept loop and closes every open connection.
 """
 
 from __future__ import annotations
 
-import contextlib
 import logging
-import socket
-import threading
-import time
 from collections.abc import Callable, Mapping
-from http.server import BaseHTTPRequestHandler
-from typing import Any, Final
+from typing import Final
 
-from corepin.api.http import ThreadedServer, _Server
+from corepin.api.http import Limits, RequestHandler, ThreadedServer
 from corepin.api.webhook.tls import ServingCertificate
 
 log = logging.getLogger("corepin.api.webhook.server")
@@ -45,7 +43,9 @@ MAX_BODY: Final = 3 * 1024 * 1024
 READ_TIMEOUT: Final = 10.0
 #: Seconds a keep-alive connection may wait for its next request.
 IDLE_TIMEOUT: Final = 30.0
-MAX_CONNECTIONS: Final = 256
+MAX_CONNECTIONS: Final = 512
+#: Threads answering whole requests (an answer is a few milliseconds of Python).
+WORKERS: Final = 4
 TEXT: Final = "text/plain; charset=utf-8"
 
 Reply = tuple[int, bytes, str]
@@ -53,60 +53,7 @@ Route = Callable[[bytes], Reply]
 Pages = Callable[[str, "str | None"], Reply]
 
 
-class _TLSServer(_Server):
-    """The threaded server of `corepin.api.http` with TLS and a connection count."""
-
-    def __init__(self, owner: HttpsServer, host: str, port: int) -> None:
-        self.owner = owner
-        self._live: set[socket.socket] = set()
-        self._live_lock = threading.Lock()
-        super().__init__(host, port, _handler_for(owner))
-
-    def get_request(self) -> tuple[Any, Any]:
-        sock, address = super().get_request()
-        sock.settimeout(self.owner.read_timeout)
-        # answers go out at once: Nagle's wait for an ACK the client delays costs 40 ms
-        with contextlib.suppress(OSError):
-            sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
-        try:
-            wrapped = self.owner.certificate.context().wrap_socket(
-                sock, server_side=True, do_handshake_on_connect=False
-            )
-        except (OSError, ValueError):
-            sock.close()
-            raise
-        return wrapped, address
-
-    def verify_request(self, request: Any, client_address: Any) -> bool:
-        with self._live_lock:
-            if len(self._live) >= self.owner.max_connections:
-                log.warning("event=connection_refused reason=too_many client=%s", client_address)
-                return False
-            self._live.add(request)
-        return True
-
-    def shutdown_request(self, request: Any) -> None:
-        with self._live_lock:
-            self._live.discard(request)
-        super().shutdown_request(request)
-
-    def handle_error(self, request: Any, client_address: Any) -> None:
-        log.debug("event=connection_error client=%s", client_address, exc_info=True)
-
-    def close_all(self) -> None:
-        with self._live_lock:
-            live = list(self._live)
-        for sock in live:
-            with contextlib.suppress(OSError, ValueError):
-                sock.shutdown(socket.SHUT_RDWR)
-
-    @property
-    def connections(self) -> int:
-        with self._live_lock:
-            return len(self._live)
-
-
-class HttpsServer(ThreadedServer[_TLSServer]):
+class HttpsServer(ThreadedServer):
     """See the module docstring."""
 
     scheme = "https"
@@ -127,34 +74,34 @@ class HttpsServer(ThreadedServer[_TLSServer]):
         read_timeout: float = READ_TIMEOUT,
         idle_timeout: float = IDLE_TIMEOUT,
         max_connections: int = MAX_CONNECTIONS,
+        workers: int = WORKERS,
     ) -> None:
-        super().__init__(address)
+        super().__init__(
+            address,
+            limits=Limits(
+                request_timeout=read_timeout,
+                idle_timeout=idle_timeout,
+                max_connections=max_connections,
+                workers=workers,
+                max_body=max_body,
+            ),
+            tls=certificate.context,
+        )
         self.certificate = certificate
         self.routes = dict(routes)
         self.pages = pages
         self.max_body = max_body
         self.read_timeout = read_timeout
-        self.idle_timeout = idle_timeout
-        self.max_connections = max_connections
-
-    @property
-    def connections(self) -> int:
-        """Connections open now."""
-        return 0 if self._server is None else self._server.connections
 
     def start(self) -> None:
         """Load the certificate and bind (TLSFilesError or EnvironmentProblem, exit 4), then
         serve in a background thread."""
-        if self._server is None:  # (started twice: RuntimeError from ThreadedServer.start)
+        if self._socket is None:  # (started twice: RuntimeError from ThreadedServer.start)
             self.certificate.load()
         super().start()
 
-    def _make_server(self) -> _TLSServer:
-        return _TLSServer(self, self.host, self.requested_port)
-
-    def _closed(self, server: _TLSServer) -> None:
-        """`stop()` also shuts down every open connection."""
-        server.close_all()
+    def _handler(self) -> type[RequestHandler]:
+        return _handler_for(self)
 
 
 class _BodyError(Exception):
@@ -164,36 +111,10 @@ class _BodyError(Exception):
         self.message = message
 
 
-def _handler_for(owner: HttpsServer) -> type[BaseHTTPRequestHandler]:
-    class Handler(BaseHTTPRequestHandler):
-        timeout = owner.idle_timeout
-        protocol_version = "HTTP/1.1"
-        # headers and body leave in one write (one TLS record): the handler flushes after
-        # every request
-        wbufsize = 1 << 16
+def _handler_for(owner: HttpsServer) -> type[RequestHandler]:
+    class Handler(RequestHandler):
         error_content_type = TEXT
         error_message_format = "%(code)d %(message)s\n"
-        _tls_ok = False
-
-        # ------------------------------------------------------------ connection
-        def setup(self) -> None:
-            try:
-                self.request.settimeout(owner.read_timeout)
-                self.request.do_handshake()
-                self._tls_ok = True
-            except (OSError, ValueError) as exc:  # ssl.SSLError and timeouts are OSErrors
-                log.debug("event=tls_handshake_failed client=%s error=%s", self.client_address, exc)
-            super().setup()
-
-        def handle(self) -> None:
-            if self._tls_ok:
-                super().handle()
-
-        def version_string(self) -> str:
-            return "corepin"
-
-        def log_message(self, format: str, *args: Any) -> None:
-            log.debug("event=http client=%s %s", self.client_address[0], format % args)
 
         # ------------------------------------------------------------ replies
         def _reply(
@@ -240,27 +161,10 @@ def _handler_for(owner: HttpsServer) -> type[BaseHTTPRequestHandler]:
             return super().handle_expect_100()
 
         def _read_body(self, length: int) -> bytes:
-            deadline = time.monotonic() + owner.read_timeout
-            chunks: list[bytes] = []
-            left = length
-            try:
-                while left > 0:
-                    remaining = deadline - time.monotonic()
-                    if remaining <= 0:
-                        raise TimeoutError
-                    self.connection.settimeout(remaining)
-                    chunk = self.rfile.read1(min(left, 1 << 16))
-                    if not chunk:
-                        raise _BodyError(400, "the connection closed in the middle of the body")
-                    chunks.append(chunk)
-                    left -= len(chunk)
-            except TimeoutError:
-                raise _BodyError(
-                    408, f"the body did not arrive within {owner.read_timeout:g} s"
-                ) from None
-            finally:
-                self.connection.settimeout(owner.idle_timeout)
-            return b"".join(chunks)
+            body = self.rfile.read(length)  # (the server read it whole, within its deadline)
+            if len(body) < length:
+                raise _BodyError(400, "the connection closed in the middle of the body")
+            return body
 
         # ------------------------------------------------------------ methods
         def do_POST(self) -> None:

@@ -1,8 +1,11 @@
-"""The webhook's serving certificate: loaded at start, reloaded when its files change.
+"""The serving certificate of the webhook and the extender: loaded at start, reloaded when its
+files (and the client CA's, when clients must present a certificate) change.
 
 ```python
 cert = ServingCertificate("/etc/tls/tls.crt", "/etc/tls/tls.key")
 cert.load()              # TLSFilesError (exit 4) naming the file that is wrong
+# ServingCertificate(cert, key, client_ca="/etc/tls/ca.crt"): clients need a certificate
+# that CA signed (mutual TLS)
 ctx = cert.context()     # per new connection: the newest good pair (a stat of both files,
                          # at most every `check_interval` seconds)
 ```
@@ -54,8 +57,9 @@ def _read(path: str, what: str) -> str:
     return data.decode("ascii", "replace")
 
 
-def build_context(cert_file: str, key_file: str) -> ssl.SSLContext:
-    """A server-side TLS context (TLS >= 1.2, HTTP/1.1 by ALPN) for the pair; TLSFilesError
+def build_context(cert_file: str, key_file: str, client_ca: str | None = None) -> ssl.SSLContext:
+    """A server-side TLS context (TLS >= 1.2, HTTP/1.1 by ALPN) for the pair; with `client_ca`
+    (a PEM bundle) every client must present a certificate that it signed. TLSFilesError
     naming the file at fault."""
     cert_text = _read(cert_file, "certificate")
     if "-----BEGIN CERTIFICATE-----" not in cert_text:
@@ -80,6 +84,15 @@ def build_context(cert_file: str, key_file: str) -> ssl.SSLContext:
         raise TLSFilesError(key_file, f"not a usable private key ({_why(exc)})") from None
     except OSError as exc:
         raise TLSFilesError(cert_file, f"cannot load: {exc.strerror or exc}") from None
+    if client_ca is not None:
+        ca_text = _read(client_ca, "client CA")
+        if "-----BEGIN CERTIFICATE-----" not in ca_text:
+            raise TLSFilesError(client_ca, "no PEM certificate in it (-----BEGIN CERTIFICATE-----)")
+        try:
+            context.load_verify_locations(cadata=ca_text)
+        except (ssl.SSLError, ValueError) as exc:
+            raise TLSFilesError(client_ca, f"not a valid PEM certificate ({_why(exc)})") from None
+        context.verify_mode = ssl.CERT_REQUIRED
     return context
 
 
@@ -96,11 +109,13 @@ class ServingCertificate:
         cert_file: str,
         key_file: str,
         *,
+        client_ca: str | None = None,
         check_interval: float = CHECK_INTERVAL,
         on_reload: Callable[[bool], None] | None = None,
     ) -> None:
         self.cert_file = cert_file
         self.key_file = key_file
+        self.client_ca = client_ca
         self.check_interval = check_interval
         self.on_reload = on_reload
         self.reloads = 0
@@ -114,7 +129,9 @@ class ServingCertificate:
 
     def _signature(self) -> Signature:
         out = []
-        for path in (self.cert_file, self.key_file):
+        for path in (self.cert_file, self.key_file, self.client_ca or ""):
+            if not path:
+                continue
             try:
                 st = os.stat(path)
             except OSError:
@@ -126,7 +143,7 @@ class ServingCertificate:
     def load(self) -> ssl.SSLContext:
         """Load the pair now (TLSFilesError when it cannot be used)."""
         signature = self._signature()
-        context = build_context(self.cert_file, self.key_file)
+        context = build_context(self.cert_file, self.key_file, self.client_ca)
         with self._lock:
             self._context, self._loaded, self._failed = context, signature, ()
             self._next_check = time.monotonic() + self.check_interval
@@ -147,7 +164,7 @@ class ServingCertificate:
             if signature in (self._loaded, self._failed):
                 return self._context
             try:
-                context = build_context(self.cert_file, self.key_file)
+                context = build_context(self.cert_file, self.key_file, self.client_ca)
             except TLSFilesError as exc:
                 self._failed = signature
                 self.failures += 1
