@@ -453,3 +453,148 @@ def test_a_steady_state_reconcile_writes_nothing_at_all(
     for p in background:
         assert p.wait(timeout=30) == 128 + signal.SIGTERM
     assert allocations(state) == []
+
+
+# ---------------------------------------------------------------------- start-up path
+
+
+def test_telling_live_runs_alive_reads_their_processes_and_scans_nothing_else(
+    state: Path, background: list[subprocess.Popen[str]], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A run beside other live runs learns they live from their own stat files: every
+    process of the host is scanned only when a run may be dead (to tell it from a lingering
+    one), as in the release of a run."""
+    import corepin.sysfs.procfs as procfs
+    from corepin.agent.host import DEAD, RUNNING, HostAgent
+    from corepin.agent.settings import HostSettings
+
+    p = subprocess.Popen(corepin("run", "--shared", "--", "sleep", "60", state=state))
+    background.append(p)
+    wait_for(lambda: len(allocations(state)) == 1, what="the run to be recorded")
+    scans: list[str] = []
+    real = procfs.process_table
+
+    def counted(proc_root: str = "/proc") -> dict[int, procfs.ProcStat]:
+        scans.append(proc_root)
+        return real(proc_root)
+
+    monkeypatch.setattr(procfs, "process_table", counted)
+    agent = HostAgent(HostSettings(state_dir=str(state), cgroups="off"))
+    live = agent.read_state()
+    assert len(live.assignments) == 1
+    assert scans == [], "the live run was told alive without a scan of every process"
+    with agent.transaction() as txn:
+        kept, freed = agent.reap(txn.state)
+    assert freed == [] and kept.assignments.keys() == live.assignments.keys()
+    assert scans == []
+    assert agent.statuses(live) == {a.id: RUNNING for a in live}
+    p.send_signal(signal.SIGTERM)
+    assert p.wait(timeout=30) == 128 + signal.SIGTERM
+    # a run whose processes are gone needs the scan (its session or tree might live on)
+    scans.clear()
+    fresh = HostAgent(HostSettings(state_dir=str(state), cgroups="off"))
+    assert fresh.statuses(live) == {a.id: DEAD for a in live}
+    assert scans == ["/proc"]
+
+
+@needs_cpuset
+@pytest.mark.realhost
+def test_cmd_joins_its_cgroup_as_its_one_thread_and_its_threads_and_children_follow(
+    state: Path,
+) -> None:
+    """On cgroup v1 the held child joins its cpuset through `tasks` with 0 (itself, its only
+    thread), which the kernel does without the write lock on every thread group of the system
+    that moving a whole process through `cgroup.procs` waits for (an RCU grace period): CMD,
+    the threads it starts and its children are all in the run's group."""
+    import sys as _sys
+
+    probe = (
+        "import os, threading, subprocess\n"
+        "def group(path):\n"
+        "    return [l.split(':', 2)[2] for l in open(path).read().splitlines()"
+        " if ':cpuset:' in l][0]\n"
+        "seen = [group('/proc/self/cgroup')]\n"
+        "t = threading.Thread(target=lambda: seen.append("
+        "group(f'/proc/self/task/{threading.get_native_id()}/cgroup')))\n"
+        "t.start(); t.join()\n"
+        "c = subprocess.Popen(['sleep', '5'])\n"
+        "seen.append(group(f'/proc/{c.pid}/cgroup')); c.kill(); c.wait()\n"
+        "print(' '.join(seen))\n"
+    )
+    out = run(
+        "run", "--exclusive", "1", "--", _sys.executable, "-c", probe, state=state, cgroups="on"
+    )
+    assert out.returncode == 0, out.stderr
+    groups = out.stdout.split()
+    assert len(groups) == 3 and len(set(groups)) == 1, groups
+    assert re.fullmatch(r"/corepin/sd-[0-9a-f]{12}/run-[0-9]+-[0-9a-f]{4}", groups[0]), groups
+    assert not (CPUSET_ROOT / groups[0].lstrip("/")).exists(), "the run's cgroup is removed"
+
+
+@needs_cpuset
+@pytest.mark.realhost
+def test_a_run_group_on_cgroup_v1_is_joined_through_its_tasks_file(state: Path) -> None:
+    from corepin.agent.pinning import Pinner
+    from corepin.agent.settings import HostSettings
+    from corepin.core.cpuset import CPUSet
+    from corepin.topology.discover import discover
+
+    settings = HostSettings(state_dir=str(state), cgroups="on")
+    pinner = Pinner(settings, discover())
+    path = pinner.cgroup_path_for("run-1-abcd")
+    try:
+        join = pinner.prepare(path, CPUSet.of(ONLINE[0]), CPUSet.of(0))
+        assert join == str(CPUSET_ROOT / path / "tasks")
+        read, write = os.pipe()
+        pid = os.fork()
+        if pid == 0:  # what the held child of a run does, then it tells where it is
+            try:
+                os.close(read)
+                with open(join, "w") as handle:
+                    handle.write("0")
+                with open("/proc/self/cgroup") as handle:
+                    os.write(write, handle.read().encode())
+            finally:
+                os._exit(0)
+        os.close(write)
+        with os.fdopen(read) as handle:
+            lines = handle.read().splitlines()
+        os.waitpid(pid, 0)
+    finally:
+        pinner.remove_orphans(set())
+    assert [line.split(":", 2)[2] for line in lines if ":cpuset:" in line] == [f"/{path}"]
+    assert not (CPUSET_ROOT / settings.cgroup_parent).exists(), "the scratch groups are removed"
+
+
+END_PROBE = """
+import atexit, sys
+if sys.argv[2] == "atexit":
+    atexit.register(lambda: print("exit handler ran", flush=True))
+print("printed before, still buffered")  # stdout is a pipe: block-buffered
+sys.argv = ["corepin", "run", "--state-dir", sys.argv[1], "--cgroups", "off", "--exclusive",
+            "1", "--", "sh", "-c", "exit 5"]
+from corepin.__main__ import entry
+raise SystemExit(entry())
+"""
+
+
+@pytest.mark.parametrize("mode", ["plain", "atexit"])
+def test_corepin_run_ends_with_cmds_code_its_output_flushed_and_exit_handlers_run(
+    state: Path, mode: str
+) -> None:
+    """`corepin run` may end its process without Python's shutdown, but never loses anything
+    to it: buffered output is written, CMD's exit code is the process's, and a registered exit
+    handler (a library user's, coverage's) still runs."""
+    import sys as _sys
+
+    done = subprocess.run(
+        [_sys.executable, "-c", END_PROBE, str(state), mode],
+        capture_output=True,
+        text=True,
+        timeout=60,
+    )
+    assert done.returncode == 5, done.stderr
+    lines = done.stdout.splitlines()
+    assert lines[0] == "printed before, still buffered"
+    assert lines[1:] == (["exit handler ran"] if mode == "atexit" else [])
+    assert allocations(state) == []

@@ -134,3 +134,86 @@ def test_host_commands_never_load_the_surfaces(tmp_path: object, argv: list[str]
     loaded = answer["modules"]
     offenders = [m for m in loaded for s in SURFACES if m == s or m.startswith(s + ".")]
     assert offenders == [], f"{argv[0]} loads {offenders}"
+
+
+#: What `corepin run` never needs on its way to CMD: each costs start-up time on every run.
+NOT_ON_THE_RUN_PATH = (
+    "inspect",
+    "dataclasses",
+    "ast",
+    "subprocess",
+    "threading",
+    "logging",
+    "hashlib",
+    "shutil",
+    "tempfile",
+    "pathlib",
+    "ctypes",
+    "datetime",
+    "uuid",
+    "socket",
+    "random",
+    "zlib",
+    "lzma",
+    "bz2",
+    "corepin.cli.topology_cmd",
+    "corepin.cli.allocate_cmd",
+    "corepin.cli.simulate_cmd",
+    "corepin.cli.shield_cmd",
+    "corepin.cli.migrate_cmd",
+    "corepin.cli.agent_cmd",
+    "corepin.cli.webhook_cmd",
+    "corepin.cli.controller_cmd",
+    "corepin.cli.placement_cmd",
+    "corepin.agent.shield",
+    "corepin.agent.node",
+    "corepin.state.waitline",
+)
+
+
+def test_corepin_run_loads_nothing_it_does_not_use(tmp_path: object) -> None:
+    import os
+
+    state = os.path.join(str(tmp_path), "state")
+    argv = ["run", "--state-dir", state, "--cgroups", "off", "--exclusive", "1", "--", "true"]
+    done = subprocess.run(
+        [sys.executable, "-c", RUN_PROBE, *argv],
+        capture_output=True,
+        text=True,
+        check=True,
+        timeout=60,
+    )
+    answer = json.loads(done.stdout.strip().splitlines()[-1])
+    assert answer["code"] == 0, done.stderr
+    loaded = answer["modules"]
+    offenders = [m for m in loaded for s in NOT_ON_THE_RUN_PATH if m == s or m.startswith(s + ".")]
+    assert offenders == [], f"corepin run loads {offenders}"
+
+
+def test_a_named_subcommand_gets_a_parser_of_its_own_alone() -> None:
+    """`corepin run ...` builds the `run` parser and no other (each argparse parser costs its
+    construction and message-catalogue lookups on every start); the full parser still lists
+    every subcommand for `corepin --help`."""
+    done = subprocess.run(
+        [
+            sys.executable,
+            "-c",
+            "import json, sys\n"
+            "from corepin.cli.main import build_parser\n"
+            "def names(p):\n"
+            "    sub = next(a for a in p._actions if a.dest == 'command')\n"
+            "    return sorted(sub.choices)\n"
+            "print(json.dumps([names(build_parser('run')), names(build_parser()), "
+            "'corepin.cli.topology_cmd' in sys.modules]))",
+        ],
+        capture_output=True,
+        text=True,
+        check=True,
+        timeout=60,
+    )
+    only, full, other_loaded = json.loads(done.stdout)
+    assert only == ["run"]
+    from corepin.cli.main import COMMANDS
+
+    assert full == sorted(COMMANDS)
+    assert other_loaded  # the full parser imports every subcommand's module (for --help)

@@ -219,3 +219,21 @@ def test_thread_status_can_be_read_per_thread() -> None:
     finally:
         event.set()
         thread.join()
+
+
+def test_mountinfo_filtered_by_type_is_the_full_parse_filtered() -> None:
+    """Cgroup detection reads only the cgroup mounts: the same records the full parse gives
+    for them, whatever else is mounted (a malformed line of another type is not its concern)."""
+    overlay = (
+        "901 30 0:99 / /var/lib/docker/overlay2/x/merged rw,relatime - overlay overlay "
+        "rw,lowerdir=/a:/b"
+    )
+    text = MOUNTINFO + "\n" + overlay + "\n"
+    full = parse_mountinfo(text)
+    for types in (("cgroup",), ("cgroup2",), ("cgroup", "cgroup2"), ("overlay",), ("nfs",)):
+        assert parse_mountinfo(text, fstypes=types) == [m for m in full if m.fstype in types]
+    broken = text + "77 1 0:1 / /odd rw - tmpfs\n"  # too few fields after the separator
+    with pytest.raises(SysfsError):
+        parse_mountinfo(broken)
+    cgroups = parse_mountinfo(broken, fstypes=("cgroup", "cgroup2"))
+    assert cgroups == [m for m in full if m.fstype in ("cgroup", "cgroup2")]

@@ -373,3 +373,112 @@ def test_a_checkpoint_written_by_write_checkpoint_is_valid_json(tmp_path: Path) 
     path = str(tmp_path / "state.json")
     write_checkpoint(path, HostState(online=C("0-3")))
     assert json.loads(Path(path).read_text())["payload"]["online"] == "0-3"
+
+
+# ---------------------------------------------------------------------- what a commit fsyncs
+
+FSYNC_PROBE = """
+    import sys
+    from corepin.core.cpuset import CPUSet
+    from corepin.state import Assignment, ContainerOwner, ProcessOwner, StateStore
+    store = StateStore(sys.argv[1])
+    what = sys.argv[2]
+    with store.transaction() as tx:
+        s = tx.state
+        if what == "run":
+            s = s.add(Assignment("run/9", cpus=CPUSet.of(9), owner=ProcessOwner(999, 1)))
+        elif what == "first":  # a shared run: an empty state has no CPUs to give
+            ident = f"run/{len(s.assignments)}"
+            s = s.add(Assignment(ident, kind="shared", owner=ProcessOwner(999, 1)))
+        elif what == "release":
+            s = s.remove("run/1")
+        elif what == "reserve":
+            s = s.evolve(reserved=CPUSet.of(15))
+        elif what == "container":
+            owner = ContainerOwner(container_id="c" * 64)
+            s = s.add(Assignment("ctr-1", cpus=CPUSet.of(10), owner=owner))
+        tx.commit(s)
+"""
+
+
+def fsynced(directory: Path, what: str) -> list[str]:
+    """The files and directories one commit of `what` fsyncs, as strace sees them (names
+    relative to the state directory; '.' is the directory itself)."""
+    log = directory.parent / f"strace-{what}.txt"
+    res = subprocess.run(
+        [
+            *("strace", "-f", "-y", "-e", "trace=fsync,fdatasync", "-o", str(log)),
+            *(sys.executable, "-c", textwrap.dedent(FSYNC_PROBE), str(directory), what),
+        ],
+        capture_output=True,
+        text=True,
+        timeout=60,
+        env={**os.environ, "PYTHONPATH": SRC},
+    )
+    assert res.returncode == 0, res.stderr
+    out = []
+    for line in log.read_text().splitlines():
+        if "sync(" not in line or "<" not in line:
+            continue
+        path = line.split("<", 1)[1].split(">", 1)[0]
+        rel = os.path.relpath(path, directory)
+        out.append("temp" if rel.startswith(".state.json.tmp-") else rel)
+    return out
+
+
+needs_strace = pytest.mark.skipif(
+    subprocess.run(["sh", "-c", "command -v strace"], capture_output=True).returncode != 0,
+    reason="needs strace",
+)
+
+
+@needs_strace
+@pytest.mark.parametrize(
+    ("what", "expected"),
+    [
+        ("run", ["temp"]),
+        ("release", ["temp"]),
+        ("reserve", ["temp", "."]),
+        ("container", ["temp", "."]),
+    ],
+)
+def test_a_commit_of_process_records_alone_fsyncs_the_file_and_others_the_directory_too(
+    tmp_path: Path, what: str, expected: list[str]
+) -> None:
+    store = seeded(tmp_path)
+    before = store.read()
+    assert before is not None
+    assert fsynced(Path(store.directory), what) == expected
+    after = store.read()
+    assert after is not None and after.revision == before.revision + 1
+
+
+@needs_strace
+def test_the_first_checkpoint_of_a_directory_is_fsynced_with_its_directory(tmp_path: Path) -> None:
+    directory = tmp_path / "state"
+    StateStore(directory).ensure_directory()
+    assert fsynced(directory, "first") == ["temp", "."]
+    assert fsynced(directory, "first") == ["temp"], "the second commit of the same kind"
+
+
+def test_only_processes_differ_tells_records_of_processes_from_what_outlives_them() -> None:
+    from corepin.state.owners import ContainerOwner
+    from corepin.state.store import only_processes_differ
+
+    base = HostState(online=C("0-15"), reserved=C("0"))
+    run = Assignment("run/1", cpus=CPUSet.of(3), owner=ProcessOwner(100, 5))
+    ctr = Assignment("ctr-1", cpus=CPUSet.of(4), owner=ContainerOwner(container_id="c" * 64))
+    bare = Assignment("bare", cpus=CPUSet.of(5))  # no owner: kept as lasting
+    with_run = base.add(run)
+    assert only_processes_differ(base, with_run)
+    assert only_processes_differ(with_run, base)
+    assert only_processes_differ(with_run, with_run.evolve(revision=7))
+    moved = with_run.replace_assignment(run.evolve(kind="shared", cpus=CPUSet(), withheld=CPUSet()))
+    assert only_processes_differ(with_run, moved)
+    assert not only_processes_differ(base, base.evolve(reserved=C("0-1")))
+    assert not only_processes_differ(base, base.evolve(options={"strict-cpu-reservation": "true"}))
+    assert not only_processes_differ(base, base.add(ctr))
+    assert not only_processes_differ(base.add(ctr), base)
+    assert not only_processes_differ(base, base.add(bare))
+    assert not only_processes_differ(with_run, base.add(bare))
+    assert not only_processes_differ(base, base.evolve(online=C("0-7")))

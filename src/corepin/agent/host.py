@@ -240,9 +240,44 @@ class HostAgent:
             return RUNNING if exists else DEAD
         return DEAD
 
+    def _plainly_alive(self, a: Assignment) -> bool:
+        """Whether `a` is RUNNING by its main process or by the corepin run waiting for it,
+        read from those processes' own stat files: a host's other runs are usually alive, and
+        proving it this way spares the scan of every process (`_table`) that telling a
+        lingering run from a dead one needs. Within a transaction that took its snapshot
+        already, the snapshot answers (one view of the processes per transaction)."""
+        process = a.process
+        if process is None:
+            return False
+        table = self._snapshot
+        if table is not None:
+            return _same_process(table, process.pid, process.start_time) or _same_process(
+                table, process.runner_pid, process.runner_start_time
+            )
+        from corepin.core.errors import SysfsError
+        from corepin.sysfs.procfs import ProcessGone, read_stat
+
+        for pid, start in (
+            (process.pid, process.start_time),
+            (process.runner_pid, process.runner_start_time),
+        ):
+            if pid is None:
+                continue
+            try:
+                st = read_stat(pid, self.settings.proc_root)
+            except (ProcessGone, SysfsError):
+                continue
+            if st.alive and (start is None or st.start_time == start):
+                return True
+        return False
+
     def _dead_ids(self, state: HostState) -> set[str]:
-        table = self._table()
-        return {a.id for a in state if self.status(a, table) == DEAD}
+        return {a.id for a in state if not self._plainly_alive(a) and self._dead(a)}
+
+    def _dead(self, a: Assignment, table: dict[int, ProcStat] | None = None) -> bool:
+        if table is None:  # a container's or an ownerless record needs no process table
+            table = self._table() if a.process is not None else {}
+        return self.status(a, table) == DEAD
 
     def reap(
         self, state: HostState, table: dict[int, ProcStat] | None = None
@@ -250,8 +285,11 @@ class HostAgent:
         """`state` without the assignments of which nothing is left alive."""
         if not state.assignments:
             return state, []
-        table = self._table() if table is None else table
-        dead = [a for a in state if self.status(a, table) == DEAD]
+        dead = [
+            a
+            for a in state
+            if (table is not None or not self._plainly_alive(a)) and self._dead(a, table)
+        ]
         changes = [
             Change("freed", a.id, f"{a.label} is gone; released CPUs {a.withheld or '-'}")
             for a in dead

@@ -78,8 +78,9 @@ class Launch:
         self.argv = list(argv)
         self.cpus = cpus
         self.env = dict(env)
-        #: `cgroup.procs` file the child writes itself into before it waits for "go" (so the
-        #: kernel's slow cgroup attach overlaps with the parent's checkpoint commit)
+        #: `cgroup.procs` (or, on cgroup v1, `tasks`: the child writes 0, its only thread) file
+        #: the child writes itself into before it waits for "go" (so the kernel's cgroup attach
+        #: overlaps with the parent's checkpoint commit)
         self.cgroup_procs = cgroup_procs
         #: NUMA nodes the child binds its memory to before exec (None: leave the policy alone)
         self.bind_mems = bind_mems
@@ -101,6 +102,9 @@ class Launch:
         environ.update(self.env)
         cpus = self.cpus.sorted()
         procs = self.cgroup_procs
+        # a v1 `tasks` file takes 0 for "this thread" (the child has one: moving it moves the
+        # process), which the kernel moves without its system-wide thread-group write lock
+        by_thread = procs is not None and os.path.basename(procs) == "tasks"
         new_session = self.new_session
         sigmask = self.sigmask
         bind = None
@@ -144,7 +148,7 @@ class Launch:
                     stage = "cgroup"
                     fd = os.open(procs, os.O_WRONLY)
                     try:
-                        os.write(fd, str(os.getpid()).encode())
+                        os.write(fd, b"0" if by_thread else str(os.getpid()).encode())
                     finally:
                         os.close(fd)
                 stage = "affinity"

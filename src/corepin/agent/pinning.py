@@ -240,7 +240,12 @@ class Pinner:
         return cpus, self.topology.mems_of(cpus) | a.mems
 
     def prepare(self, path: str, cpus: CPUSet, mems: CPUSet) -> str:
-        """Create a run's cgroup with its CPUs and nodes; the `cgroup.procs` file to join it."""
+        """Create a run's cgroup with its CPUs and nodes; the file a new, single-threaded
+        process writes to join it (see `corepin.agent.launch`): on a cgroup v1 hierarchy its
+        `tasks` file, which takes `0` for the calling thread and then moves it without the
+        kernel's write lock on every thread group of the system (taking that lock waits for an
+        RCU grace period: milliseconds, the bulk of a run's start-up); elsewhere `cgroup.procs`
+        (cgroup v2 has no such path; a fake tree stands in for the kernel with plain files)."""
         from corepin.enforcement.reconcile import CgroupTarget, Reconciler
 
         driver = self.driver
@@ -253,7 +258,8 @@ class Pinner:
         self.writes += report.writes
         if report.errors:
             raise report.errors[0]
-        return os.path.join(driver.dir(path), "cgroup.procs")
+        join = "tasks" if driver.version == 1 and not driver.fake_tree else "cgroup.procs"
+        return os.path.join(driver.dir(path), join)
 
     def claim_partition(self, path: str, mode: str) -> PartitionState:
         """Make the run group `path` (prepared, no tasks yet) a cpuset partition of `mode`

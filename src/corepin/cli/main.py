@@ -15,7 +15,6 @@ from __future__ import annotations
 
 import argparse
 import contextlib
-import importlib
 import os
 import sys
 from collections.abc import Iterator, Mapping, Sequence
@@ -46,6 +45,21 @@ COMMANDS: dict[str, tuple[str, str]] = {
 }
 
 
+_width: list[int] = []
+
+
+def _terminal_width() -> int:
+    """The help width: $COLUMNS, else the terminal's, else 80 (less 2), read once per process
+    (argparse makes a formatter for every `add_argument`)."""
+    if not _width:
+        try:
+            columns = int(os.environ.get("COLUMNS", "0")) or os.get_terminal_size(1).columns
+        except (ValueError, OSError):
+            columns = 80
+        _width.append(columns - 2)
+    return _width[0]
+
+
 class _Formatter(argparse.HelpFormatter):
     """argparse's help layout with the terminal width read through `os` (argparse's own
     formatter imports shutil, and with it zlib, bz2 and lzma, on every `add_argument`)."""
@@ -58,11 +72,7 @@ class _Formatter(argparse.HelpFormatter):
         width: int | None = None,
     ) -> None:
         if width is None:
-            try:
-                columns = int(os.environ.get("COLUMNS", "0")) or os.get_terminal_size(1).columns
-            except (ValueError, OSError):
-                columns = 80
-            width = columns - 2
+            width = _terminal_width()
         super().__init__(prog, indent_increment, max_help_position, width)
 
 
@@ -79,8 +89,10 @@ class _Parser(argparse.ArgumentParser):
 
 
 def build_parser(only: str | None = None) -> argparse.ArgumentParser:
-    """The full parser; with `only`, just that subcommand's module is imported (the others get
-    their one-line help but no options), which keeps start-up cheap for the common case."""
+    """The full parser; with `only`, just that subcommand (its module imported, its options
+    added; the other subcommands are left out, and with them one argparse parser each and its
+    message-catalogue lookups), which keeps start-up cheap for the common case. `main` passes
+    `only` when the command line names a known subcommand, so nothing else can be asked for."""
     parser = _Parser(
         prog="corepin",
         description=(
@@ -97,9 +109,9 @@ def build_parser(only: str | None = None) -> argparse.ArgumentParser:
     sub = parser.add_subparsers(dest="command", metavar="COMMAND", parser_class=_Parser)
     for name, (module_name, help_text) in COMMANDS.items():
         if only is not None and name != only:
-            sub.add_parser(name, help=help_text, description=help_text)
             continue
-        module = importlib.import_module(module_name)
+        __import__(module_name)  # importlib.import_module would load importlib for this
+        module = sys.modules[module_name]
         cmd = sub.add_parser(name, help=help_text, description=help_text)
         module.add_arguments(cmd, name)
         _add_verbose(cmd, "sub_verbose")

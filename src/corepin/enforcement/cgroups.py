@@ -901,7 +901,7 @@ def detect_mounts(mountinfo: str | os.PathLike[str] = "/proc/self/mountinfo") ->
     """Find the cgroup mounts listed in a mountinfo file (first mount of each controller)."""
     v1: dict[str, str] = {}
     unified: str | None = None
-    for mount in read_mountinfo(mountinfo):
+    for mount in read_mountinfo(mountinfo, fstypes=("cgroup", "cgroup2")):
         if mount.fstype == "cgroup2" and unified is None:
             unified = mount.mount_point
         elif mount.fstype == "cgroup":

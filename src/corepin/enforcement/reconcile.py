@@ -34,7 +34,6 @@ from corepin.core.cpuset import CPUSet
 from corepin.core.errors import CgroupError, CorepinError, InputError
 from corepin.core.ids import split_cgroup_path, validate_pid
 from corepin.core.record import field, record
-from corepin.enforcement.affinity import AffinityError, pin_process_group, pin_process_tree
 from corepin.enforcement.cgroups import CgroupDriver, CpuQuota
 from corepin.sysfs.procfs import ProcessGone, ProcessGroup, process_table
 from corepin.topology.model import Topology
@@ -501,6 +500,13 @@ class Reconciler:
     def _reconcile_processes(
         self, targets: Sequence[ProcessTarget], report: ReconcileReport
     ) -> None:
+        # loaded here: `corepin run` reconciles only its new cgroup on its way to CMD
+        from corepin.enforcement.affinity import (
+            AffinityError,
+            pin_process_group,
+            pin_process_tree,
+        )
+
         table = process_table(self.proc_root)
         for target in targets:
             report.checked += 1

@@ -53,6 +53,15 @@ written, flushed and fsynced, renamed over the checkpoint, then the directory is
 crash at any point leaves either the old or the new checkpoint; leftover temp files are removed
 by the next writer (under the lock). A corrupt checkpoint raises `StateFormatError` naming the
 file and the problem; it is never replaced silently (see `quarantine`).
+
+The file is always fsynced before the rename, so whichever name survives a power loss leads to
+a complete, checksummed file: a checkpoint is never torn. The directory's fsync (what makes the
+rename itself survive a power loss) is left to the caller with `sync_dir`: the state store skips
+it for a commit that changes nothing but records of processes (`corepin.state.store`), because a
+power loss or kernel crash ends every process - such a commit, if the crash undoes it, leaves
+the previous checkpoint, whose difference is only in records of processes that the crash ended
+as well (the next transaction frees them as dead). Everything that outlives the processes
+(reserved CPUs, options, the shield, containers, the topology) is written with both fsyncs.
 """
 
 from __future__ import annotations
@@ -594,17 +603,23 @@ def open_directory(directory: str) -> int:
 
 
 def write_checkpoint(
-    path: str, state: HostState, *, hook: WriteHook | None = None, dir_fd: int | None = None
+    path: str,
+    state: HostState,
+    *,
+    hook: WriteHook | None = None,
+    dir_fd: int | None = None,
+    sync_dir: bool = True,
 ) -> None:
     """Atomically replace `path` with the checkpoint of `state` (see the module docstring).
 
-    `hook`, when given, is called with each name of WRITE_POINTS as the write reaches it.
+    `hook`, when given, is called with each name of WRITE_POINTS as the write reaches it
+    (`dir_fsynced` also when `sync_dir` is false: the write is then complete without it).
     OSError becomes StateError naming the path.
     """
     if dir_fd is None:
         dfd = open_directory(os.path.dirname(path) or ".")
         try:
-            write_checkpoint(path, state, hook=hook, dir_fd=dfd)
+            write_checkpoint(path, state, hook=hook, dir_fd=dfd, sync_dir=sync_dir)
         finally:
             os.close(dfd)
         return
@@ -635,7 +650,8 @@ def write_checkpoint(
         renamed = True
         if hook:
             hook("renamed")
-        os.fsync(dir_fd)
+        if sync_dir:
+            os.fsync(dir_fd)
         if hook:
             hook("dir_fsynced")
     except OSError as exc:

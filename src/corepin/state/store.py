@@ -40,6 +40,7 @@ from contextlib import contextmanager
 from typing import Final
 
 from corepin.core.errors import InputError, StateError
+from corepin.core.record import fields
 from corepin.state.checkpoint import (
     STATE_FILE,
     WriteHook,
@@ -129,14 +130,42 @@ class Transaction:
         return self._committed
 
     def commit(self, new_state: HostState) -> HostState:
-        """Write `new_state` (with the next revision) atomically; returns what was written."""
+        """Write `new_state` (with the next revision) atomically; returns what was written.
+
+        The file is fsynced before it replaces the checkpoint, always; the directory too
+        (making the replacement itself survive a power loss) unless the commit changes nothing
+        but records of processes (`only_processes_differ`; see `corepin.state.checkpoint`)."""
         written = new_state.evolve(revision=self._state.revision + 1)
-        write_checkpoint(self._path, written, hook=self._hook, dir_fd=self._dir_fd)
+        sync_dir = not self._exists or not only_processes_differ(self._state, written)
+        write_checkpoint(
+            self._path, written, hook=self._hook, dir_fd=self._dir_fd, sync_dir=sync_dir
+        )
         self._state = written
         self._exists = True
         self._committed = True
         self.stamp = _stamp(self._dir_fd, self._path)
         return written
+
+
+def only_processes_differ(old: HostState, new: HostState) -> bool:
+    """Whether `new` differs from `old` in records of processes alone (assignments owned by a
+    process: added, removed or changed), the revision aside. Such a difference names nothing
+    after a power loss or kernel crash, which ends every process."""
+    lasting = [f.name for f in fields(HostState) if f.compare]
+    if any(
+        getattr(old, name) != getattr(new, name)
+        for name in lasting
+        if name not in ("revision", "assignments")
+    ):
+        return False
+    before, after = old.assignments, new.assignments
+    for key in before.keys() | after.keys():
+        a, b = before.get(key), after.get(key)
+        if a == b:
+            continue
+        if (a is not None and a.process is None) or (b is not None and b.process is None):
+            return False
+    return True
 
 
 class StateStore:

@@ -34,6 +34,10 @@ from corepin.core.record import field, record
 __all__ = ["LOGGER", "Fallbacks", "SysfsFiles"]
 
 LOGGER = "corepin.sysfs"
+_READ_FLAGS = os.O_RDONLY | os.O_CLOEXEC
+#: one read takes a whole sysfs attribute (the kernel's limit is a page); longer files (a
+#: fixture tree) are read on to the end
+_CHUNK = 65536
 
 #: Signature of the fallback callback handed to pure code (topology.build).
 FallbackNote = Callable[[str, str, str], None]
@@ -110,10 +114,18 @@ class SysfsFiles:
 
     # ------------------------------------------------------------------ raw text
     def text(self, path: str, *, required: bool = True) -> str | None:
-        """The file's text with surrounding whitespace and NUL padding removed."""
+        """The file's text with surrounding whitespace and NUL padding removed.
+
+        Read with one open, read and close (a file object costs twice as much, and discovery
+        reads some 25 files per CPU on every `corepin run`)."""
         try:
-            with open(path, "rb") as handle:
-                raw = handle.read()
+            fd = os.open(path, _READ_FLAGS)
+            try:
+                raw = os.read(fd, _CHUNK)
+                while len(raw) >= _CHUNK and (more := os.read(fd, _CHUNK)):
+                    raw += more
+            finally:
+                os.close(fd)
         except FileNotFoundError:
             if required:
                 raise SysfsError(path, "required file is missing") from None

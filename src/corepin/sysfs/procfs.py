@@ -243,12 +243,34 @@ def list_threads(pid: int, proc_root: str | os.PathLike[str] = "/proc") -> list[
 
 
 def process_table(proc_root: str | os.PathLike[str] = "/proc") -> dict[int, ProcStat]:
-    """pid -> ProcStat for every process that is still there when its stat file is read."""
+    """pid -> ProcStat for every process that is still there when its stat file is read.
+
+    One open, read and close per process and nothing more (no file object): a host runs
+    hundreds or thousands of processes, and `corepin run` scans them all when it releases its
+    CPUs. A stat file that cannot be read or parsed is left out, as a process that is gone."""
+    root = os.fspath(proc_root)
+    flags = os.O_RDONLY | os.O_CLOEXEC
     out: dict[int, ProcStat] = {}
-    for pid in list_pids(proc_root):
+    for pid in list_pids(root):
+        path = f"{root}/{pid}/stat"
         try:
-            out[pid] = read_stat(pid, proc_root)
-        except (ProcessGone, SysfsError):
+            fd = os.open(path, flags)
+        except OSError:
+            continue
+        try:
+            data = os.read(fd, 4096)
+            while len(data) % 4096 == 0 and data:  # a stat file never is this long, but
+                more = os.read(fd, 4096)  # read on to the end all the same
+                if not more:
+                    break
+                data += more
+        except OSError:
+            continue
+        finally:
+            os.close(fd)
+        try:
+            out[pid] = parse_stat(data.decode("utf-8", "surrogateescape"), path)
+        except SysfsError:
             continue
     return out
 
@@ -417,22 +439,37 @@ def cgroup_of(entries: Iterable[CgroupEntry], controller: str | None) -> str | N
     return None
 
 
-_OCTAL_ESCAPE = re.compile(r"\\([0-7]{3})")
+#: Patterns compiled on first use (through `re`'s cache): compiling costs more than most
+#: commands spend using them.
+_OCTAL_ESCAPE = r"\\([0-7]{3})"
 
 
 def _unescape(field: str) -> str:
-    return _OCTAL_ESCAPE.sub(lambda m: chr(int(m.group(1), 8)), field)
+    if "\\" not in field:
+        return field
+    return re.sub(_OCTAL_ESCAPE, lambda m: chr(int(m.group(1), 8)), field)
 
 
-def parse_mountinfo(text: str, path: str = "mountinfo") -> list[MountInfo]:
-    """Parse mountinfo text (see proc(5)); fields after the optional ones follow a lone `-`."""
+def parse_mountinfo(
+    text: str, path: str = "mountinfo", *, fstypes: Iterable[str] | None = None
+) -> list[MountInfo]:
+    """Parse mountinfo text (see proc(5)); fields after the optional ones follow a lone `-`.
+
+    With `fstypes`, only mounts of those file system types (a host with containers has
+    hundreds of mounts; cgroup detection wants a handful)."""
+    wanted = None if fstypes is None else frozenset(fstypes)
+    marks = None if wanted is None else tuple(f" - {t} " for t in wanted)
     out: list[MountInfo] = []
     for line in text.splitlines():
         if not line.strip():
             continue
+        if marks is not None and not any(m in line for m in marks):
+            continue
         fields = line.split(" ")
         try:
             sep = fields.index("-", 6)
+            if wanted is not None and fields[sep + 1] not in wanted:
+                continue
             out.append(
                 MountInfo(
                     mount_id=int(fields[0]),
@@ -450,14 +487,16 @@ def parse_mountinfo(text: str, path: str = "mountinfo") -> list[MountInfo]:
     return out
 
 
-def read_mountinfo(path: str | os.PathLike[str] = "/proc/self/mountinfo") -> list[MountInfo]:
+def read_mountinfo(
+    path: str | os.PathLike[str] = "/proc/self/mountinfo", *, fstypes: Iterable[str] | None = None
+) -> list[MountInfo]:
     text_path = os.fspath(path)
     try:
         with open(text_path, encoding="utf-8", errors="surrogateescape") as handle:
             text = handle.read()
     except OSError as err:
         raise SysfsError(text_path, f"cannot read: {err.strerror or err}") from err
-    return parse_mountinfo(text, text_path)
+    return parse_mountinfo(text, text_path, fstypes=fstypes)
 
 
 def iter_tree_threads(
@@ -479,7 +518,7 @@ def iter_tree_threads(
             yield p, tid
 
 
-_LOCK_FILE_ID = re.compile(r"^([0-9a-f]+):([0-9a-f]+):(\d+)$")
+_LOCK_FILE_ID = r"^([0-9a-f]+):([0-9a-f]+):(\d+)$"
 
 
 def parse_lock_holders(text: str, device: int, inode: int) -> list[int]:
@@ -495,7 +534,7 @@ def parse_lock_holders(text: str, device: int, inode: int) -> list[int]:
         if len(fields) < 2 or fields[1] == "->":
             continue
         for i, token in enumerate(fields):
-            match = _LOCK_FILE_ID.match(token)
+            match = re.match(_LOCK_FILE_ID, token)
             if match is None or i == 0:
                 continue
             if (int(match[1], 16), int(match[2], 16), int(match[3])) != (major, minor, inode):
