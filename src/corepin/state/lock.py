@@ -48,8 +48,9 @@ import stat
 import time
 from typing import Final
 
-from corepin.core.errors import StateError
+from corepin.core.errors import CorepinError, StateError
 from corepin.state.checkpoint import OPEN_FLAGS, os_error
+from corepin.sysfs.procfs import read_stat
 
 LOCK_FILE: Final = "state.lock"
 QUEUE_DIR: Final = "state.lock.queue"
@@ -196,13 +197,9 @@ def _alive(queue_fd: int, name: str) -> bool:
 def _stopped(name: str, proc_root: str) -> bool:
     """Whether the owner of ticket `name` (its pid is the name's second field) is stopped."""
     try:
-        pid = int(name.split("-")[1])
-        with open(os.path.join(proc_root, str(pid), "stat"), "rb") as f:
-            text = f.read()
-    except (IndexError, ValueError, OSError):
+        return read_stat(int(name.split("-")[1]), proc_root).stopped
+    except (IndexError, ValueError, CorepinError):
         return False
-    fields = text[text.rfind(b")") + 1 :].split()
-    return bool(fields) and fields[0] in (b"T", b"t")
 
 
 def _live_ahead(

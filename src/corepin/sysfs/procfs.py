@@ -86,6 +86,11 @@ class ProcStat:
         return self.state not in ("Z", "X")
 
     @property
+    def stopped(self) -> bool:
+        """Stopped by a signal (SIGSTOP, Ctrl-Z) or by a tracer: it runs no code until resumed."""
+        return self.state in ("T", "t")
+
+    @property
     def kernel_thread(self) -> bool:
         """A kernel thread (kthreadd and its children)."""
         return bool(self.flags & PF_KTHREAD)
