@@ -37,12 +37,12 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 import yaml
 from agent_scenario import (
     CGROUP,
-    KUBELET_ROOT,
     NODE,
     TESTS,
     Kubelet,
     allowed,
     parse,
+    start_agent,
     wait_until,
 )
 
@@ -146,37 +146,7 @@ def main(workdir: Path) -> int:
                 "scope": read(scope, "cgroup.type"),
                 "scope_cpus": read(scope, "cpuset.cpus"),
             }
-            log = (workdir / "agent.log").open("wb")
-            agent = subprocess.Popen(
-                [
-                    sys.executable,
-                    "-m",
-                    "corepin",
-                    "agent",
-                    "--node-name",
-                    NODE,
-                    "--kubeconfig",
-                    str(kubeconfig),
-                    "--kubelet-cgroup-root",
-                    "/" + KUBELET_ROOT,
-                    "--cgroup-driver",
-                    "cgroupfs",
-                    "--state-dir",
-                    str(workdir / "state"),
-                    "--kubelet-state",
-                    str(workdir / "no-kubelet-state"),
-                    "--grpc-socket",
-                    str(workdir / "agent.sock"),
-                    "--metrics-address",
-                    "127.0.0.1:19465",
-                    "--assignment-dir",
-                    str(workdir / "assignments"),
-                    "--resync-period",
-                    "5",
-                ],
-                stdout=log,
-                stderr=subprocess.STDOUT,
-            )
+            agent = start_agent(workdir, kubeconfig, metrics_port=19465)
 
             def snapshot() -> dict[str, Any]:
                 return {

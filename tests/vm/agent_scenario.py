@@ -154,6 +154,42 @@ def wait_until(check: Any, seconds: float, what: str) -> Any:
         time.sleep(0.2)
 
 
+def start_agent(workdir: Path, kubeconfig: Path, *, metrics_port: int) -> subprocess.Popen[bytes]:
+    """The real `corepin agent` of NODE on the scratch kubelet root, its files under `workdir`
+    (log in agent.log), resyncing every 5 s."""
+    log = (workdir / "agent.log").open("wb")
+    return subprocess.Popen(
+        [
+            sys.executable,
+            "-m",
+            "corepin",
+            "agent",
+            "--node-name",
+            NODE,
+            "--kubeconfig",
+            str(kubeconfig),
+            "--kubelet-cgroup-root",
+            "/" + KUBELET_ROOT,
+            "--cgroup-driver",
+            "cgroupfs",
+            "--state-dir",
+            str(workdir / "state"),
+            "--kubelet-state",
+            str(workdir / "no-kubelet-state"),
+            "--grpc-socket",
+            str(workdir / "agent.sock"),
+            "--metrics-address",
+            f"127.0.0.1:{metrics_port}",
+            "--assignment-dir",
+            str(workdir / "assignments"),
+            "--resync-period",
+            "5",
+        ],
+        stdout=log,
+        stderr=subprocess.STDOUT,
+    )
+
+
 def main(workdir: Path) -> int:
     workdir.mkdir(parents=True, exist_ok=True)
     online = Path("/sys/devices/system/cpu/online").read_text().strip()
@@ -173,37 +209,7 @@ def main(workdir: Path) -> int:
                 "small": kubelet.pod("small", "2"),
                 "shared": kubelet.pod("shared", None),
             }
-            log = (workdir / "agent.log").open("wb")
-            agent = subprocess.Popen(
-                [
-                    sys.executable,
-                    "-m",
-                    "corepin",
-                    "agent",
-                    "--node-name",
-                    NODE,
-                    "--kubeconfig",
-                    str(kubeconfig),
-                    "--kubelet-cgroup-root",
-                    "/" + KUBELET_ROOT,
-                    "--cgroup-driver",
-                    "cgroupfs",
-                    "--state-dir",
-                    str(workdir / "state"),
-                    "--kubelet-state",
-                    str(workdir / "no-kubelet-state"),
-                    "--grpc-socket",
-                    str(workdir / "agent.sock"),
-                    "--metrics-address",
-                    "127.0.0.1:19464",
-                    "--assignment-dir",
-                    str(workdir / "assignments"),
-                    "--resync-period",
-                    "5",
-                ],
-                stdout=log,
-                stderr=subprocess.STDOUT,
-            )
+            agent = start_agent(workdir, kubeconfig, metrics_port=19464)
 
             def pinned() -> dict[str, Any] | None:
                 seen = {}
