@@ -4,7 +4,7 @@ For each named synthetic topology (dual-socket HT, EPYC-like with 8 L3 per socke
 per socket, 16 NUMA nodes) and each seed, the churn generator makes a trace that keeps the
 machine near full (without exclusiveness levels, which kubelet-static does not have, unless
 --levels); both policies replay it and are scored as in `corepin simulate`:
-admitted, rejected, NUMA-aligned, LLC-aligned and full-core ratios (CONTRACTS.md section 4).
+admitted, rejected, NUMA-aligned, LLC-aligned and full-core ratios.
 
 Target (issue 3): topology-aware admits at least as many requests as kubelet-static and has a
 higher NUMA-aligned and LLC-aligned ratio. Every trace where it does not is listed by topology,

@@ -1,4 +1,4 @@
-"""Hypothesis properties of every allocation policy (ARCHITECTURE.md, Testing)."""
+"""Hypothesis properties of every allocation policy."""
 
 from __future__ import annotations
 

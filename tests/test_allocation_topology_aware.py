@@ -363,7 +363,7 @@ def test_a_request_spanning_numa_nodes_keeps_to_nodes_that_share_an_l3() -> None
 
 # ------------------------------------------------------------------ whole cores and stray threads
 # Stray thread: the one free thread of a partly used core. A decision is full-core when it holds
-# no partial core, except one when n is odd (CONTRACTS.md section 4).
+# no partial core, except one when n is odd.
 
 
 def _partial_cores(topo: Topology, cpus: CPUSet) -> int:

@@ -1,4 +1,4 @@
-"""The top-level Python API of CONTRACTS.md section 1, pinned."""
+"""The top-level Python API (`corepin.__all__`), pinned."""
 
 from __future__ import annotations
 

@@ -1,4 +1,4 @@
-"""`corepin allocate` (CONTRACTS.md section 3): output forms, exit codes, messages."""
+"""`corepin allocate`: output forms, exit codes, messages."""
 
 from __future__ import annotations
 

@@ -1,5 +1,5 @@
 """Nonsense on the command line is refused, not ignored: exit 2 and a message naming the bad
-value (CONTRACTS.md section 6), and nothing written.
+value, and nothing written.
 
 Empty names (`--state-dir ''`), options that contradict each other (`reconcile --once
 --interval 5`), options that the chosen mode never reads (`simulate --out` without

@@ -1,12 +1,12 @@
-"""The Kubernetes manifests under deploy/ (CONTRACTS.md 7).
+"""The Kubernetes manifests under deploy/.
 
 - `kubectl kustomize` builds deploy/default and deploy/with-cert-manager (skipped without kubectl;
   the CRD, RBAC and workload checks then read the component files directly);
 - every object passes `kubernetes-validate --strict` for Kubernetes 1.32;
-- the CRDs are structural, name what CONTRACTS 7.2 names, and accept the examples and the
+- the CRDs are structural, name every field the contract names, and accept the examples and the
   models' output while refusing broken objects;
 - RBAC grants each component the verbs it needs and nothing from a list it must not have;
-- the agent DaemonSet passes the flags of CONTRACTS 7.1 and mounts what they point at.
+- the agent DaemonSet passes the contract's flags and mounts what they point at.
 """
 
 from __future__ import annotations
@@ -204,7 +204,7 @@ NCPT = "nodecputopologies"
 PCB = "podcpubindings"
 CPUSET = "cpuset"  # a string in Linux list form, checked by pattern
 
-# Every field CONTRACTS 7.2 names, with what it must be. `[]` steps into list items, `{}` into
+# Every field the CRD contract names, with what it must be. `[]` steps into list items, `{}` into
 # map values.
 CONTRACT_FIELDS: dict[str, list[tuple[str, Any]]] = {
     NCPT: [
@@ -741,7 +741,7 @@ def test_rbac_has_no_wildcards_and_every_workload_account_exists() -> None:
 
 
 # ---------------------------------------------------------------------- workloads
-#: The flags of CONTRACTS 7.1 per command.
+#: The contract's flags per command.
 CONTRACT_FLAGS = {
     "agent": {
         "--node-name", "--kubeconfig", "--sysfs-root", "--proc-root", "--cgroup-root",

@@ -1,4 +1,4 @@
-"""The node gRPC API (CONTRACTS 7.5) with a real server and real clients over a real unix socket
+"""The node gRPC API with a real server and real clients over a real unix socket
 (and TLS over TCP), served by host mode (`HostBackend`) on this machine's topology, pinning
 real processes by affinity (no cgroups), each test with its own state directory.
 """

@@ -1,5 +1,5 @@
 """Bad input and unusable environments in host mode: each a clear message and the exit code of
-CONTRACTS.md section 6 (2 bad input, 3 unsatisfiable, 4 environment), never a traceback, and
+the documented exit codes (2 bad input, 3 unsatisfiable, 4 environment), never a traceback, and
 never a silent rewrite of a state file corepin cannot read."""
 
 from __future__ import annotations

@@ -1,5 +1,5 @@
 """corepin.kube.models: the typed CRD models, the NodeResourceTopology builder, the pod and node
-annotation parsers and container eligibility (CONTRACTS.md 7.2, 7.3).
+annotation parsers and container eligibility.
 
 Round trips and CRD conformance are Hypothesis properties; the parsers are fuzzed with arbitrary
 JSON (nothing but InputError may come out); errors are checked to name the field and the value.

@@ -1,4 +1,4 @@
-"""The agent's metrics (CONTRACTS 7.6) and the /healthz + /metrics server (CONTRACTS 7.1),
+"""The agent's metrics and the /healthz + /metrics server,
 ending with a real Prometheus that scrapes the server and answers a query about it."""
 
 from __future__ import annotations
@@ -26,7 +26,7 @@ from corepin.state.model import Assignment, HostState
 from corepin.topology.synthetic import dual_socket_ht
 from helpers import wait_for
 
-#: Every metric name of CONTRACTS 7.6, as the exposition spells it.
+#: Every metric name of the contract, as the exposition spells it.
 CONTRACT_NAMES = (
     "corepin_shared_pool_cpus",
     "corepin_exclusive_cpus",

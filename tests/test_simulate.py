@@ -1,4 +1,4 @@
-"""Tests for the trace replay engine and `corepin simulate` (CONTRACTS.md section 4)."""
+"""Tests for the trace replay engine and `corepin simulate`."""
 
 from __future__ import annotations
 

@@ -1,4 +1,4 @@
-"""The state directory is trusted only when it is safe (CONTRACTS.md section 5).
+"""The state directory is trusted only when it is safe.
 
 corepin runs as root. A directory that another user owns or may write would let that user
 forge a validly checksummed checkpoint, or plant `state.lock` as a link to a file that root

@@ -1,4 +1,4 @@
-"""corepin.api.webhook.admission: AdmissionReview v1 in, AdmissionReview v1 out (CONTRACTS 7.7).
+"""corepin.api.webhook.admission: AdmissionReview v1 in, AdmissionReview v1 out.
 
 Golden tests against the published AdmissionReview sample (../shared/fixtures/peer/admission_v1,
 skipped when absent), every validation rule with the message a user gets, the JSONPatch of
@@ -762,7 +762,7 @@ def test_a_node_selector_key_with_another_value_is_left_with_a_warning() -> None
 
 
 def test_scheduling_fields_go_to_every_pod_with_a_corepin_annotation() -> None:
-    # a pod that asks for `none` on purpose is still a corepin pod (CONTRACTS 7.7)
+    # a pod that asks for `none` on purpose is still a corepin pod
     obj = pod(container("app", None), annotations={"corepin.io/cpu-policy": "none"})
     out = apply(obj, mutate(obj, STEERED))
     assert out["spec"]["schedulerName"] == "corepin-scheduler"

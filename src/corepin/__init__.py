@@ -1,6 +1,6 @@
 """corepin: topology-aware CPU and NUMA resource manager.
 
-The top-level API (CONTRACTS.md section 1): `CPUSet`, `Topology`, `discover`, `allocate`.
+The top-level API: `CPUSet`, `Topology`, `discover`, `allocate`.
 Every name loads on first use: `import corepin` (which `python -m corepin` and the console
 script run before corepin's own Ctrl-C handling is in place) imports nothing.
 """

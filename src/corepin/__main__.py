@@ -5,7 +5,7 @@ from __future__ import annotations
 
 def entry() -> int:
     """Run the command line; a Ctrl-C while corepin's modules are still loading is the same
-    quiet exit 130 as one later on (CONTRACTS.md section 6)."""
+    quiet exit 130 as one later on."""
     try:
         from corepin.cli.main import main
     except BaseException as exc:

@@ -1,4 +1,4 @@
-"""Standalone host mode: `corepin run`, `report`, `reconcile` and `release` (CONTRACTS.md 5).
+"""Standalone host mode: `corepin run`, `report`, `reconcile` and `release`.
 
 Composition only: the state layer keeps the checkpoint and the lock, the allocation layer
 decides out of the node's one pool model, the enforcement layer pins (affinity of process

@@ -1,4 +1,4 @@
-"""`corepin.allocate(...)`: the Python entry point for one decision (CONTRACTS.md section 1).
+"""`corepin.allocate(...)`: the Python entry point for one decision.
 
 Options are "name" / "name=value" strings (as `corepin allocate --option`), or a mapping.
 Request options understood by every policy:

@@ -1,7 +1,7 @@
 """Policy `kubelet-static`: the kubelet static CPU manager's CPU choice, reproduced exactly.
 
 The kubelet (pkg/kubelet/cm/cpumanager, Apache-2.0) is the reference; this module is an
-independent re-implementation of its behaviour (../shared/design/KUBELET_STATIC.md), written so
+independent re-implementation of its behaviour, written so
 that the same inputs give the same CPUs, the same errors and the same error messages. The
 upstream function names are kept in the docstrings so both can be read side by side:
 

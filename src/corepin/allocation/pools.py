@@ -21,7 +21,7 @@ Holds (what assignments take), by kind:
 - `share`: CPUs of its own that stay in the shared pool for others: out of the free set only;
 - `shared`: runs on the shared pool and holds nothing.
 
-Derived (CONTRACTS.md 7.2):
+Derived:
 - *held* = withheld CPUs of every exclusive, mixed and share hold;
 - *free* = online - reserved - infra - held (isolated CPUs are free);
 - *shared pool* = online - isolated - infra - exclusive holds - (reserved when strict).

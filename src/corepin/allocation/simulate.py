@@ -3,7 +3,7 @@
 Pure: no files, no clock. The CLI and the benchmarks read the trace, time `replay` themselves
 and put the seconds into the result (`PolicyResult.with_seconds`).
 
-Trace format (CONTRACTS.md section 4)::
+Trace format::
 
     {"events": [{"op": "add", "id": "ns/pod/ctr", "cpus": 4, "level": "core",
                  "workload": "cpu-bound", "shared": false},
@@ -22,7 +22,7 @@ no CPUs. A best-effort add (`"workload": "best-effort"`) is a shared one too: it
 nothing and is placed in the shared pool (by a workload-aware policy on its least used CPUs).
 A remove frees what its add withheld; a remove of an id that was never admitted is ignored.
 
-Quality of an admitted exclusive allocation of n CPUs (CONTRACTS.md section 4):
+Quality of an admitted exclusive allocation of n CPUs:
 - NUMA-aligned: it spans the fewest NUMA nodes that n CPUs could span on an empty machine;
 - LLC-aligned: likewise for L3 cache instances;
 - full-core: it holds no partial physical core, except at most one when n is not a multiple

@@ -126,7 +126,7 @@ class Decision:
     explanation: tuple[Step, ...] = ()
 
     def to_json(self) -> dict[str, Any]:
-        """JSON of `corepin allocate -o json`. CONTRACTS.md section 3 names the withheld set
+        """JSON of `corepin allocate -o json`. The allocate contract names the withheld set
         `reserved`; that key is kept for it, `withheld` carries the same set by its own name."""
         return {
             "cpus": str(self.cpus),

@@ -1,4 +1,4 @@
-"""The agent's Prometheus metrics (CONTRACTS 7.6; the names are a stable contract).
+"""The agent's Prometheus metrics (the names are a stable contract).
 
 - `corepin_shared_pool_cpus` (gauge): CPUs in the shared pool;
 - `corepin_exclusive_cpus` (gauge): CPUs of exclusive allocations with the units their levels

@@ -1,4 +1,4 @@
-"""`corepin agent`: the Kubernetes node agent (CONTRACTS.md 7.1, 7.3, 7.4).
+"""`corepin agent`: the Kubernetes node agent.
 
 Argument parsing and wiring only; the agent itself is `corepin.agent.node.agent.NodeAgent`.
 """
@@ -186,7 +186,7 @@ def run(args: Any) -> int:
 
 
 def _metrics_hooks(metrics: Any) -> Any:
-    """The agent's hooks as Prometheus metrics (CONTRACTS 7.6)."""
+    """The agent's hooks as Prometheus metrics."""
     from corepin.agent.node.agent import Hooks
 
     class MetricsHooks(Hooks):

@@ -1,4 +1,4 @@
-"""`corepin allocate`: one allocation decision, no side effects (CONTRACTS.md section 3)."""
+"""`corepin allocate`: one allocation decision, no side effects."""
 
 from __future__ import annotations
 

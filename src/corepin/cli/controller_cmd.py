@@ -1,4 +1,4 @@
-"""`corepin controller`: the cluster controller (CONTRACTS 7.1; what it does is in
+"""`corepin controller`: the cluster controller (what it does is in
 `corepin.agent.controller`). This module only reads the command line and wires the parts:
 API client, start-up check, leader-elected controller service, /healthz + /metrics server,
 SIGTERM. Nothing heavy is imported before `run()`.

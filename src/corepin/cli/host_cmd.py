@@ -1,4 +1,4 @@
-"""`corepin run`, `pin`, `report`, `reconcile`, `release`: standalone host mode (CONTRACTS.md 5).
+"""`corepin run`, `pin`, `report`, `reconcile`, `release`: standalone host mode.
 
 Argument parsing only; the work happens in `corepin.agent.host`, imported when a command runs
 so that `corepin --help` and the other subcommands stay cheap.

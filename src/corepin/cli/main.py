@@ -77,7 +77,7 @@ class _Formatter(argparse.HelpFormatter):
 
 
 class _Parser(argparse.ArgumentParser):
-    """argparse with our message format; usage errors exit 2 (CONTRACTS.md section 6)."""
+    """argparse with our message format; usage errors exit 2."""
 
     def __init__(self, *args: Any, **kwargs: Any) -> None:
         kwargs.setdefault("formatter_class", _Formatter)

@@ -1,4 +1,4 @@
-"""`corepin scheduler` and `corepin extender` (CONTRACTS 7.1, 7.7): argument parsing and wiring.
+"""`corepin scheduler` and `corepin extender`: argument parsing and wiring.
 
 The placement core is `corepin.placement`; the informers feeding it and the scheduling loop
 are `corepin.agent.scheduler`; the extender's HTTP side is `corepin.api.extender`.

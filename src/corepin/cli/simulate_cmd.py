@@ -1,4 +1,4 @@
-"""`corepin simulate`: replay a trace through policies and compare them (CONTRACTS.md section 4).
+"""`corepin simulate`: replay a trace through policies and compare them.
 
 corepin simulate --topology FILE|--sysfs-root DIR --trace TRACE.json [--policy NAME]...
                  [--decisions FILE] [-o table|json]

@@ -1,4 +1,4 @@
-"""`corepin topology`: what the machine looks like (CONTRACTS.md section 2).
+"""`corepin topology`: what the machine looks like.
 
 Sysfs fallbacks (missing files) and how discovery read files that disagree with each other (AMD
 compute units, caches over several packages, ...) are logged, and shown with `corepin -v` or

@@ -1,4 +1,4 @@
-"""`corepin webhook`: the admission webhook for pods (CONTRACTS 7.7; issue 9 items 6 and 7).
+"""`corepin webhook`: the admission webhook for pods.
 
 Argument parsing and wiring only: the decisions are `corepin.api.webhook.admission`, the
 HTTPS server `corepin.api.webhook.server`.

@@ -1,4 +1,4 @@
-"""Typed models of corepin's Kubernetes objects and pod-facing annotations (CONTRACTS 7.2, 7.3).
+"""Typed models of corepin's Kubernetes objects and pod-facing annotations.
 
 Pure values, no I/O and no clock: every timestamp is passed in. This module is the one place that
 knows the wire spelling of:
@@ -672,7 +672,7 @@ class Allocation:
 
 @dataclass(frozen=True, slots=True)
 class NodeCPUTopologySpec:
-    """What the node is: its topology (CONTRACTS section 2), the policy and options the agent
+    """What the node is: its topology, the policy and options the agent
     runs with, and the CPUs reserved for the system."""
 
     topology: Topology
@@ -734,7 +734,7 @@ class NodeCPUTopologySpec:
 @dataclass(frozen=True, slots=True)
 class NodeCPUTopologyStatus:
     """What the node has: pools, free CPUs (overall, per NUMA node and per L3), who holds what,
-    the agent's heartbeat and the `Ready` condition (definitions in CONTRACTS 7.2)."""
+    the agent's heartbeat and the `Ready` condition."""
 
     shared_pool: CPUSet = EMPTY
     reserved_cpus: CPUSet = EMPTY
@@ -1121,7 +1121,7 @@ def node_resource_topology(
 # ---------------------------------------------------------------------- pod annotations
 @dataclass(frozen=True, slots=True)
 class PodCPUPolicy:
-    """What a pod's annotations (and labels) ask of corepin (CONTRACTS 7.3).
+    """What a pod's annotations (and labels) ask of corepin.
 
     `explicit` is true when the pod carries any corepin or alias key: the webhook patches
     only such pods."""
@@ -1371,7 +1371,7 @@ class Eligibility:
 
 
 def container_eligibility(container: object, path: str = "container") -> Eligibility:
-    """CONTRACTS 7.3: eligible when the CPU limit is a whole number >= 1 equal to the CPU
+    """Eligible when the CPU limit is a whole number >= 1 equal to the CPU
     request (a missing request counts as the limit, as the API server defaults it).
 
     A malformed container (not an object, a quantity that does not parse) raises FieldError;

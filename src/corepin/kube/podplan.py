@@ -9,7 +9,7 @@ exclusiveness level, workload family, the reason when a request was ignored, and
 live state from `status.containerStatuses` (runtime and id without the scheme, running or
 terminated).
 
-Rules (CONTRACTS.md 7.3):
+Rules:
 - policy from `corepin.io/cpu-policy[.<container>]` and the Crane/actimanager aliases
   (`corepin.kube.models.parse_pod_annotations`); malformed annotations make every container
   `none` with the parse error as the reason (the webhook refuses such pods up front);

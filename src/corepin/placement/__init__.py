@@ -1,4 +1,4 @@
-"""Placement: pure fit and score of pods on the nodes' published topologies (CONTRACTS 7.7).
+"""Placement: pure fit and score of pods on the nodes' published topologies.
 
 One core shared by `corepin scheduler` (the second scheduler) and `corepin extender` (the
 kube-scheduler extender): a node passes exactly when its node agent would be able to pin the

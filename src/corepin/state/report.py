@@ -1,4 +1,4 @@
-"""The data of `corepin report` (CONTRACTS 5): one dict built from a state, whoever holds it.
+"""The data of `corepin report`: one dict built from a state, whoever holds it.
 
 Host mode reads the state from its state directory, `corepin report --agent` gets it from a
 running agent over gRPC, `corepin report --node` from the node's `NodeCPUTopology`; all three

@@ -16,7 +16,7 @@ leaves the directory locked. Reads need no lock: the checkpoint is only ever rep
 rename, so a reader sees the old or the new file, never a mix.
 
 The directory is trusted only when it belongs to the effective user and is not writable by
-group or others (CONTRACTS.md section 5): whoever can write it could forge a validly
+group or others: whoever can write it could forge a validly
 checksummed checkpoint or plant `state.lock` as a link to a file that root would then create
 or open. Every operation opens the directory once (O_DIRECTORY), checks it with fstat on that
 descriptor and then reaches each file relative to the descriptor (`dir_fd=`), so the directory

@@ -1,6 +1,6 @@
 """The machine model: a flat per-CPU table plus precomputed CPU sets per topology unit.
 
-Identifiers (CONTRACTS.md section 2):
+Identifiers:
 - `socket`: the kernel's physical package id.
 - `die`: the kernel's die id (unique only inside its package; queries key dies by (socket, die)).
 - `numa`: the kernel's NUMA node id (may be sparse).
@@ -446,7 +446,7 @@ class Topology:
 
     @classmethod
     def from_json(cls, data: Any) -> Topology:
-        """Build from the JSON form of CONTRACTS.md section 2; unknown fields are ignored."""
+        """Build from the JSON of `corepin topology -o json`; unknown fields are ignored."""
         if not isinstance(data, Mapping):
             raise TopologyError('topology JSON must be an object with a "cpus" list')
         rows = data.get("cpus")

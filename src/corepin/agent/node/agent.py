@@ -1624,7 +1624,7 @@ class NodeAgent:
 def node_status(
     state: HostState, topology: Topology, heartbeat: str, *, promised: CPUSet | None = None
 ) -> dict[str, Any]:
-    """`NodeCPUTopology.status` of a node state (CONTRACTS 7.2). CPUs `promised` to pods by
+    """`NodeCPUTopology.status` of a node state. CPUs `promised` to pods by
     PodCPUBindings (their containers not running yet) are not offered as free."""
     free = state.free - (promised or CPUSet())
     allocations = []

@@ -1,4 +1,4 @@
-"""Container cgroups of the node agent: where they are and what they should hold (CONTRACTS 7.4).
+"""Container cgroups of the node agent: where they are and what they should hold.
 
 A container's cgroup comes from its pod uid, QoS class, runtime and container id in the
 kubelet's layout (`corepin.enforcement.layout`, cgroupfs `kubepods/...` or systemd

@@ -1,4 +1,4 @@
-"""Settings of the Kubernetes node agent (`corepin agent`, CONTRACTS.md 7.1).
+"""Settings of the Kubernetes node agent (`corepin agent`).
 
 The CLI builds one `NodeSettings` from its flags and the environment (`NODE_NAME` stands for
 `--node-name`); nothing below the agent reads the environment.
@@ -41,7 +41,7 @@ class NodeSettings:
     kubelet_state: str = DEFAULT_KUBELET_STATE
     grpc_socket: str = DEFAULT_GRPC_SOCKET
     metrics_address: str = DEFAULT_METRICS_ADDRESS
-    #: one file per pinned container (CONTRACTS 7.7; the webhook mounts it at /etc/corepin);
+    #: one file per pinned container (the webhook mounts it at /etc/corepin);
     #: "" writes none
     assignment_dir: str = DEFAULT_ASSIGNMENT_DIR
     #: raise a shield over the whole cpuset hierarchy: everything outside the kubelet's pods

@@ -1,4 +1,4 @@
-"""`corepin extender`: the kube-scheduler extender v1 (CONTRACTS 7.7).
+"""`corepin extender`: the kube-scheduler extender v1.
 
 - `wire`    the extender's JSON types both ways (Go field names, decoded case-insensitively)
 - `server`  `ExtenderService` (filter, prioritize, bind, preempt on the placement core) and

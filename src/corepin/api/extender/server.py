@@ -1,4 +1,4 @@
-"""`corepin extender`: the kube-scheduler extender v1 over HTTP (CONTRACTS 7.7).
+"""`corepin extender`: the kube-scheduler extender v1 over HTTP.
 
 Routes (every answer is JSON as `wire` writes it):
 

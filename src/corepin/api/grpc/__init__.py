@@ -1,4 +1,4 @@
-"""The node gRPC API (CONTRACTS 7.5): services `corepin.v1alpha1.Topology` and
+"""The node gRPC API: services `corepin.v1alpha1.Topology` and
 `corepin.v1alpha1.CPUPinning`, the standard `grpc.health.v1.Health`, server reflection.
 
 - `server`  `GrpcServer`: serves a `NodeBackend` (corepin.agent.backend) on a unix socket

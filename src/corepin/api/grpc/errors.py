@@ -1,4 +1,4 @@
-"""corepin errors <-> gRPC status codes (CONTRACTS 6 exit codes on both ends).
+"""corepin errors <-> gRPC status codes (the command's exit codes on both ends).
 
 Server side, `status_for(error)`: InputError (exit 2) -> INVALID_ARGUMENT, or NOT_FOUND for an
 unknown allocation id; AllocationError (exit 3) -> RESOURCE_EXHAUSTED when CPUs are short,

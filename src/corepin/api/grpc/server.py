@@ -1,4 +1,4 @@
-"""The node gRPC API server (CONTRACTS 7.5): `GrpcServer` serves a `NodeBackend`.
+"""The node gRPC API server: `GrpcServer` serves a `NodeBackend`.
 
 Services: `corepin.v1alpha1.Topology` (GetTopology), `corepin.v1alpha1.CPUPinning` (List,
 Allocate, Release, Watch), the standard `grpc.health.v1.Health` (SERVING while the server

@@ -1,4 +1,4 @@
-"""`corepin webhook`: the mutating and validating admission webhook for pods (CONTRACTS 7.7).
+"""`corepin webhook`: the mutating and validating admission webhook for pods.
 
 - `admission` the decisions: AdmissionReview v1 in, AdmissionReview v1 out (pure)
 - `capacity`  whether any node of the cluster could ever hold a pod's CPUs, from the

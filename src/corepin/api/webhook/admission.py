@@ -1,4 +1,4 @@
-"""The admission decisions of `corepin webhook` (CONTRACTS 7.3, 7.7): AdmissionReview v1 for pods.
+"""The admission decisions of `corepin webhook`: AdmissionReview v1 for pods.
 
 Pure: a decoded AdmissionReview in, the AdmissionReview to answer with out; no I/O and no
 clock (what the cluster's nodes can hold comes in as a `ClusterCapacity` snapshot, or None).
