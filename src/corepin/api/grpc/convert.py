@@ -28,7 +28,8 @@ _CPU_OPTIONAL = ("socket", "die", "numa", "l3", "l2", "core", "cluster", "capaci
 
 # ---------------------------------------------------------------------- topology
 def topology_message(topology: Topology) -> tpb.NodeTopology:
-    """The `NodeTopology` message of a topology (fields as `corepin topology -o json` has them; null = absent)."""
+    """The `NodeTopology` message of a topology: the fields of `corepin topology -o json`
+    (null = absent)."""
     out = tpb.NodeTopology()
     for cpu in topology.cpus:
         row = out.cpus.add(cpu=cpu.cpu, online=cpu.online, isolated=cpu.isolated)
