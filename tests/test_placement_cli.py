@@ -129,8 +129,13 @@ def test_the_extender_serves_filters_over_mutual_tls_and_stops_on_sigterm(
             proc.wait()
 
 
-def test_the_extender_serves_plain_http_only_when_told_to(
-    kube: KubeClient, fake_kubeconfig: Path
+@pytest.mark.parametrize(
+    ("opt_in", "warned"),
+    [(["--insecure-http"], False), ([], True)],
+    ids=["told to (--insecure-http)", "no TLS flag at all (the contract's command line)"],
+)
+def test_the_extender_serves_plain_http_without_tls_flags_and_warns_unless_told(
+    kube: KubeClient, fake_kubeconfig: Path, opt_in: list[str], warned: bool
 ) -> None:
     install_crds(kube)
     port = free_port()
@@ -141,7 +146,7 @@ def test_the_extender_serves_plain_http_only_when_told_to(
             str(fake_kubeconfig),
             "--address",
             f"127.0.0.1:{port}",
-            "--insecure-http",
+            *opt_in,
         ),
         stderr=subprocess.PIPE,
         text=True,
@@ -150,6 +155,9 @@ def test_the_extender_serves_plain_http_only_when_told_to(
         base = f"http://127.0.0.1:{port}"
         wait_for(lambda: get(f"{base}/healthz")[0] == 200, timeout=30, what="extender ready")
         stop_within_5_s(proc)
+        assert proc.stderr is not None
+        said = proc.stderr.read()
+        assert ("without client authentication" in said) is warned, said
     finally:
         if proc.poll() is None:
             proc.kill()
@@ -236,7 +244,6 @@ def test_an_unreachable_api_exits_4_with_one_line(tmp_path: Path, argv: list[str
     [
         (["extender"], "--address"),
         (["extender", "--address", "nowhere"], "HOST:PORT"),
-        (["extender", "--address", "127.0.0.1:0"], "--tls-cert, --tls-key, --client-ca"),
         (
             ["extender", "--address", "127.0.0.1:0", "--tls-cert", "c", "--tls-key", "k"],
             "give --client-ca",
@@ -251,7 +258,6 @@ def test_an_unreachable_api_exits_4_with_one_line(tmp_path: Path, argv: list[str
     ids=[
         "no address",
         "a bad address",
-        "no TLS and no opt-in",
         "no client CA",
         "TLS flags with --insecure-http",
         "an unknown profile",

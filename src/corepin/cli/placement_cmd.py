@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import argparse
 import os
+import sys
 import threading
 from collections.abc import Callable
 from typing import Any
@@ -78,8 +79,8 @@ def add_arguments(parser: argparse.ArgumentParser, name: str) -> None:
         )  # fmt: skip
         parser.add_argument(
             "--insecure-http", action="store_true", help="serve plain HTTP without client "
-            "authentication instead of TLS (development only: anyone who reaches the port can "
-            "have pods bound)",
+            "authentication on purpose (development only: anyone who reaches the port can have "
+            "pods bound); without it, plain HTTP (no TLS flags) is served with a warning",
         )  # fmt: skip
         parser.add_argument(
             "--scheduler-name", metavar="NAME", action="append", default=[],
@@ -157,25 +158,34 @@ def run(args: Any) -> int:
 
 
 def _extender_tls(args: Any) -> Any:
-    """The extender's ServingCertificate (loaded: exit 4 naming a bad file), or None with
-    --insecure-http; InputError (exit 2) for a combination that is not one of the two."""
+    """The extender's ServingCertificate (loaded: exit 4 naming a bad file), or None for plain
+    HTTP: with --insecure-http, or with no TLS flag at all (the command line every version
+    accepted; a warning says what it exposes). InputError (exit 2) for a partial TLS set-up or
+    TLS flags beside --insecure-http."""
     from corepin.core.errors import InputError
 
     files = {"--tls-cert": args.tls_cert, "--tls-key": args.tls_key, "--client-ca": args.client_ca}
-    if args.insecure_http:
-        given = [flag for flag, value in files.items() if value]
+    given = [flag for flag, value in files.items() if value]
+    if args.insecure_http or not given:
         if given:
             raise InputError(
                 f"--insecure-http serves plain HTTP: drop {', '.join(given)} (or drop "
                 "--insecure-http to serve TLS)",
                 reason="bad_flags",
             )
+        if not args.insecure_http:
+            print(
+                "corepin extender: warning: serving plain HTTP without client authentication "
+                "(anyone who reaches the port can have pods bound): give --tls-cert, --tls-key "
+                "and --client-ca, or --insecure-http to say it is meant",
+                file=sys.stderr,
+            )
         return None
     missing = [flag for flag, value in files.items() if not value]
     if missing:
         raise InputError(
             f"the extender serves TLS with client certificates: give {', '.join(missing)} "
-            "(or --insecure-http, for development only)",
+            "(or none of them and --insecure-http, for development only)",
             reason="bad_flags",
         )
     from corepin.api.webhook.tls import ServingCertificate
