@@ -24,14 +24,14 @@ SIZED = {64: "large_64", 256: "large_256", 1024: "large_1024"}
 #: Topologies the quality benchmark compares policies on.
 QUALITY = ("dual-socket-ht", "epyc-like", "four-numa-per-socket", "sixteen-numa")
 
-#: Benchmark machines that are not among corepin.topology.synthetic.NAMED, as spec arguments.
+#: Benchmark machines that are not among corepin.testing.machines.NAMED, as spec arguments.
 _SPECS: dict[str, dict[str, Any]] = {
     # 2 sockets, 1 NUMA node and 1 L3 each, 16 cores x 2 threads per socket (64 CPUs)
     "dual-socket-ht": {"sockets": 2, "cores_per_l3": 16},
     # 2 sockets x 4 NUMA nodes, 1 L3 per node, 8 cores x 2 threads per node (128 CPUs)
     "four-numa-per-socket": {"sockets": 2, "numa_per_socket": 4, "cores_per_l3": 8},
 }
-#: Benchmark names for machines of corepin.topology.synthetic.NAMED.
+#: Benchmark names for machines of corepin.testing.machines.NAMED.
 _ALIASES = {
     # EPYC-like NPS1: 2 sockets, 1 NUMA each, 8 L3 (CCX) of 4 cores x 2 threads (128 CPUs)
     "epyc-like": "multi_l3_per_numa",
@@ -42,7 +42,7 @@ _ALIASES = {
 
 def topology(name: str) -> Topology:
     """A synthetic benchmark machine by name (see _SPECS, _ALIASES and synthetic.NAMED)."""
-    from corepin.topology import synthetic
+    from corepin.testing import machines as synthetic
 
     spec = _SPECS.get(name)
     if spec is not None:

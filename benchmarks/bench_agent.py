@@ -41,8 +41,8 @@ from _common import median, percentile  # noqa: E402
 from corepin.core.cpuset import CPUSet  # noqa: E402
 from corepin.kube.client import KubeClient  # noqa: E402
 from corepin.kube.config import load_config  # noqa: E402
+from corepin.testing import machines as synthetic  # noqa: E402
 from corepin.testing import write_sysfs_tree  # noqa: E402
-from corepin.topology import synthetic  # noqa: E402
 
 EXCLUSIVE = {"corepin.io/cpu-policy": "exclusive"}
 
@@ -73,7 +73,7 @@ def main() -> int:
     parser.add_argument("--quick", action="store_true", help="fewer samples (CI smoke)")
     args = parser.parse_args()
     from fakeapi import FakeApiServer
-    from node_harness import FakeNode, container
+    from support.node_harness import FakeNode, container
 
     samples = 10 if args.quick else 60
     burst = 40 if args.quick else 200

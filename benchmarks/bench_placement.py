@@ -51,7 +51,7 @@ from corepin.placement.cluster import Cluster  # noqa: E402
 from corepin.placement.node import node_view  # noqa: E402
 from corepin.placement.request import pod_request  # noqa: E402
 from corepin.state.model import HostState  # noqa: E402
-from corepin.topology import synthetic  # noqa: E402
+from corepin.testing import machines as synthetic  # noqa: E402
 from corepin.topology.model import Topology  # noqa: E402
 
 POLICY = "topology-aware"
@@ -126,7 +126,7 @@ SHAPES = [
 def serve_extender(nodes: int, churn: float) -> None:
     """The extender process: `nodes` nodes read into the core as the informers would, served
     on a loopback port (printed), `churn` nodes published anew per second; ends on stdin EOF."""
-    from corepin.agent.scheduler.feed import PlacementFeed
+    from corepin.agent.cluster.catalog import PlacementFeed
     from corepin.api.extender.server import ExtenderServer, ExtenderService
 
     topology = synthetic.named("large_256")
@@ -271,11 +271,11 @@ def bench_scheduler(nodes: int, pods: int, timeout: float) -> dict[str, float]:
     import subprocess
     import tempfile
 
-    from corepin.agent.scheduler.scheduler import Scheduler, SchedulerSettings
+    from corepin.agent.cluster.scheduler.scheduler import Scheduler, SchedulerSettings
     from corepin.kube.client import KubeClient
     from corepin.kube.config import load_config
     from corepin.kube.resources import NAMESPACES, NODES, PODS
-    from placement_publish import install_crds, publish
+    from support.placement_publish import install_crds, publish
 
     topology = synthetic.named("dual_socket_ht")
     rng = random.Random(3)

@@ -49,8 +49,8 @@ def serve(cert: str, key: str) -> None:
     from corepin.api.webhook.metrics import WebhookMetrics
     from corepin.api.webhook.server import HttpsServer
     from corepin.api.webhook.tls import ServingCertificate
-    from corepin.topology.synthetic import named
-    from webhook_helpers import ncpt
+    from corepin.testing.machines import named
+    from support.webhook_helpers import ncpt
 
     catalog = Catalog()
     big, small = named("large_256"), named("dual_socket_ht")
@@ -79,7 +79,7 @@ def serve(cert: str, key: str) -> None:
 
 # ---------------------------------------------------------------------- the client
 def review_body(uid: int) -> bytes:
-    from webhook_helpers import container, pod, review
+    from support.webhook_helpers import container, pod, review
 
     obj = pod(
         container("app", "4", env=[{"name": "MODE", "value": "fast"}]),

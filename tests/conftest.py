@@ -35,7 +35,7 @@ from typing import TYPE_CHECKING
 
 import pytest
 
-from containerd_harness import (
+from support.containerd_harness import (
     Containerd,
     DaemonDidNotStart,
     build_busybox_rootfs,
@@ -48,7 +48,7 @@ from vm import skip_reason as vm_skip_reason
 if TYPE_CHECKING:
     from corepin.kube.client import KubeClient
     from fakeapi import FakeApiServer, TLSMaterial
-    from test_kubelet import TestKubelet
+    from support.kubelet_harness import TestKubelet
 
 
 @pytest.fixture(scope="session")
@@ -143,7 +143,7 @@ def _test_kubelet(
     fake_kubeconfig: Path,
     tmp_path: Path,
 ) -> Iterator[TestKubelet]:
-    from test_kubelet import TestKubelet
+    from support.kubelet_harness import TestKubelet
 
     kubelet = TestKubelet(containerd, busybox_rootfs, fake_kubeconfig, workdir=tmp_path / "kubelet")
     try:

@@ -35,7 +35,7 @@ from fakeapi.resources import (
 )
 from fakeapi.schema import FieldError, apply_defaults, prune, structural_problems, validate
 from fakeapi.selectors import FieldSelector, LabelSelector
-from podresources import QuantityError, parse_quantity, qos_class
+from support.podresources import QuantityError, parse_quantity, qos_class
 
 Obj = dict[str, Any]
 Storage = tuple[str, str]

@@ -1,5 +1,5 @@
 """Guest side of the node agent on cgroup v2 in layouts beside the kubelet's plain one (run by
-tests/test_vm_agent_v2_layouts.py).
+tests/vm/test_vm_agent_v2_layouts.py).
 
     python tests/vm/agent_layouts_scenario.py WORKDIR
 

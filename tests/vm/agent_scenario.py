@@ -1,4 +1,4 @@
-"""Guest side of the node agent end to end on cgroup v2 (run by tests/test_vm_numa4_smt2.py).
+"""Guest side of the node agent end to end on cgroup v2 (run by tests/vm/test_vm_numa4_smt2.py).
 
     python tests/vm/agent_scenario.py WORKDIR
 
@@ -37,7 +37,7 @@ from corepin.kube.client import KubeClient  # noqa: E402
 from corepin.kube.config import load_config  # noqa: E402
 from corepin.kube.resources import CRDS, NODES, PODS  # noqa: E402
 from fakeapi import FakeApiServer  # noqa: E402
-from node_harness import container, qos_of  # noqa: E402
+from support.node_harness import container, qos_of  # noqa: E402
 
 CGROUP = Path("/sys/fs/cgroup")
 KUBELET_ROOT = "corepin-e2e"

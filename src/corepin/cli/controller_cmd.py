@@ -1,5 +1,5 @@
 """`corepin controller`: the cluster controller (what it does is in
-`corepin.agent.controller`). This module only reads the command line and wires the parts:
+`corepin.agent.cluster.controller`). This module only reads the command line and wires the parts:
 API client, start-up check, leader-elected controller service, /healthz + /metrics server,
 SIGTERM. Nothing heavy is imported before `run()`.
 """
@@ -121,8 +121,8 @@ def run(args: argparse.Namespace) -> int:
     parse_address(args.metrics_address)  # a bad address is refused before anything starts
     _setup_logging(dict(os.environ))
 
-    from corepin.agent.controller.controller import ControllerSettings
-    from corepin.agent.controller.service import ControllerService, check_api
+    from corepin.agent.cluster.controller.controller import ControllerSettings
+    from corepin.agent.cluster.controller.service import ControllerService, check_api
     from corepin.kube.client import KubeClient
     from corepin.kube.config import load_config
 

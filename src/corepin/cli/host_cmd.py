@@ -1,6 +1,6 @@
 """`corepin run`, `pin`, `report`, `reconcile`, `release`: standalone host mode.
 
-Argument parsing only; the work happens in `corepin.agent.host`, imported when a command runs
+Argument parsing only; the work happens in `corepin.agent.host.agent`, imported when a command runs
 so that `corepin --help` and the other subcommands stay cheap.
 """
 
@@ -378,7 +378,7 @@ def run(args: Any) -> int:
 
 def _spec_from(args: Any) -> Any:
     """The RunSpec of `run` and `pin` from their options (InputError for bad combinations)."""
-    from corepin.agent.host import RunSpec
+    from corepin.agent.host.agent import RunSpec
     from corepin.allocation.api import parse_options
     from corepin.core.errors import InputError
 
@@ -422,7 +422,7 @@ def _spec_from(args: Any) -> Any:
 
 
 def _cmd_run(settings: HostSettings, args: Any) -> int:
-    from corepin.agent.host import HostAgent
+    from corepin.agent.host.agent import HostAgent
     from corepin.core.errors import InputError
 
     argv = list(args.cmd or [])
@@ -441,7 +441,7 @@ def _cmd_run(settings: HostSettings, args: Any) -> int:
 def _cmd_pin(settings: HostSettings, args: Any) -> int:
     import json
 
-    from corepin.agent.host import HostAgent
+    from corepin.agent.host.agent import HostAgent
     from corepin.core.text import printable
 
     spec = _spec_from(args)
@@ -467,7 +467,7 @@ def _cmd_pin(settings: HostSettings, args: Any) -> int:
 
 
 def _cmd_report(settings: HostSettings, args: Any) -> int:
-    from corepin.agent.host import HostAgent
+    from corepin.agent.host.agent import HostAgent
     from corepin.cli.common import write_output
 
     agent = HostAgent(settings)
@@ -514,7 +514,7 @@ def _cmd_report_remote(args: Any) -> int:
             topology = client.topology()[1] if args.output == "svg" else None
         data = report_data(listed.state, listed.statuses)
         # the agent's socket is on this host: its processes are in this /proc
-        from corepin.agent.host import HostAgent
+        from corepin.agent.host.agent import HostAgent
         from corepin.agent.settings import HostSettings
 
         live = HostAgent(HostSettings()).live(listed.state, sample=args.sample or 0.0)
@@ -638,7 +638,7 @@ def _report_svg(topology: Topology, state: HostState, data: Mapping[str, Any]) -
 def _cmd_release(settings: HostSettings, args: Any) -> int:
     import json
 
-    from corepin.agent.host import HostAgent
+    from corepin.agent.host.agent import HostAgent
 
     changes = HostAgent(settings).release(args.id, kill=bool(args.kill))
     if args.output == "json":
@@ -655,11 +655,12 @@ def _cmd_reconcile(settings: HostSettings, args: Any) -> int:
     import sys
     import time
 
-    from corepin.agent.host import Change, HostAgent
+    from corepin.agent.host.agent import HostAgent
+    from corepin.enforcement.note import Note
 
     agent = HostAgent(settings, reserve=reserve_from(args))
 
-    def show(changes: list[Change]) -> None:
+    def show(changes: list[Note]) -> None:
         if args.output == "json":
             print(json.dumps({"changes": [c.to_json() for c in changes]}), flush=True)
         elif changes:

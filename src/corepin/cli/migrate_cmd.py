@@ -6,7 +6,7 @@ corepin migrate --from-kubelet FILE [--state-dir DIR] [--sysfs-root DIR | --topo
 corepin migrate --quarantine [--state-dir DIR] [--force] [-o text|json]
 ```
 
-Argument parsing and output only; the work happens in `corepin.agent.migrate`.
+Argument parsing and output only; the work happens in `corepin.agent.host.migrate`.
 
 The state is written for the live topology (this machine's sysfs, or `--sysfs-root DIR`), the
 one `corepin run`, `report` and `reconcile` check it against. `--topology FILE` previews an
@@ -21,7 +21,7 @@ import os
 from typing import TYPE_CHECKING, Any
 
 if TYPE_CHECKING:
-    from corepin.agent.migrate import MigrationResult, QuarantineResult
+    from corepin.agent.host.migrate import MigrationResult, QuarantineResult
     from corepin.agent.settings import HostSettings
     from corepin.topology.model import Topology
 
@@ -78,7 +78,7 @@ def run(args: Any) -> int:
 
     settings = HostSettings.from_args(args, os.environ)
     if args.quarantine:
-        from corepin.agent.migrate import quarantine
+        from corepin.agent.host.migrate import quarantine
         from corepin.core.errors import InputError
 
         given = [
@@ -101,7 +101,7 @@ def run(args: Any) -> int:
         text = dump(moved.to_json(), "json") if args.output == "json" else _quarantine_text(moved)
         write_output(text, None)
         return 0
-    from corepin.agent.migrate import migrate_from_kubelet
+    from corepin.agent.host.migrate import migrate_from_kubelet
 
     topology = _topology(args, settings)
     result = migrate_from_kubelet(

@@ -1,7 +1,7 @@
 """`corepin scheduler` and `corepin extender`: argument parsing and wiring.
 
 The placement core is `corepin.placement`; the informers feeding it and the scheduling loop
-are `corepin.agent.scheduler`; the extender's HTTP side is `corepin.api.extender`.
+are `corepin.agent.cluster.scheduler`; the extender's HTTP side is `corepin.api.extender`.
 """
 
 from __future__ import annotations
@@ -196,8 +196,8 @@ def _extender_tls(args: Any) -> Any:
 
 
 def _run_extender(args: Any) -> int:
-    from corepin.agent.scheduler.feed import PlacementFeed
-    from corepin.agent.scheduler.metrics import PlacementMetrics
+    from corepin.agent.cluster.catalog import PlacementFeed
+    from corepin.agent.cluster.scheduler.metrics import PlacementMetrics
     from corepin.api.extender.server import SCHEDULER_NAMES, ExtenderServer, ExtenderService
     from corepin.api.http import OpsServer, parse_address
     from corepin.placement.cluster import Cluster
@@ -248,7 +248,7 @@ def _run_extender(args: Any) -> int:
 
 
 def _run_scheduler(args: Any) -> int:
-    from corepin.agent.scheduler.scheduler import Scheduler, SchedulerSettings
+    from corepin.agent.cluster.scheduler.scheduler import Scheduler, SchedulerSettings
     from corepin.api.http import OpsServer, parse_address
 
     parse_address(args.metrics_address)

@@ -1,7 +1,7 @@
 """`corepin shield on|off|status`: keep the tasks corepin does not manage off exclusive CPUs.
 
-Argument parsing and rendering only; the work happens in `corepin.agent.host` (transactions)
-and `corepin.agent.shield` / `corepin.enforcement.shield` (the shield itself).
+Argument parsing and rendering only; the work happens in `corepin.agent.host.agent` (transactions)
+and `corepin.enforcement.shield.control` / `corepin.enforcement.shield.engine` (the shield itself).
 """
 
 from __future__ import annotations
@@ -70,7 +70,7 @@ def add_arguments(parser: argparse.ArgumentParser, name: str) -> None:
 
 
 def run(args: Any) -> int:
-    from corepin.agent.host import HostAgent
+    from corepin.agent.host.agent import HostAgent
     from corepin.agent.settings import HostSettings
     from corepin.cli.common import dump, write_output
     from corepin.cli.host_cmd import reserve_from
@@ -95,7 +95,7 @@ def run(args: Any) -> int:
         write_output(text, None)
         return 0
     if args.action == "on":
-        from corepin.agent.shield import normalize_scope
+        from corepin.enforcement.shield.control import normalize_scope
 
         scope = normalize_scope(args.scope or "")
         result = agent.shield_on(scope=scope, kthreads=bool(args.kthreads), irqs=bool(args.irqs))
@@ -163,9 +163,9 @@ def _result_data(result: Any, why: str) -> dict[str, Any]:
 
 
 def _notes(data: Mapping[str, Any]) -> str:
-    from corepin.agent.shield import notes_text
     from corepin.core.text import printable
-    from corepin.enforcement.shield import ShieldNote
+    from corepin.enforcement.note import Note
+    from corepin.enforcement.shield.control import notes_text
 
     lines = []
     if data["on"]:
@@ -178,7 +178,7 @@ def _notes(data: Mapping[str, Any]) -> str:
             )
         else:
             lines.append(printable(f"shield on: scope {data['scope']}, affinity only"))
-    notes = [ShieldNote(n["action"], n["target"], n["detail"]) for n in data["notes"]]
+    notes = [Note(n["action"], n["target"], n["detail"]) for n in data["notes"]]
     lines.extend(notes_text(notes))
     if not data["on"]:
         lines.append("shield off")

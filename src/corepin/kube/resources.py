@@ -1,8 +1,29 @@
-"""The built-in resources corepin uses (the CRDs' resources live with their models)."""
+"""Every API resource corepin reads or writes, defined once: the built-in ones and corepin's CRDs.
+
+(The CRDs' names, groups and kinds are the wire format's, in `corepin.kube.models`; the models
+stay pure, so the `Resource` values that the client needs are built here.)
+"""
 
 from __future__ import annotations
 
 from corepin.kube.client import Resource
+from corepin.kube.models import (
+    GROUP,
+    NCPT_KIND,
+    NCPT_PLURAL,
+    NRT_GROUP,
+    NRT_KIND,
+    NRT_PLURAL,
+    PCB_KIND,
+    PCB_PLURAL,
+    VERSION,
+)
+
+#: corepin's NodeCPUTopology (cluster-scoped, one per node) and PodCPUBinding (namespaced).
+NCPT = Resource(GROUP, VERSION, NCPT_PLURAL, False, NCPT_KIND)
+PCB = Resource(GROUP, VERSION, PCB_PLURAL, True, PCB_KIND)
+#: The community NodeResourceTopology (v1alpha2) the agent also publishes.
+NRT = Resource(NRT_GROUP, "v1alpha2", NRT_PLURAL, False, NRT_KIND)
 
 NAMESPACES = Resource("", "v1", "namespaces", False, "Namespace")
 NODES = Resource("", "v1", "nodes", False, "Node")

@@ -18,5 +18,5 @@ Modules (pure: no file, socket or clock access; the time is passed in):
              scheduler and the extender ask (`filter`, `prioritize`, `assume`)
 
 Nothing here imports the Kubernetes client: the informers that feed a `Cluster` live with the
-commands (`corepin.agent.scheduler`).
+commands (`corepin.agent.cluster.scheduler`).
 """

@@ -17,7 +17,7 @@ changed, each with the value to put back:
 - `enabled`: cgroup v2 groups in whose `cgroup.subtree_control` the shield enabled `cpuset`.
 
 The CPUs themselves are not recorded: the system set is derived from the pools every time
-(`corepin.agent.shield.system_cpus`), so it follows every allocation change.
+(`corepin.enforcement.shield.control.system_cpus`), so it follows every allocation change.
 
 Values are immutable and validate themselves; `to_json` / `from_json` are the checkpoint form
 (lists of small arrays, so a shield over a thousand tasks stays a small file).

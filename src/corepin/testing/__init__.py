@@ -4,7 +4,7 @@
 show for the machine (overrides: what a kernel prints where it disagrees with the model, e.g.
 `compute_unit_files(topology)` or `package_core_ids(topology)`); `expected_after(topology,
 omit)` is what discovery must return for such a tree. Synthetic machines themselves come from
-`corepin.topology.synthetic`.
+`corepin.testing.machines`.
 """
 
 from __future__ import annotations

@@ -6,7 +6,7 @@ starttime at their field numbers), `<pid>/status` and `<pid>/task/<tid>/{stat,st
 `Cpus_allowed_list`, `<pid>/cgroup` (v1 lines and the v2 `0::` line), `irq/<n>/
 smp_affinity_list`, `irq/default_smp_affinity` (a mask) and `uptime`. There is no `self` link,
 so corepin treats the tree as a stand-in and never touches a real thread through it
-(`corepin.enforcement.shield.kernel_proc`).
+(`corepin.enforcement.shield.engine.kernel_proc`).
 """
 
 from __future__ import annotations

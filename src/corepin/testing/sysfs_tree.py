@@ -2,7 +2,7 @@
 
 `write_sysfs_tree(topology, root)` creates `root/sys/devices/system/{cpu,node}/...` (and
 `root/sys/devices/cpu_core|cpu_atom/cpus` for hybrid machines) such that
-`corepin.discover(root) == topology` for every topology built by `corepin.topology.synthetic`
+`corepin.discover(root) == topology` for every topology built by `corepin.testing.machines`
 (and any topology that follows the same conventions: `core` = lowest online sibling, NUMA node
 CPU sets = their online CPUs, complete distance rows).
 

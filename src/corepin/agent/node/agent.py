@@ -43,7 +43,6 @@ from collections.abc import Callable, Iterable, Iterator, Mapping
 from contextlib import contextmanager
 from typing import TYPE_CHECKING, Any, Final
 
-from corepin.agent.backend import StateFeed
 from corepin.agent.node.plan import PodPlan, plan_pod
 from corepin.agent.node.sync import (
     KUBELET_POLICY,
@@ -54,14 +53,16 @@ from corepin.agent.node.sync import (
     shared_pool_users,
     sync_pod,
 )
+from corepin.agent.ports import StateFeed
 from corepin.core.cpuset import CPUSet
 from corepin.core.errors import CorepinError, EnvironmentProblem
 from corepin.core.record import record
+from corepin.kube.models import LABEL_MANAGED_BY
 
 if TYPE_CHECKING:
-    from corepin.agent.backend import AllocationSpec, Subscription
     from corepin.agent.node.enforce import ContainerCgroups
     from corepin.agent.node.settings import NodeSettings
+    from corepin.agent.ports import AllocationSpec, Subscription
     from corepin.allocation.types import Policy
     from corepin.enforcement.cgroups import CpuQuota
     from corepin.kube.client import KubeClient, Resource
@@ -74,7 +75,7 @@ if TYPE_CHECKING:
 log = logging.getLogger("corepin.agent.node")
 
 #: labels of the PodCPUBindings the agent writes (one per pinned container)
-MANAGED_BY: Final = "app.kubernetes.io/managed-by"  # = corepin.kube.models.LABEL_MANAGED_BY
+
 AGENT: Final = "corepin-agent"  # = corepin.kube.models.AGENT_MANAGER
 NODE_LABEL: Final = "corepin.io/node"
 POD_UID_LABEL: Final = "corepin.io/pod-uid"
@@ -208,24 +209,21 @@ class NodeAgent:
     # ------------------------------------------------------------------ resources
     @property
     def ncpt(self) -> Resource:
-        from corepin.kube.client import Resource
-        from corepin.kube.models import GROUP, NCPT_KIND, NCPT_PLURAL, VERSION
+        from corepin.kube.resources import NCPT
 
-        return Resource(GROUP, VERSION, NCPT_PLURAL, False, NCPT_KIND)
+        return NCPT
 
     @property
     def pcb(self) -> Resource:
-        from corepin.kube.client import Resource
-        from corepin.kube.models import GROUP, PCB_KIND, PCB_PLURAL, VERSION
+        from corepin.kube.resources import PCB
 
-        return Resource(GROUP, VERSION, PCB_PLURAL, True, PCB_KIND)
+        return PCB
 
     @property
     def nrt(self) -> Resource:
-        from corepin.kube.client import Resource
-        from corepin.kube.models import NRT_GROUP, NRT_KIND, NRT_PLURAL
+        from corepin.kube.resources import NRT
 
-        return Resource(NRT_GROUP, "v1alpha2", NRT_PLURAL, False, NRT_KIND)
+        return NRT
 
     # ------------------------------------------------------------------ lifecycle
     def start(self, sync_timeout: float = 60.0) -> None:
@@ -399,7 +397,7 @@ class NodeAgent:
         return self.machine
 
     def snapshot(self) -> HostState:
-        """The committed state (`corepin.agent.backend.NodeBackend`)."""
+        """The committed state (`corepin.agent.ports.NodeBackend`)."""
         from corepin.state.model import HostState
 
         return self._state or HostState.new(self.machine)
@@ -474,7 +472,7 @@ class NodeAgent:
 
     def _binding_changed(self, binding: Mapping[str, Any]) -> None:
         meta = binding.get("metadata") or {}
-        if (meta.get("labels") or {}).get(MANAGED_BY) == AGENT:
+        if (meta.get("labels") or {}).get(LABEL_MANAGED_BY) == AGENT:
             return  # our own record of a pin
         spec = binding.get("spec") or {}
         pod = spec.get("podName")
@@ -630,8 +628,8 @@ class NodeAgent:
         return state.evolve(shield=result.record)
 
     def _system_shield(self) -> Any:
-        from corepin.agent.shield import HOST_EXCLUDED, Shield
         from corepin.enforcement.cgroups import CgroupV1
+        from corepin.enforcement.shield.control import HOST_EXCLUDED, Shield
 
         if self._shield_engine is None:
             driver = self.cgroups.driver
@@ -711,7 +709,7 @@ class NodeAgent:
     def _transaction(self) -> Iterator[_NodeTransaction]:
         """The state transaction: locked; the checkpoint read and validated only when it is not
         the version this agent last read or wrote (another writer, or the first time)."""
-        from corepin.agent.store import adopt
+        from corepin.agent.host.store import adopt
         from corepin.state.store import StateStore
 
         store = self._store
@@ -759,7 +757,7 @@ class NodeAgent:
                 "the kubelet's assignments and leave them alone",
                 reason="kubelet_static_active",
             )
-        from corepin.agent.migrate import convert
+        from corepin.agent.host.migrate import convert
 
         state, _ = convert(checkpoint, self.machine, created=self.clock())
         return state
@@ -785,7 +783,7 @@ class NodeAgent:
         from corepin.state.model import Assignment
         from corepin.state.owners import ContainerOwner
 
-        selector = f"{MANAGED_BY}={AGENT},{NODE_LABEL}={self.settings.node_name}"
+        selector = f"{LABEL_MANAGED_BY}={AGENT},{NODE_LABEL}={self.settings.node_name}"
         items, _ = self.client.list_all(self.pcb, label_selector=selector)
         published = self._published_allocations() if items else set()
         for raw in items:
@@ -1421,7 +1419,7 @@ class NodeAgent:
             return
         meta_uid = str((pod.get("metadata") or {}).get("uid") or "")
         labels = {
-            MANAGED_BY: AGENT,
+            LABEL_MANAGED_BY: AGENT,
             NODE_LABEL: self.settings.node_name,
             POD_UID_LABEL: plan.uid,
             CONTAINER_LABEL: owner.container,
@@ -1473,7 +1471,7 @@ class NodeAgent:
 
         keep = set(keep)
         stale = [k for k in self._bindings if k[0] == uid and k[1] not in keep]
-        selector = f"{MANAGED_BY}={AGENT},{POD_UID_LABEL}={uid}"
+        selector = f"{LABEL_MANAGED_BY}={AGENT},{POD_UID_LABEL}={uid}"
         doomed: dict[tuple[str, str], None] = {}
         for b in self._bindings_informer.cache.list():
             meta = b.get("metadata") or {}
@@ -1507,7 +1505,7 @@ class NodeAgent:
         for b in self._bindings_informer.cache.list():
             meta = b.get("metadata") or {}
             labels = meta.get("labels") or {}
-            if labels.get(MANAGED_BY) != AGENT or labels.get(NODE_LABEL) != self.node_name:
+            if labels.get(LABEL_MANAGED_BY) != AGENT or labels.get(NODE_LABEL) != self.node_name:
                 continue
             uid = labels.get(POD_UID_LABEL, "")
             if uid in live or uid in held:
@@ -1546,7 +1544,7 @@ class NodeAgent:
         status = node_status(state, self.machine, now, promised=self._promised(state))
         try:
             if not self._ncpt_created:
-                meta: dict[str, Any] = {"name": node, "labels": {MANAGED_BY: AGENT}}
+                meta: dict[str, Any] = {"name": node, "labels": {LABEL_MANAGED_BY: AGENT}}
                 owner = self._node_owner()
                 if owner is not None:
                     meta["ownerReferences"] = [owner]

@@ -38,16 +38,16 @@ import time
 from collections.abc import Callable, Collection, Mapping
 from typing import TYPE_CHECKING, Any, Final
 
-from corepin.agent.scheduler.nodes import node_refusal
 from corepin.api.extender import wire
 from corepin.api.http import Limits, RequestHandler, ThreadedServer
 from corepin.core.errors import ApiNotFound, CorepinError
+from corepin.placement.taints import node_refusal
 
 if TYPE_CHECKING:
     import ssl
 
-    from corepin.agent.scheduler.feed import PlacementFeed
-    from corepin.agent.scheduler.metrics import PlacementMetrics
+    from corepin.agent.cluster.catalog import PlacementFeed
+    from corepin.agent.cluster.scheduler.metrics import PlacementMetrics
     from corepin.kube.client import KubeClient
     from corepin.placement.cluster import Cluster
 

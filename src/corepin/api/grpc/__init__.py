@@ -1,7 +1,7 @@
 """The node gRPC API: services `corepin.v1alpha1.Topology` and
 `corepin.v1alpha1.CPUPinning`, the standard `grpc.health.v1.Health`, server reflection.
 
-- `server`  `GrpcServer`: serves a `NodeBackend` (corepin.agent.backend) on a unix socket
+- `server`  `GrpcServer`: serves a `NodeBackend` (corepin.agent.ports) on a unix socket
             (mode 0600) or TLS over TCP
 - `client`  `AgentClient`: the typed client (`corepin report --agent`, tests)
 - `convert` messages <-> corepin values (Topology, HostState, Assignment)

@@ -16,7 +16,7 @@ from typing import Any, Final
 import grpc
 from grpc_health.v1 import health_pb2, health_pb2_grpc
 
-from corepin.agent.backend import AllocationSpec
+from corepin.agent.ports import AllocationSpec
 from corepin.api.grpc import convert
 from corepin.api.grpc.errors import error_from_rpc
 from corepin.api.grpc.gen.v1alpha1 import pinning_pb2 as pb

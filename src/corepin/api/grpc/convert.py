@@ -14,7 +14,7 @@ from __future__ import annotations
 from collections.abc import Iterable, Mapping
 from typing import Any
 
-from corepin.agent.backend import AllocationSpec, ContainerRef, ProcessRef
+from corepin.agent.ports import AllocationSpec, ContainerRef, ProcessRef
 from corepin.api.grpc.gen.v1alpha1 import pinning_pb2 as pb
 from corepin.api.grpc.gen.v1alpha1 import topology_pb2 as tpb
 from corepin.core.cpuset import CPUSet

@@ -38,7 +38,7 @@ import grpc
 from grpc_health.v1 import health, health_pb2, health_pb2_grpc
 from grpc_reflection.v1alpha import reflection
 
-from corepin.agent.backend import NodeBackend, Subscription
+from corepin.agent.ports import NodeBackend, Subscription
 from corepin.api.grpc import convert
 from corepin.api.grpc.errors import REASON_KEY, status_for
 from corepin.api.grpc.gen.v1alpha1 import pinning_pb2 as pb

@@ -1,0 +1,1 @@
+"""Shared test support: builders, harnesses and helpers the tests import."""
