@@ -36,6 +36,7 @@ import random
 import sys
 import threading
 import time
+import types
 from pathlib import Path
 from typing import Any
 
@@ -150,7 +151,9 @@ def serve_extender(nodes: int, churn: float) -> None:
     loaded = time.perf_counter() - started
     held = sum(len(s.held) for s in states) / len(states) / len(topology.online_cpus)
     # the informers are not started: the pods come in the requests, the nodes were read above
-    feed = PlacementFeed(None, cluster)  # type: ignore[arg-type]
+    # (they only read the client's idle timeout when they are made)
+    offline = types.SimpleNamespace(idle_timeout=40.0)
+    feed = PlacementFeed(offline, cluster)  # type: ignore[arg-type]
     server = ExtenderServer(ExtenderService(cluster, feed, None), "127.0.0.1:0")  # type: ignore[arg-type]
     server.start()
     stop = threading.Event()
