@@ -17,7 +17,7 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from corepin.agent.cluster.catalog import PlacementFeed
-from corepin.agent.cluster.scheduler.metrics import PlacementMetrics
+from corepin.agent.cluster.metrics import PlacementMetrics
 from corepin.api.extender import wire
 from corepin.api.extender.server import ExtenderServer, ExtenderService
 from corepin.kube.client import KubeClient

@@ -653,7 +653,7 @@ def test_report_agent_refuses_host_state_options() -> None:
 def test_allocate_calls_count_as_pinning_requests_and_errors_by_reason(
     backend: HostBackend, sock_dir: Path, sleeper: list[subprocess.Popen[bytes]]
 ) -> None:
-    from corepin.api.metrics import AgentMetrics
+    from corepin.agent.node.metrics import AgentMetrics
 
     metrics = AgentMetrics()
     p, q = start_sleep(sleeper), start_sleep(sleeper)

@@ -18,8 +18,8 @@ from pathlib import Path
 import pytest
 from prometheus_client.parser import text_string_to_metric_families
 
-from corepin.api.http import OpsServer, parse_address
-from corepin.api.metrics import AgentMetrics
+from corepin.agent.node.metrics import AgentMetrics
+from corepin.api.http import OpsServer, parse_address, render
 from corepin.core.cpuset import CPUSet
 from corepin.core.errors import EnvironmentProblem, InputError
 from corepin.state.model import Assignment, HostState
@@ -124,7 +124,7 @@ def test_the_exposition_has_every_contract_name_with_its_type() -> None:
     state, topology = busy_state()
     metrics = AgentMetrics()
     metrics.observe_state(state, topology)  # type: ignore[arg-type]
-    body, content_type = metrics.exposition()
+    body, content_type = render(metrics.registry)
     assert content_type.startswith("text/plain")
     text = body.decode()
     families = {f.name: f.type for f in text_string_to_metric_families(text)}

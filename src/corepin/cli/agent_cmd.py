@@ -131,10 +131,10 @@ def run(args: Any) -> int:
 
     from corepin.agent.node.agent import NodeAgent
     from corepin.agent.node.enforce import ContainerCgroups, open_hierarchy
+    from corepin.agent.node.metrics import AgentMetrics
     from corepin.allocation.policies import get_policy
     from corepin.api.grpc.server import GrpcServer, Listen
     from corepin.api.http import OpsServer
-    from corepin.api.metrics import AgentMetrics
     from corepin.kube.client import KubeClient
     from corepin.kube.config import load_config
     from corepin.topology.discover import discover

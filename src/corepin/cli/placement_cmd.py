@@ -1,19 +1,31 @@
 """`corepin scheduler` and `corepin extender`: argument parsing and wiring.
 
-The placement core is `corepin.placement`; the informers feeding it and the scheduling loop
-are `corepin.agent.cluster.scheduler`; the extender's HTTP side is `corepin.api.extender`.
+The placement core is `corepin.placement`; the informers feeding it (`corepin.agent.cluster.
+catalog`), the scheduling loop (`corepin.agent.cluster.scheduler`) and the metrics of both
+(`corepin.agent.cluster.metrics`) are the cluster side's; the extender's HTTP side is
+`corepin.api.extender`, which is handed the catalog and the metrics as its declared ports.
+What `run` needs is imported when it runs: building the command line stays cheap.
 """
 
 from __future__ import annotations
 
 import argparse
+import gc
 import os
 import sys
 import threading
 from collections.abc import Callable
-from typing import Any
+from typing import TYPE_CHECKING
 
 from corepin.cli.common import stop_on_signals
+from corepin.core.errors import InputError
+
+if TYPE_CHECKING:
+    from corepin.agent.cluster.catalog import PlacementFeed
+    from corepin.agent.cluster.metrics import PlacementMetrics
+    from corepin.api.webhook.tls import ServingCertificate
+    from corepin.kube.client import KubeClient
+    from corepin.placement.cluster import Cluster
 
 PROFILES = ("MaximumUtilization", "Balanced")
 
@@ -108,7 +120,7 @@ def add_arguments(parser: argparse.ArgumentParser, name: str) -> None:
     )  # fmt: skip
 
 
-def _connect(args: Any) -> Any:
+def _connect(args: argparse.Namespace) -> KubeClient:
     """The API client, checked (exit 4 with one line when the API cannot be reached)."""
     from corepin.kube.client import KubeClient
     from corepin.kube.config import load_config
@@ -127,7 +139,7 @@ def _until(done: threading.Event, tick: Callable[[], None]) -> None:
         tick()
 
 
-def _gauges(metrics: Any, cluster: Any, feed: Any) -> Callable[[], None]:
+def _gauges(metrics: PlacementMetrics, cluster: Cluster, feed: PlacementFeed) -> Callable[[], None]:
     seen = [0]
 
     def tick() -> None:
@@ -145,25 +157,21 @@ def _settle_heap() -> None:
     """Move what the first lists loaded (a cluster's worth of topologies and pods) out of the
     garbage collector's sight: a full collection over it would stall answers for a few hundred
     milliseconds at 1,000 nodes."""
-    import gc
-
     gc.collect()
     gc.freeze()
 
 
-def run(args: Any) -> int:
+def run(args: argparse.Namespace) -> int:
     if args.command == "scheduler":
         return _run_scheduler(args)
     return _run_extender(args)
 
 
-def _extender_tls(args: Any) -> Any:
+def _extender_tls(args: argparse.Namespace) -> ServingCertificate | None:
     """The extender's ServingCertificate (loaded: exit 4 naming a bad file), or None for plain
     HTTP: with --insecure-http, or with no TLS flag at all (the command line every version
     accepted; a warning says what it exposes). InputError (exit 2) for a partial TLS set-up or
     TLS flags beside --insecure-http."""
-    from corepin.core.errors import InputError
-
     files = {"--tls-cert": args.tls_cert, "--tls-key": args.tls_key, "--client-ca": args.client_ca}
     given = [flag for flag, value in files.items() if value]
     if args.insecure_http or not given:
@@ -195,9 +203,9 @@ def _extender_tls(args: Any) -> Any:
     return certificate
 
 
-def _run_extender(args: Any) -> int:
+def _run_extender(args: argparse.Namespace) -> int:
     from corepin.agent.cluster.catalog import PlacementFeed
-    from corepin.agent.cluster.scheduler.metrics import PlacementMetrics
+    from corepin.agent.cluster.metrics import PlacementMetrics
     from corepin.api.extender.server import SCHEDULER_NAMES, ExtenderServer, ExtenderService
     from corepin.api.http import OpsServer, parse_address
     from corepin.placement.cluster import Cluster
@@ -247,7 +255,7 @@ def _run_extender(args: Any) -> int:
     return 0
 
 
-def _run_scheduler(args: Any) -> int:
+def _run_scheduler(args: argparse.Namespace) -> int:
     from corepin.agent.cluster.scheduler.scheduler import Scheduler, SchedulerSettings
     from corepin.api.http import OpsServer, parse_address
 

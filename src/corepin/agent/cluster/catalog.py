@@ -25,15 +25,22 @@ from collections.abc import Callable, Mapping
 from typing import TYPE_CHECKING, Any
 
 from corepin.core.errors import CorepinError, EnvironmentProblem
-from corepin.kube.models import LABEL_MANAGED_BY
-from corepin.kube.resources import NCPT, PCB
+from corepin.kube.informer import Informer, Obj
+from corepin.kube.models import (
+    LABEL_MANAGED_BY,
+    NodeCPUTopology,
+    NodeCPUTopologyStatus,
+    ObjectMeta,
+    parse_time,
+)
+from corepin.kube.resources import NCPT, NODES, PCB, PODS
+from corepin.placement.node import node_view
+from corepin.placement.request import PodRequest, pod_request
 
 if TYPE_CHECKING:
     from corepin.kube.client import KubeClient
-    from corepin.kube.informer import Informer
     from corepin.kube.models import NodeCPUTopologySpec
     from corepin.placement.cluster import Cluster
-    from corepin.placement.request import PodRequest
     from corepin.topology.model import Topology
 
 log = logging.getLogger("corepin.agent.cluster.scheduler")
@@ -59,9 +66,6 @@ class PlacementFeed:
         on_topology: Callable[[str], None] | None = None,
         clock: Callable[[], float] = time.time,
     ) -> None:
-        from corepin.kube.informer import Informer
-        from corepin.kube.resources import NODES, PODS
-
         self.client = client
         self.cluster = cluster
         self.clock = clock
@@ -73,9 +77,9 @@ class PlacementFeed:
         self._statuses: dict[str, tuple[Any, Any]] = {}  # node -> (spec, status less clocks)
         self._requests: OrderedDict[tuple[Any, ...], PodRequest] = OrderedDict()
         self._bindings: dict[tuple[str, str], dict[str, Any]] = {}
-        self.topologies: Informer = Informer(client, NCPT, name="nodecputopologies")
-        self.bindings: Informer = Informer(client, PCB, name="podcpubindings")
-        self.pods: Informer = Informer(client, PODS, name="pods")
+        self.topologies = Informer(client, NCPT, name="nodecputopologies")
+        self.bindings = Informer(client, PCB, name="podcpubindings")
+        self.pods = Informer(client, PODS, name="pods")
         self.nodes: Informer | None = Informer(client, NODES, name="nodes") if nodes else None
         self.topologies.add_handlers(
             on_add=lambda o: self._topology(o, added=True),
@@ -123,6 +127,15 @@ class PlacementFeed:
         return sum(i.stats.watch_restarts for i in self.informers)
 
     # ------------------------------------------------------------------ reads
+    def cached_pod(self, name: str, namespace: str) -> Obj | None:
+        """The pod as the informer last saw it (None: not seen)."""
+        return self.pods.cache.get(name, namespace)
+
+    def cached_node(self, name: str) -> Obj | None:
+        """The Node object as the informer last saw it (None: not seen, or nodes are not
+        watched)."""
+        return None if self.nodes is None else self.nodes.cache.get(name)
+
     def binding_for(self, namespace: str, pod: str) -> dict[str, Any] | None:
         """The user's PodCPUBinding of the pod (as the agent picks it), or None."""
         with self._lock:
@@ -132,8 +145,6 @@ class PlacementFeed:
         """The pod's request, planned with its user binding as the agent plans it (remembered
         per pod uid, resource version and binding version: kube-scheduler sends the same pod
         to filter and to prioritize)."""
-        from corepin.placement.request import pod_request
-
         meta = pod.get("metadata") or {}
         binding = self.binding_for(str(meta.get("namespace") or "default"), str(meta.get("name")))
         version = meta.get("resourceVersion")
@@ -155,14 +166,6 @@ class PlacementFeed:
 
     # ------------------------------------------------------------------ handlers
     def _topology(self, obj: Mapping[str, Any], *, added: bool) -> None:
-        from corepin.kube.models import (
-            NodeCPUTopology,
-            NodeCPUTopologyStatus,
-            ObjectMeta,
-            parse_time,
-        )
-        from corepin.placement.node import node_view
-
         meta = obj.get("metadata") or {}
         name = str(meta.get("name") or "")
         if not name:

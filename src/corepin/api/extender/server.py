@@ -35,21 +35,23 @@ from __future__ import annotations
 
 import logging
 import time
-from collections.abc import Callable, Collection, Mapping
+from collections.abc import Callable, Collection
 from typing import TYPE_CHECKING, Any, Final
 
 from corepin.api.extender import wire
-from corepin.api.http import Limits, RequestHandler, ThreadedServer
+from corepin.api.extender.ports import ExtenderMetrics, KubeObject, NodeCatalog
+from corepin.api.http import HealthAndMetrics, Limits, PageHandler, RequestHandler, ThreadedServer
 from corepin.core.errors import ApiNotFound, CorepinError
+from corepin.kube.client import KubeClient
+from corepin.kube.resources import NODES, PODS
+from corepin.placement.cluster import Cluster
+from corepin.placement.request import PodRequest
 from corepin.placement.taints import node_refusal
 
 if TYPE_CHECKING:
     import ssl
 
-    from corepin.agent.cluster.catalog import PlacementFeed
-    from corepin.agent.cluster.scheduler.metrics import PlacementMetrics
-    from corepin.kube.client import KubeClient
-    from corepin.placement.cluster import Cluster
+    from prometheus_client import CollectorRegistry
 
 log = logging.getLogger("corepin.api.extender")
 
@@ -68,7 +70,9 @@ JSON: Final = "application/json"
 #: (the one the shipped KubeSchedulerConfiguration runs)
 SCHEDULER_NAMES: Final = ("default-scheduler",)
 
-Answer = tuple[int, Any]
+#: a message of the extender protocol (an ExtenderFilterResult, a HostPriorityList...)
+Message = dict[str, Any] | list[dict[str, Any]]
+Answer = tuple[int, Message]
 
 
 class ExtenderService:
@@ -77,27 +81,27 @@ class ExtenderService:
     def __init__(
         self,
         cluster: Cluster,
-        feed: PlacementFeed,
+        catalog: NodeCatalog,
         client: KubeClient,
         *,
-        metrics: PlacementMetrics | None = None,
+        metrics: ExtenderMetrics | None = None,
         clock: Callable[[], float] = time.time,
         scheduler_names: Collection[str] = SCHEDULER_NAMES,
     ) -> None:
         self.cluster = cluster
-        self.feed = feed
+        self.catalog = catalog
         self.client = client
         self.metrics = metrics
         self.clock = clock
         self.scheduler_names = frozenset(scheduler_names)
 
-    def _request(self, body: bytes) -> tuple[Any, list[str], list[dict[str, Any]] | None]:
+    def _request(self, body: bytes) -> tuple[PodRequest, list[str], list[dict[str, Any]] | None]:
         args = wire.decode(body, wire.EXTENDER_ARGS)
         if not isinstance(args, dict):
             raise wire.WireError("the request must be an ExtenderArgs JSON object")
         pod = wire.pod_of(args)
         names, nodes = wire.node_names_of(args)
-        return self.feed.request_of(pod), names, nodes
+        return self.catalog.request_of(pod), names, nodes
 
     def filter(self, body: bytes) -> Answer:
         try:
@@ -128,30 +132,25 @@ class ExtenderService:
         except CorepinError as exc:
             return 400, {"Error": exc.message}
         answers = self.cluster.evaluate(request, names, self.clock())
-        return 200, [{"Host": a.node, "Score": a.extender} for a in answers]
+        return 200, wire.host_priorities([(a.node, a.extender) for a in answers])
 
     def _refuse_binding(self, message: str) -> Answer:
         if self.metrics is not None:
-            self.metrics.bindings.labels("refused").inc()
+            self.metrics.binding("refused")
         log.info("event=bind_refused why=%s", message)
         return 200, wire.binding_result(message)
 
-    def _node(self, name: str) -> Mapping[str, Any] | None:
+    def _node(self, name: str) -> KubeObject | None:
         """The Node object (the informer's copy, else one GET); None when there is none."""
-        from corepin.kube.resources import NODES
-
-        if self.feed.nodes is not None:
-            found = self.feed.nodes.cache.get(name)
-            if found is not None:
-                return found
+        found = self.catalog.cached_node(name)
+        if found is not None:
+            return found
         try:
             return self.client.get(NODES, name)
         except ApiNotFound:
             return None
 
-    def bind_refusal(
-        self, pod: Mapping[str, Any], node_name: str, node: Mapping[str, Any] | None
-    ) -> str | None:
+    def bind_refusal(self, pod: KubeObject, node_name: str, node: KubeObject | None) -> str | None:
         """Why this extender must not bind `pod` to `node` (None: it may): the pod was not
         handed to it by one of `scheduler_names`, is bound already, or the node does not exist
         or fails the scheduler's own node checks (cordon, taints, nodeSelector)."""
@@ -175,13 +174,11 @@ class ExtenderService:
         return None
 
     def bind(self, body: bytes) -> Answer:
-        from corepin.kube.resources import PODS
-
         try:
             namespace, name, uid, node = wire.binding_args(wire.decode(body, wire.BINDING_ARGS))
         except CorepinError as exc:
             return 400, wire.binding_result(exc.message)
-        pod = self.feed.pods.cache.get(name, namespace)
+        pod = self.catalog.cached_pod(name, namespace)
         try:
             if pod is None or (uid and (pod.get("metadata") or {}).get("uid") != uid):
                 pod = self.client.get(PODS, name, namespace)
@@ -196,7 +193,7 @@ class ExtenderService:
         why = self.bind_refusal(pod, node, node_object)
         if why is not None:
             return self._refuse_binding(why)
-        request = self.feed.request_of(pod)
+        request = self.catalog.request_of(pod)
         now = self.clock()
         answer = self.cluster.evaluate(request, [node], now)[0]
         if not answer.ok:
@@ -208,10 +205,10 @@ class ExtenderService:
         except CorepinError as exc:
             self.cluster.forget_pod(request.uid)
             if self.metrics is not None:
-                self.metrics.bindings.labels("failed").inc()
+                self.metrics.binding("failed")
             return 200, wire.binding_result(f"binding pod {namespace}/{name} to {node}: {exc}")
         if self.metrics is not None:
-            self.metrics.bindings.labels("bound").inc()
+            self.metrics.binding("bound")
         log.info("event=bound pod=%s/%s node=%s", namespace, name, node)
         return 200, wire.binding_result()
 
@@ -220,7 +217,7 @@ class ExtenderService:
             args = wire.decode(body, wire.PREEMPTION_ARGS)
             if not isinstance(args, dict):
                 raise wire.WireError("the request must be an ExtenderPreemptionArgs object")
-            request = self.feed.request_of(wire.pod_of(args))
+            request = self.catalog.request_of(wire.pod_of(args))
             victims = wire.victims_of(args)
         except CorepinError as exc:
             return 400, {"Error": exc.message}
@@ -243,14 +240,15 @@ class ExtenderService:
             return handler(body)
         with self.metrics.timed(verb):
             code, payload = handler(body)
-        self.metrics.requests.labels(verb, str(code)).inc()
+        self.metrics.request(verb, str(code))
         return code, payload
 
 
 class ExtenderServer(ThreadedServer):
     """The HTTP side (see the module docstring); `start()` binds, `stop()` returns within a
     few seconds. With `tls` (a callable giving the context of each new connection) it serves
-    HTTPS."""
+    HTTPS. /healthz (`ready`) and /metrics (the registry `metrics`) are the pages every corepin
+    server serves (`corepin.api.http.HealthAndMetrics`)."""
 
     VERBS: Final = ("filter", "prioritize", "bind", "preempt")
 
@@ -266,7 +264,7 @@ class ExtenderServer(ThreadedServer):
         address: str,
         *,
         ready: Callable[[], bool] = lambda: True,
-        metrics: Any = None,
+        metrics: CollectorRegistry | None = None,
         max_body: int = MAX_BODY,
         timeout: float = TIMEOUT,
         max_connections: int = MAX_CONNECTIONS,
@@ -285,8 +283,7 @@ class ExtenderServer(ThreadedServer):
             ),
             tls=tls,
         )
-        self.ready = ready
-        self.registry = metrics
+        self.pages = HealthAndMetrics(metrics, ready)
         self.max_body = max_body
         self.timeout = timeout
 
@@ -295,8 +292,9 @@ class ExtenderServer(ThreadedServer):
 
 
 def _handler_for(owner: ExtenderServer) -> type[RequestHandler]:
-    class Handler(RequestHandler):
+    class Handler(PageHandler):
         server_version = "corepin-extender"
+        pages = owner.pages
 
         def _send(self, code: int, body: bytes, content_type: str = JSON) -> None:
             self.send_response(code)
@@ -338,22 +336,13 @@ def _handler_for(owner: ExtenderServer) -> type[RequestHandler]:
             self._send(code, data)
 
         def do_GET(self) -> None:
-            path = self.path.split("?", 1)[0]
-            if path == "/healthz":
-                ok = bool(owner.ready())
-                self._send(200 if ok else 503, b"ok\n" if ok else b"not ready\n", "text/plain")
-            elif path == "/metrics" and owner.registry is not None:
-                from corepin.api.metrics import render
-
-                body, content_type = render(owner.registry, self.headers.get("Accept"))
-                self._send(200, body, content_type)
-            elif path.strip("/") in ExtenderServer.VERBS:
+            if self.path.split("?", 1)[0].strip("/") in ExtenderServer.VERBS:
                 self.send_response(405)
                 self.send_header("Allow", "POST")
                 self.send_header("Content-Length", "0")
                 self.end_headers()
             else:
-                self._send(404, b"not found: try /healthz or /metrics\n", "text/plain")
+                self.send_page(True)  # /healthz, /metrics; 404 for anything else
 
         def _not_allowed(self) -> None:
             self.send_response(405)

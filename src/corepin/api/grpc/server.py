@@ -32,7 +32,7 @@ import threading
 from collections.abc import Callable, Iterator
 from concurrent import futures
 from functools import partial
-from typing import TYPE_CHECKING, Final, TypeVar
+from typing import TYPE_CHECKING, Final, Protocol, TypeVar
 
 import grpc
 from grpc_health.v1 import health, health_pb2, health_pb2_grpc
@@ -48,7 +48,6 @@ from corepin.core.errors import CorepinError, EnvironmentProblem, InputError
 from corepin.core.record import record
 
 if TYPE_CHECKING:
-    from corepin.api.metrics import AgentMetrics
     from corepin.state.model import HostState
 
 __all__ = [
@@ -58,6 +57,7 @@ __all__ = [
     "GrpcServer",
     "Listen",
     "NodeBackend",
+    "PinningMetrics",
 ]
 
 DEFAULT_SOCKET: Final = "/run/corepin/corepin.sock"
@@ -195,10 +195,19 @@ def prepare_socket_path(path: str) -> None:
     )
 
 
+class PinningMetrics(Protocol):
+    """What the server counts of the Allocate calls it serves (the node agent hands it its
+    metrics)."""
+
+    def pinning_request(self) -> None: ...
+
+    def pinning_error(self, reason: str) -> None: ...
+
+
 class _Calls:
     """Runs a backend call for an RPC: corepin errors become status codes."""
 
-    def __init__(self, metrics: AgentMetrics | None) -> None:
+    def __init__(self, metrics: PinningMetrics | None) -> None:
         self.metrics = metrics
 
     def run(self, context: grpc.ServicerContext, method: str, call: Callable[[], _T]) -> _T:
@@ -340,7 +349,7 @@ class GrpcServer:
         *,
         max_workers: int = 16,
         max_watches: int = 8,
-        metrics: AgentMetrics | None = None,
+        metrics: PinningMetrics | None = None,
     ) -> None:
         if max_watches >= max_workers:
             raise InputError("max_watches must leave workers for unary calls")

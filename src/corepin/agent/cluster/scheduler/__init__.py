@@ -1,10 +1,12 @@
-"""`corepin scheduler`, the second scheduler, and what it shares with the extender.
+"""`corepin scheduler`, the second scheduler.
 
-- `feed`       informers of NodeCPUTopologies, PodCPUBindings, pods (and nodes) feeding a
-               `corepin.placement.cluster.Cluster`
-- `scheduler`  the scheduling loop: pending pods with its scheduler name, filtered and scored
-               on every node, bound through pods/binding (optionally with a PodCPUBinding of
-               the exact CPUs first); leader-elected
-- `nodes`      the node checks a scheduler makes besides CPUs (cordon, taints, node selector)
-- `metrics`    Prometheus metrics of the scheduler and the extender
+- `scheduler`     the scheduling loop: pending pods with its scheduler name, filtered and scored
+                  on every node, bound through pods/binding; leader-elected
+- `pending`       which pod is scheduled next: the queue, unschedulable pods parked until the
+                  cluster changes, failed ones retried with a backoff
+- `cpu_bindings`  `--bind-cpus`: the PodCPUBinding of the exact CPUs chosen, created before the
+                  bind
+
+What it shares with the extender is one level up: the informers feeding the placement core
+(`corepin.agent.cluster.catalog`) and the metrics (`corepin.agent.cluster.metrics`).
 """

@@ -1,4 +1,5 @@
-"""Prometheus metrics of the scheduler and the extender (one registry per process).
+"""Prometheus metrics of the scheduler and the extender (one registry per process;
+`PlacementMetrics` is the extender's `corepin.api.extender.ports.ExtenderMetrics`).
 
 - `corepin_placement_requests_total{verb,code}` (counter): extender requests by verb
   (filter, prioritize, bind, preempt) and HTTP status; scheduling attempts by the scheduler
@@ -78,9 +79,15 @@ class PlacementMetrics:
         finally:
             self.duration.labels(verb).observe(time.perf_counter() - start)
 
+    def request(self, verb: str, outcome: str) -> None:
+        self.requests.labels(verb, outcome).inc()
+
     def failed(self, reason: str, count: int = 1) -> None:
         if count:
             self.failed_nodes.labels(reason or "unknown").inc(count)
+
+    def binding(self, result: str) -> None:
+        self.bindings.labels(result).inc()
 
 
 __all__ = ["PlacementMetrics"]

@@ -1,4 +1,4 @@
-"""The agent's Prometheus metrics (the names are a stable contract).
+"""The node agent's Prometheus metrics (the names are a stable contract).
 
 - `corepin_shared_pool_cpus` (gauge): CPUs in the shared pool;
 - `corepin_exclusive_cpus` (gauge): CPUs of exclusive allocations with the units their levels
@@ -28,8 +28,9 @@ with metrics.time_reconcile(): ...            # or metrics.observe_reconcile(sec
 with metrics.time_decision(): ...
 metrics.observe_pod_event_to_pinned(seconds)
 metrics.watch_restart()
-metrics.exposition()                          # (bytes, content type) for GET /metrics
 ```
+
+`corepin.api.http` serves `metrics.registry` on GET /metrics.
 """
 
 from __future__ import annotations
@@ -41,7 +42,6 @@ from contextlib import contextmanager
 from typing import TYPE_CHECKING, Final
 
 from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram
-from prometheus_client.exposition import choose_encoder
 
 if TYPE_CHECKING:
     from corepin.state.model import HostState
@@ -176,14 +176,5 @@ class AgentMetrics:
         finally:
             self.observe_decision(time.perf_counter() - start)
 
-    # ------------------------------------------------------------------ exposition
-    def exposition(self, accept: str | None = None) -> tuple[bytes, str]:
-        """(body, content type) of the metrics page, in the format `accept` asks for
-        (Prometheus text, or OpenMetrics when the scraper prefers it)."""
-        return render(self.registry, accept)
 
-
-def render(registry: CollectorRegistry, accept: str | None = None) -> tuple[bytes, str]:
-    """Any registry's metrics page for an `Accept` header: (body, content type)."""
-    encoder, content_type = choose_encoder(accept or "")
-    return encoder(registry), content_type
+__all__ = ["AgentMetrics"]

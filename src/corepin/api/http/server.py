@@ -1,19 +1,6 @@
-"""corepin's HTTP servers: the small `GET /healthz` and `GET /metrics` server of every
-long-running command (`OpsServer`, on `--metrics-address HOST:PORT`), and the connection
-handling it shares with the webhook's and the extender's servers (`ThreadedServer`).
-
-```python
-server = OpsServer(":9464", metrics=registry)     # `:PORT` = every interface
-server.start()                                    # binds now: errors surface here
-server.set_ready(True)                            # /healthz: 503 until ready, then 200
-...
-server.stop()                                     # returns within about STOP_TIMEOUT seconds
-```
-
-- `/healthz`: 200 `ok` when ready, 503 `not ready` before (or after `set_ready(False)`);
-  `ready` may also be a callable asked on every request.
-- `/metrics`: the registry in Prometheus text format (OpenMetrics when the scraper's Accept
-  header prefers it); HEAD works for both; anything else is 404, other methods 405.
+"""The HTTP/1.1 server every corepin server is built on (`ThreadedServer`): the node
+agent's, the controller's and the placement commands' health and metrics server
+(`corepin.api.http.ops`), the webhook's and the extender's.
 
 How a connection is served (`ThreadedServer`), so that slow or vanishing clients cost no
 thread and never crowd out the ones that send a whole request:
@@ -62,8 +49,6 @@ from corepin.core.errors import EnvironmentProblem, InputError
 
 if TYPE_CHECKING:
     import ssl
-
-    from prometheus_client import CollectorRegistry
 
 #: Seconds a request may take to arrive whole (and an idle connection may wait, by default).
 CONNECTION_TIMEOUT: Final = 5.0
@@ -582,96 +567,4 @@ def _loop_error(loop: asyncio.AbstractEventLoop, context: dict[str, Any]) -> Non
     )
 
 
-class OpsServer(ThreadedServer):
-    """`/healthz` and `/metrics` of one process (see the module docstring)."""
-
-    thread_name = "corepin-http"
-    serves = "/healthz and /metrics"
-    bind_reason = "metrics_bind"
-    logger = log
-    serving_event = "http_serving"
-
-    def __init__(
-        self,
-        address: str,
-        *,
-        metrics: CollectorRegistry | None = None,
-        ready: bool | Callable[[], bool] = False,
-        limits: Limits | None = None,
-    ) -> None:
-        super().__init__(address, limits=limits or Limits(max_connections=64, workers=2))
-        self.registry = metrics
-        self._ready = ready
-
-    def _handler(self) -> type[RequestHandler]:
-        return _handler_for(self)
-
-    # ------------------------------------------------------------------ readiness
-    def set_ready(self, ready: bool | Callable[[], bool]) -> None:
-        self._ready = ready
-
-    @property
-    def ready(self) -> bool:
-        value = self._ready
-        if callable(value):
-            try:
-                return bool(value())
-            except Exception:  # a failing readiness check means: not ready
-                log.exception("readiness_check_failed")
-                return False
-        return bool(value)
-
-    # ------------------------------------------------------------------ pages
-    def page(self, path: str, accept: str | None) -> tuple[int, bytes, str]:
-        """(status, body, content type) for GET `path`."""
-        path = path.split("?", 1)[0]
-        if path == "/healthz":
-            if self.ready:
-                return 200, b"ok\n", "text/plain; charset=utf-8"
-            return 503, b"not ready\n", "text/plain; charset=utf-8"
-        if path == "/metrics":
-            if self.registry is None:
-                return 404, b"no metrics here\n", "text/plain; charset=utf-8"
-            from corepin.api.metrics import render
-
-            body, content_type = render(self.registry, accept)
-            return 200, body, content_type
-        return 404, b"not found: try /healthz or /metrics\n", "text/plain; charset=utf-8"
-
-
-def _handler_for(ops: OpsServer) -> type[RequestHandler]:
-    class Handler(RequestHandler):
-        def _answer(self, with_body: bool) -> None:
-            try:
-                status, body, content_type = ops.page(self.path, self.headers.get("Accept"))
-            except Exception:
-                log.exception("http_page_failed path=%s", self.path)
-                status, body, content_type = 500, b"internal error\n", "text/plain"
-            self.send_response(status)
-            self.send_header("Content-Type", content_type)
-            self.send_header("Content-Length", str(len(body)))
-            self.end_headers()
-            if with_body:
-                self.wfile.write(body)
-
-        def do_GET(self) -> None:
-            self._answer(True)
-
-        def do_HEAD(self) -> None:
-            self._answer(False)
-
-        def _not_allowed(self) -> None:
-            body = b"method not allowed\n"
-            self.send_response(405)
-            self.send_header("Allow", "GET, HEAD")
-            self.send_header("Content-Type", "text/plain")
-            self.send_header("Content-Length", str(len(body)))
-            self.end_headers()
-            self.wfile.write(body)
-
-        do_POST = do_PUT = do_DELETE = do_PATCH = _not_allowed
-
-    return Handler
-
-
-__all__ = ["Limits", "OpsServer", "RequestHandler", "ThreadedServer", "parse_address"]
+__all__ = ["Limits", "RequestHandler", "ThreadedServer", "parse_address"]
