@@ -2,7 +2,10 @@
 
 Modules (imported on demand; this package imports nothing):
 - `rules`      the decisions about PodCPUBindings, pure (no API, no clock)
-- `controller` `Controller`: informers, work queue, worker, writes with optimistic concurrency
+- `controller` `Controller`: informers, the handlers that queue work keys, the worker
+- `sync`       `BindingSync`: the work of a binding key and of a node key (decide, then write)
+- `heartbeats` `Heartbeats`: the heartbeat check of NodeCPUTopologies (marks stale ones)
+- `writer`     `BindingWriter`: the writes to PodCPUBindings with optimistic concurrency
 - `service`    `ControllerService`: leader election around a `Controller` per leadership term,
                health; `check_api` (the start-up check)
 - `metrics`    `ControllerMetrics`: the `corepin_controller_*` Prometheus metrics

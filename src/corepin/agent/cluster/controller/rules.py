@@ -2,6 +2,8 @@
 time is passed in). `corepin.agent.cluster.controller` documents the rules; this module is where
 they are computed:
 
+- `meta_of`, `key_of`, `binding_pod`, `accounting`: readers of the objects as the informers
+  hold them;
 - `pod_facts`, `node_facts`: what the controller needs of a Pod and of a NodeCPUTopology;
 - `check_binding`: one user-written binding on its own (spec, pod, containers, CPUs on the
   node) -> a `Verdict` (`Validated` here means "passes its own checks");
@@ -29,6 +31,7 @@ from corepin.kube.models import (
     find_condition,
     set_condition,
 )
+from corepin.kube.podplan import container_sizes
 from corepin.topology.model import Topology
 
 # Verdict phases (the subset of PodCPUBinding phases the controller decides).
@@ -155,6 +158,48 @@ class Entry:
         return (self.namespace, self.name)
 
 
+# ---------------------------------------------------------------------- objects
+#: the NodeCPUTopology status fields the decisions read (not the heartbeat, not the conditions)
+_ACCOUNTING: Final = (
+    "reservedCPUs",
+    "sharedPool",
+    "free",
+    "isolatedCPUs",
+    "allocations",
+)
+
+
+def meta_of(obj: Mapping[str, Any]) -> Mapping[str, Any]:
+    """`metadata` of an object (empty when missing)."""
+    meta = obj.get("metadata")
+    return meta if isinstance(meta, Mapping) else {}
+
+
+def key_of(obj: Mapping[str, Any]) -> tuple[str, str]:
+    """(namespace, name) of an object."""
+    meta = meta_of(obj)
+    return (str(meta.get("namespace") or ""), str(meta.get("name") or ""))
+
+
+def binding_pod(obj: Mapping[str, Any]) -> tuple[str, str]:
+    """(namespace, `spec.podName`) of a PodCPUBinding object."""
+    spec = obj.get("spec")
+    pod = spec.get("podName") if isinstance(spec, Mapping) else None
+    return (str(meta_of(obj).get("namespace") or ""), str(pod or ""))
+
+
+def accounting(ncpt: Mapping[str, Any]) -> tuple[Any, ...]:
+    """The status fields of a NodeCPUTopology that the decisions read."""
+    status = ncpt.get("status")
+    status = status if isinstance(status, Mapping) else {}
+    return tuple(status.get(k) for k in _ACCOUNTING)
+
+
+def label(namespace: str, name: str) -> str:
+    """`namespace/name`, or `name` for a cluster-scoped object."""
+    return f"{namespace}/{name}" if namespace else name
+
+
 # ---------------------------------------------------------------------- facts
 def _names(rows: object) -> tuple[str, ...]:
     if not isinstance(rows, list):
@@ -163,8 +208,6 @@ def _names(rows: object) -> tuple[str, ...]:
 
 
 def pod_facts(pod: Mapping[str, Any]) -> PodFacts:
-    from corepin.kube.podplan import container_sizes
-
     meta = pod.get("metadata") or {}
     spec = pod.get("spec") or {}
     return PodFacts(
