@@ -1,14 +1,22 @@
 """`corepin controller`: the cluster controller (what it does is in
 `corepin.agent.cluster.controller`). This module only reads the command line and wires the parts:
 API client, start-up check, leader-elected controller service, /healthz + /metrics server,
-SIGTERM. Nothing heavy is imported before `run()`.
+SIGTERM. Nothing heavy is imported before `run()`: building the command line (every
+subcommand's, for `corepin --help`) loads no API, Kubernetes or agent module.
 """
 
 from __future__ import annotations
 
 import argparse
+import logging
+import os
+import signal
+import socket
+import threading
+import uuid
 
 from corepin.cli.common import positive_seconds
+from corepin.core.errors import InputError
 
 DEFAULT_METRICS_ADDRESS = ":9465"
 DEFAULT_LEASE_NAME = "corepin-controller"
@@ -79,8 +87,6 @@ def add_arguments(parser: argparse.ArgumentParser, name: str) -> None:
 def _setup_logging(environ: dict[str, str]) -> None:
     """A server's logs are its report: info and above on stderr, key=value, unless
     COREPIN_LOG names another level. Never quieter than a set-up made before (-v)."""
-    import logging
-
     logger = logging.getLogger("corepin")
     wanted = environ.get("COREPIN_LOG", "").upper()
     named = wanted in ("DEBUG", "INFO", "WARNING", "ERROR")
@@ -99,14 +105,6 @@ def _setup_logging(environ: dict[str, str]) -> None:
 
 
 def run(args: argparse.Namespace) -> int:
-    import os
-    import signal
-    import socket
-    import threading
-    import uuid
-
-    from corepin.core.errors import InputError
-
     if not args.lease_duration > args.renew_deadline > args.retry_period:
         raise InputError(
             "leader election needs --lease-duration > --renew-deadline > --retry-period "
@@ -156,7 +154,7 @@ def run(args: argparse.Namespace) -> int:
 
     stop = threading.Event()
 
-    def request_stop(signum: int, frame: object) -> None:
+    def request_stop(_signum: int, _frame: object) -> None:
         stop.set()
 
     previous = {sig: signal.signal(sig, request_stop) for sig in (signal.SIGTERM, signal.SIGINT)}

@@ -25,13 +25,14 @@ from corepin.core.record import record
 from corepin.kube.models import (
     VALIDATED,
     Condition,
+    ContainerCPUSet,
     FieldError,
     NodeCPUTopology,
     PodCPUBinding,
     find_condition,
     set_condition,
 )
-from corepin.kube.podplan import container_sizes
+from corepin.kube.podplan import container_sizes, size_refusal
 from corepin.topology.model import Topology
 
 # Verdict phases (the subset of PodCPUBinding phases the controller decides).
@@ -112,7 +113,9 @@ class NodeFacts:
     accounted: CPUSet | None = None
     held: frozenset[Held] = frozenset()
 
-    def confirms(self, namespace: str, pod: str, uid: str | None, rows: Sequence[Any]) -> bool:
+    def confirms(
+        self, namespace: str, pod: str, uid: str | None, rows: Sequence[ContainerCPUSet]
+    ) -> bool:
         """Whether the agent's published allocations hold exactly these container rows
         (`ContainerCPUSet`s) of pod `namespace/pod` with uid `uid`: the proof that a binding
         labelled as the agent's is the agent's record, not a tenant's forgery."""
@@ -328,8 +331,6 @@ def check_binding(
                     f"{a_name} and {b_name} both list CPUs {both}: the CPUs of a binding's "
                     "containers must not overlap",
                 )
-    from corepin.kube.podplan import size_refusal
-
     for name, cpus in _given(binding, pod):
         why = size_refusal(name, pod.size_of(name), cpus)
         if why:
