@@ -20,6 +20,7 @@ from corepin.agent.cluster.catalog import PlacementFeed
 from corepin.agent.cluster.metrics import PlacementMetrics
 from corepin.api.extender import wire
 from corepin.api.extender.server import ExtenderServer, ExtenderService
+from corepin.api.http import OpsServer
 from corepin.kube.client import KubeClient
 from corepin.kube.resources import NODES, PODS
 from corepin.placement.cluster import Cluster
@@ -398,6 +399,29 @@ def test_healthz_and_metrics_on_the_same_port(extender: Extender) -> None:
     assert extender.raw("GET", "/filter")[0] == 405
     assert extender.raw("GET", "/nowhere")[0] == 404
     assert extender.raw("DELETE", "/filter")[0] == 405
+
+
+def test_healthz_and_metrics_are_the_pages_every_corepin_server_serves(
+    extender: Extender,
+) -> None:
+    # the same pages as the ops server's (corepin.api.http): HEAD too, one content type
+    with OpsServer("127.0.0.1:0", metrics=extender.metrics.registry, ready=True) as ops:
+        for method, path in (("GET", "/healthz"), ("HEAD", "/healthz"), ("HEAD", "/metrics")):
+            mine = http.client.HTTPConnection("127.0.0.1", extender.server.port, timeout=20)
+            theirs = http.client.HTTPConnection("127.0.0.1", ops.port, timeout=20)
+            try:
+                mine.request(method, path)
+                theirs.request(method, path)
+                a, b = mine.getresponse(), theirs.getresponse()
+                assert (a.status, a.getheader("Content-Type"), a.read()) == (
+                    b.status,
+                    b.getheader("Content-Type"),
+                    b.read(),
+                )
+                assert a.status == 200
+            finally:
+                mine.close()
+                theirs.close()
 
 
 # ---------------------------------------------------------------------- bodies, not requests
