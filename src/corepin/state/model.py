@@ -33,6 +33,7 @@ from typing import TYPE_CHECKING, Any, Final
 from corepin.allocation.pools import HOLDING_KINDS, KINDS, NodePools
 from corepin.allocation.types import LEVELS, WORKLOADS
 from corepin.core.cpuset import CPUSet
+from corepin.core.digest import canonical_digest
 from corepin.core.errors import AllocationError, RequestError
 from corepin.core.record import field, record, replace
 from corepin.state.owners import ContainerOwner, Owner, ProcessOwner
@@ -412,6 +413,4 @@ class HostState:
 
 def fingerprint(topology: Topology) -> str:
     """`sha256:<hex>` of the canonical JSON form of the topology (sorted keys, no spaces)."""
-    from corepin.state.checkpoint import canonical_bytes, sha256_hex
-
-    return "sha256:" + sha256_hex(canonical_bytes(topology.to_json()))
+    return canonical_digest(topology.to_json())
