@@ -13,7 +13,7 @@ Replay keeps the live exclusive assignments of each policy in the node's one poo
 (`corepin.allocation.pools.NodePools`, the same the host state and the node agent use). An
 exclusive add asks the policy for `cpus` CPUs out of the free set (online CPUs minus everything
 the live decisions withhold, `Decision.withheld`, which includes the units withheld by an
-exclusiveness level) through the same `pools.decide` host mode and the node agent use; a
+exclusiveness level) through the same `decide.decide` host mode and the node agent use; a
 policy error (AllocationError, or a RequestError for a request the policy does not take)
 rejects the add and its `.reason` is counted. As in host mode, an exclusive add that would
 leave no CPU in the shared pool while shared workloads are live is rejected
@@ -36,7 +36,8 @@ from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
 from dataclasses import dataclass, field, replace
 from typing import Any, Final
 
-from corepin.allocation.pools import NodePools, decide
+from corepin.allocation.decide import decide
+from corepin.allocation.pools import NodePools
 from corepin.allocation.types import LEVELS, WORKLOADS, Policy, Request
 from corepin.core.cpuset import CPUSet
 from corepin.core.errors import AllocationError, CorepinError, InputError, RequestError

@@ -141,6 +141,17 @@ class WorkloadAwarePolicy:
             return self._cpu_bound(idx, avail, request)
         return self._io_bound(idx, avail, request)
 
+    def place_best_effort(
+        self,
+        topology: Topology,
+        request: Request,
+        pool: CPUSet,
+        usage: Mapping[int, int] | None,
+    ) -> Decision:
+        """A best-effort request placed inside the shared `pool` by `usage`
+        (`corepin.allocation.types.BestEffortPlacer`): the same as `decide`."""
+        return self.decide(topology, request, pool, usage=usage)
+
     # ------------------------------------------------------------------ memory-bound
     def _memory_bound(self, idx: TopologyIndex, avail: int, request: Request) -> Decision:
         n = request.count

@@ -17,7 +17,6 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING, Any
 
-from corepin.allocation.pools import KINDS
 from corepin.state.checkpoint import decode_checkpoint, encode_checkpoint
 from corepin.state.files import read_checkpoint, write_checkpoint
 from corepin.state.model import STRICT_RESERVATION, Assignment, HostState, fingerprint
@@ -43,7 +42,6 @@ if TYPE_CHECKING:
 __all__ = [
     "CURRENT_VERSION",
     "DEFAULT_STATE_DIR",
-    "KINDS",
     "STATE_DIR_ENV",
     "STRICT_RESERVATION",
     "Assignment",
