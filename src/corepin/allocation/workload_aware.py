@@ -22,12 +22,8 @@ from collections.abc import Mapping
 from typing import Final
 
 from corepin.allocation.levels import TopologyIndex, index_of
-from corepin.allocation.topology_aware import (
-    Selector,
-    TopologyAwarePolicy,
-    lowest_bits,
-    mems_of,
-)
+from corepin.allocation.selector import Selector
+from corepin.allocation.topology_aware import TopologyAwarePolicy, mems_of
 from corepin.allocation.types import (
     LEVELS,
     Decision,
@@ -323,4 +319,4 @@ class WorkloadAwarePolicy:
         return Decision(CPUSet.from_bits(cpus), mems_of(idx, cpus), CPUSet(), NAME, steps)
 
 
-__all__ = ["WorkloadAwarePolicy", "lowest_bits", "parse_usage"]
+__all__ = ["WorkloadAwarePolicy", "parse_usage"]
