@@ -22,10 +22,6 @@ def silence(flag: bool) -> bool:
     return previous
 
 
-def silenced() -> bool:
-    return _silent
-
-
 def emit(name: str, level: int, message: str, *args: Any) -> None:
     """`logging.getLogger(name).log(level, message, *args)`, unless silenced."""
     if _silent:
@@ -36,4 +32,4 @@ def emit(name: str, level: int, message: str, *args: Any) -> None:
 
 
 #: logging's level numbers, without importing logging
-DEBUG, INFO, WARNING, ERROR = 10, 20, 30, 40
+INFO, WARNING = 20, 30

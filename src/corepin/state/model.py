@@ -386,26 +386,8 @@ class HostState:
             self, assignments={k: v for k, v in self.assignments.items() if k not in ids}
         )
 
-    def with_reserved(self, reserved: CPUSet) -> HostState:
-        return replace(self, reserved=reserved)
-
     def with_options(self, options: Mapping[str, str]) -> HostState:
         return replace(self, options=options)
-
-    def with_topology(self, topology: Topology) -> HostState:
-        """Same assignments, machine facts (fingerprint, online and isolated CPUs) from
-        `topology`. No safety checks: `corepin.state.validate` is the checked way to adopt a
-        new topology."""
-        return replace(
-            self,
-            topology=fingerprint(topology),
-            online=topology.online_cpus,
-            isolated=topology.isolated_cpus,
-        )
-
-    def bump(self) -> HostState:
-        """The same state with the next revision (done by `Transaction.commit`)."""
-        return replace(self, revision=self.revision + 1)
 
     def evolve(self, **changes: Any) -> HostState:
         return replace(self, **changes)

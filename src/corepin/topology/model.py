@@ -315,9 +315,6 @@ class Topology:
     def cores_in_socket(self, socket: int) -> list[int]:
         return self.cores_in(self.cpus_in_sockets(socket))
 
-    def cores_in_numa_node(self, node: int) -> list[int]:
-        return self.cores_in(self.cpus_in_numa_nodes(node))
-
     def cores_in_l3(self, l3: int) -> list[int]:
         return self.cores_in(self.cpus_in_l3s(l3))
 
@@ -330,14 +327,8 @@ class Topology:
     def l3s_in(self, cpus: CPUSet) -> list[int]:
         return self._ids_within(self._by_l3, cpus)
 
-    def l3s_in_numa_node(self, node: int) -> list[int]:
-        return self.l3s_in(self.cpus_in_numa_nodes(node))
-
     def sockets_in(self, cpus: CPUSet) -> list[int]:
         return self._ids_within(self._by_socket, cpus)
-
-    def dies_in(self, cpus: CPUSet) -> list[tuple[int, int]]:
-        return self._ids_within(self._by_die, cpus)
 
     # ------------------------------------------------------------------ CPU -> unit
     def socket_of(self, cpu: int) -> int | None:
