@@ -107,7 +107,7 @@ class Trace:
         return {"events": [e.to_json() for e in self.events]}
 
 
-def _parse_event(index: int, raw: Any) -> TraceEvent:
+def _parse_event(index: int, raw: object) -> TraceEvent:
     if not isinstance(raw, Mapping):
         raise TraceError(index, None, f"an event must be an object, got {raw!r}")
     op = raw.get("op")
@@ -145,7 +145,7 @@ def _parse_event(index: int, raw: Any) -> TraceEvent:
     return TraceEvent("add", ident, cpus, level, workload, shared)
 
 
-def parse_trace(data: Any) -> Trace:
+def parse_trace(data: object) -> Trace:
     """Validate the JSON form strictly; TraceError (exit 2) names the event index and field.
 
     Besides per-event checks, an add of an id that is still live (added and not yet removed)
@@ -162,7 +162,7 @@ def parse_trace(data: Any) -> Trace:
     return Trace(tuple(iter_events(raw_events)))
 
 
-def iter_events(raw_events: Iterable[Any]) -> Iterator[TraceEvent]:
+def iter_events(raw_events: Iterable[object]) -> Iterator[TraceEvent]:
     """The events of a trace's "events" list, checked one at a time as `parse_trace` checks
     them (a live-id set is all it keeps: memory follows the live ids, not the trace length)."""
     live: set[str] = set()

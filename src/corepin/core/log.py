@@ -9,8 +9,6 @@ once. Otherwise (`-v`, a library user, the long-running agents) records go to th
 
 from __future__ import annotations
 
-from typing import Any
-
 _silent = False
 
 
@@ -22,7 +20,7 @@ def silence(flag: bool) -> bool:
     return previous
 
 
-def emit(name: str, level: int, message: str, *args: Any) -> None:
+def emit(name: str, level: int, message: str, *args: object) -> None:
     """`logging.getLogger(name).log(level, message, *args)`, unless silenced."""
     if _silent:
         return

@@ -15,7 +15,7 @@
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING
 
 from corepin.state.checkpoint import decode_checkpoint, encode_checkpoint
 from corepin.state.files import read_checkpoint, write_checkpoint
@@ -72,7 +72,7 @@ _KUBELET = (
 )
 
 
-def __getattr__(name: str) -> Any:
+def __getattr__(name: str) -> object:
     if name in _KUBELET:
         from corepin.state import kubelet
 

@@ -216,6 +216,7 @@ class HostState:
                     raise RequestError(f"state assignment key {key!r} does not match its id")
             object.__setattr__(self, "assignments", MappingProxyType(dict(sorted(items.items()))))
         if self.shield is not None:
+            # loaded only when a shield is on: `corepin run` reads states without one
             from corepin.state.shield import ShieldRecord
 
             if not isinstance(self.shield, ShieldRecord):

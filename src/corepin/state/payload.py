@@ -90,7 +90,7 @@ class PayloadReader:
     def fail(self, where: str, problem: str, reason: str = "bad_field") -> StateFormatError:
         return StateFormatError(f"{self.source}: {where}: {problem}", reason=reason)
 
-    def obj(self, value: Any, where: str) -> Mapping[str, Any]:
+    def obj(self, value: object, where: str) -> Mapping[str, Any]:
         if not isinstance(value, dict):
             raise self.fail(where, f"expected a JSON object, got {describe(value)}")
         return value
@@ -100,18 +100,22 @@ class PayloadReader:
             raise self.fail(where, f"missing field {key!r}", "missing_field")
         return obj[key]
 
-    def str_(self, obj: Mapping[str, Any], key: str, where: str, *, optional: bool = False) -> Any:
-        value = obj.get(key) if optional else self.field(obj, key, where)
-        if value is None and optional:
+    def str_(self, obj: Mapping[str, Any], key: str, where: str) -> str:
+        value = self.field(obj, key, where)
+        if not isinstance(value, str):
+            raise self.fail(f"{where}.{key}", f"expected a string, got {describe(value)}")
+        return value
+
+    def optional_str(self, obj: Mapping[str, Any], key: str, where: str) -> str | None:
+        value = obj.get(key)
+        if value is None:
             return None
         if not isinstance(value, str):
             raise self.fail(f"{where}.{key}", f"expected a string, got {describe(value)}")
         return value
 
-    def int_(self, obj: Mapping[str, Any], key: str, where: str, *, optional: bool = False) -> Any:
-        value = obj.get(key) if optional else self.field(obj, key, where)
-        if value is None and optional:
-            return None
+    def int_(self, obj: Mapping[str, Any], key: str, where: str) -> int:
+        value = self.field(obj, key, where)
         if isinstance(value, bool) or not isinstance(value, int):
             raise self.fail(f"{where}.{key}", f"expected an integer, got {describe(value)}")
         return value
@@ -132,7 +136,7 @@ class PayloadReader:
         return dict(m)
 
 
-def describe(value: Any) -> str:
+def describe(value: object) -> str:
     if value is None:
         return "null"
     if isinstance(value, bool):
@@ -146,7 +150,7 @@ def describe(value: Any) -> str:
     return type(value).__name__
 
 
-def _assignment_from_json(r: PayloadReader, row: Any, where: str) -> Assignment:
+def _assignment_from_json(r: PayloadReader, row: object, where: str) -> Assignment:
     row = r.obj(row, where)
     ident = r.str_(row, "id", where)
     where = f"{where} (id {ident!r})"
@@ -171,7 +175,7 @@ def _assignment_from_json(r: PayloadReader, row: Any, where: str) -> Assignment:
             owner=owner,
             created=float(created),
             policy=r.str_(row, "policy", where),
-            workload=r.str_(row, "workload", where, optional=True),
+            workload=r.optional_str(row, "workload", where),
         )
     except StateFormatError:
         raise
@@ -179,7 +183,7 @@ def _assignment_from_json(r: PayloadReader, row: Any, where: str) -> Assignment:
         raise r.fail(where, exc.message) from None
 
 
-def payload_to_state(payload: Any, source: str) -> HostState:
+def payload_to_state(payload: object, source: str) -> HostState:
     """Decode a current-version payload; StateFormatError naming `source` on any problem."""
     r = PayloadReader(source)
     p = r.obj(payload, "payload")
@@ -195,6 +199,7 @@ def payload_to_state(payload: Any, source: str) -> HostState:
     shield = None
     raw_shield = r.field(p, "shield", "payload")
     if raw_shield is not None:
+        # loaded only when a shield is on: `corepin run` reads states without one
         from corepin.state.shield import ShieldRecord
 
         try:

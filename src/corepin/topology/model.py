@@ -436,7 +436,7 @@ class Topology:
         }
 
     @classmethod
-    def from_json(cls, data: Any) -> Topology:
+    def from_json(cls, data: object) -> Topology:
         """Build from the JSON of `corepin topology -o json`; unknown fields are ignored."""
         if not isinstance(data, Mapping):
             raise TopologyError('topology JSON must be an object with a "cpus" list')
@@ -481,7 +481,7 @@ def _int_field(where: str, row: Mapping[str, Any], key: str, *, optional: bool) 
     return value
 
 
-def _cpu_from_json(i: int, row: Any) -> CPUInfo:
+def _cpu_from_json(i: int, row: object) -> CPUInfo:
     where = f"cpus[{i}]"
     if not isinstance(row, Mapping):
         raise TopologyError(f"{where} must be an object, got {row!r}")
@@ -516,7 +516,7 @@ def _cpu_from_json(i: int, row: Any) -> CPUInfo:
     )
 
 
-def _node_from_json(i: int, row: Any) -> NUMANode:
+def _node_from_json(i: int, row: object) -> NUMANode:
     where = f"numa_nodes[{i}]"
     if not isinstance(row, Mapping):
         raise TopologyError(f"{where} must be an object, got {row!r}")
