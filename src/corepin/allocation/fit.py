@@ -5,7 +5,7 @@ given as a bitmask: how many CPUs short of whole cores a unit is (`core_fit`), w
 CPUs in a NUMA node costs (`node_score`), how closely NUMA nodes are tied (`kinship`), what a
 finished pick costs (`span_score`, partial cores beyond the one an odd n may hold), and which
 CPUs of a list of cores to take (`pick_cores`). It holds no free set of its own: the walk
-(`corepin.allocation.selector.Selector`) passes the one it is working on.
+(`corepin.allocation.topology_aware.Selector`) passes the one it is working on.
 
 Modes: "whole" (whole cores, one partial core at most), "spread" (one thread per core first)
 or "packed" (fill the free siblings of partly used cores first).

@@ -22,8 +22,7 @@ from collections.abc import Mapping
 from typing import Final
 
 from corepin.allocation.levels import TopologyIndex, index_of
-from corepin.allocation.selector import Selector
-from corepin.allocation.topology_aware import TopologyAwarePolicy, mems_of
+from corepin.allocation.topology_aware import Selector, TopologyAwarePolicy, mems_of
 from corepin.allocation.types import (
     LEVELS,
     Decision,

@@ -3,10 +3,9 @@
 - `model`: `Assignment`, `HostState` (immutable values, pure updates, pools derived by the one
   pool model `corepin.allocation.pools.NodePools`);
 - `owners`: `ProcessOwner`, `ContainerOwner` (who an assignment belongs to);
-- `checkpoint`: the versioned, checksummed JSON checkpoint file (encode, decode);
+- `checkpoint`: versioned, checksummed JSON checkpoint file, atomic writer;
 - `payload`: what the checkpoint holds, `HostState` as JSON and back;
-- `migrations`: older checkpoint versions brought up to the current one;
-- `files`: the state directory's files (safe opens, the atomic checkpoint write);
+- `migrations`: older checkpoint versions brought up to the current one (loaded on demand);
 - `store`: `StateStore` (state directory and its safety checks, transactions, quarantine);
 - `lock`: the state lock (an flock granted in arrival order);
 - `validate`: restored state against the live topology (repair or refuse);
@@ -17,8 +16,12 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING
 
-from corepin.state.checkpoint import decode_checkpoint, encode_checkpoint
-from corepin.state.files import read_checkpoint, write_checkpoint
+from corepin.state.checkpoint import (
+    decode_checkpoint,
+    encode_checkpoint,
+    read_checkpoint,
+    write_checkpoint,
+)
 from corepin.state.model import STRICT_RESERVATION, Assignment, HostState, fingerprint
 from corepin.state.owners import ContainerOwner, Owner, ProcessOwner
 from corepin.state.payload import CURRENT_VERSION

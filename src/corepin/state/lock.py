@@ -49,7 +49,7 @@ import time
 from typing import Final
 
 from corepin.core.errors import CorepinError, EnvironmentProblem, StateError
-from corepin.state.files import OPEN_FLAGS, os_error
+from corepin.state.checkpoint import OPEN_FLAGS, os_error
 from corepin.sysfs.procfs import lock_holders, read_stat
 
 LOCK_FILE: Final = "state.lock"

@@ -41,7 +41,7 @@ from typing import Final
 
 from corepin.core.errors import InputError, StateError
 from corepin.core.record import fields
-from corepin.state.files import (
+from corepin.state.checkpoint import (
     STATE_FILE,
     WriteHook,
     os_error,

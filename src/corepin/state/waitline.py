@@ -39,7 +39,7 @@ import time
 from typing import Final
 
 from corepin.core.errors import CorepinError
-from corepin.state.files import STATE_FILE, os_error, read_checkpoint
+from corepin.state.checkpoint import STATE_FILE, os_error, read_checkpoint
 from corepin.state.lock import _leave, _live_ahead, _open_queue, _take_ticket
 from corepin.sysfs.procfs import process_start_time
 

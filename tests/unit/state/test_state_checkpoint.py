@@ -14,8 +14,13 @@ from corepin.core.cpuset import CPUSet
 from corepin.core.digest import canonical_bytes, canonical_digest, sha256_hex
 from corepin.core.errors import StateFormatError
 from corepin.state import Assignment, ContainerOwner, HostState, ProcessOwner, StateStore
-from corepin.state.checkpoint import decode_checkpoint, encode_checkpoint, encode_legacy
-from corepin.state.files import read_checkpoint, write_checkpoint
+from corepin.state.checkpoint import (
+    decode_checkpoint,
+    encode_checkpoint,
+    encode_legacy,
+    read_checkpoint,
+    write_checkpoint,
+)
 from corepin.state.migrations import MIGRATIONS
 from corepin.state.payload import CURRENT_VERSION, state_to_payload
 

@@ -21,8 +21,7 @@ import pytest
 from corepin.core.cpuset import CPUSet
 from corepin.core.errors import StateError
 from corepin.state import Assignment, HostState, ProcessOwner, StateStore
-from corepin.state.checkpoint import encode_checkpoint
-from corepin.state.files import leftover_temp_files
+from corepin.state.checkpoint import encode_checkpoint, leftover_temp_files
 from corepin.state.store import LOCK_FILE
 from support.helpers import run_corepin
 

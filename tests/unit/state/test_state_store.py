@@ -22,7 +22,7 @@ import pytest
 from corepin.core.cpuset import CPUSet
 from corepin.core.errors import StateError
 from corepin.state import Assignment, HostState, StateStore, state_dir_from
-from corepin.state.files import WRITE_POINTS, leftover_temp_files, write_checkpoint
+from corepin.state.checkpoint import WRITE_POINTS, leftover_temp_files, write_checkpoint
 from corepin.state.owners import ProcessOwner
 
 C = CPUSet.parse
