@@ -66,7 +66,6 @@ class TopologyIndex:
         "cpu_unit",
         "distance",
         "isolated",
-        "l3_count",
         "numa",
         "numa_pos",
         "online",
@@ -172,7 +171,6 @@ class TopologyIndex:
             )
         self.numa: tuple[NumaUnit, ...] = tuple(units)
         self.numa_pos: dict[int, int] = {u.id: i for i, u in enumerate(units)}
-        self.l3_count = len(l3s)
         self.socket_ids: tuple[int, ...] = tuple(sorted(sockets))
         self.socket_masks: tuple[int, ...] = tuple(sockets[s] for s in self.socket_ids)
 
@@ -244,12 +242,6 @@ class TopologyIndex:
             out |= table[low.bit_length() - 1]
             mask ^= low
         return out
-
-    def units_touched(self, level: str, cpus: int) -> int:
-        """How many units of `level` hold at least one of `cpus`."""
-        if level == "cpu":
-            return cpus.bit_count()
-        return sum(1 for m in self.units[level] if m & cpus)
 
 
 _MEMO: dict[int, TopologyIndex] = {}

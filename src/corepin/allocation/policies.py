@@ -1,13 +1,12 @@
 """The policy registry: policy name -> Policy object.
 
-Policies load on first use, so a policy module that fails to import (or is not built yet) only
-affects requests that name it.
+Policies load on first use: `corepin run` pays for the import of the one policy it uses (the
+kubelet-static module alone is over a thousand lines).
 """
 
 from __future__ import annotations
 
-import importlib
-from typing import Final, cast
+from typing import Final
 
 from corepin.allocation.types import Policy
 from corepin.core.errors import RequestError
@@ -29,14 +28,9 @@ def _load(name: str) -> Policy:
 
         return WorkloadAwarePolicy()
     if name == "kubelet-static":
-        try:
-            module = importlib.import_module("corepin.allocation.kubelet_static")
-        except ImportError as exc:
-            raise RequestError(
-                f"policy 'kubelet-static' is not available in this build ({exc})",
-                reason="unknown_policy",
-            ) from exc
-        return cast(Policy, module.KubeletStaticPolicy())
+        from corepin.allocation.kubelet_static import KubeletStaticPolicy
+
+        return KubeletStaticPolicy()
     raise RequestError(
         f"unknown policy {name!r} (choose from {', '.join(POLICY_NAMES)})",
         reason="unknown_policy",

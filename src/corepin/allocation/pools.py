@@ -2,7 +2,8 @@
 
 Every part of corepin that needs to know which CPUs are free, shared or held - the state of host
 mode and of the node agent, the simulator, the published NodeCPUTopology and the placement core
-- asks a `NodePools`; nothing else computes a pool.
+- asks a `NodePools`; nothing else computes a pool. Deciding a request out of the pools is
+`corepin.allocation.decide`.
 
 Machine facts:
 - **online**: the CPUs that can run anything.
@@ -32,12 +33,10 @@ value and costs a few integer operations (the simulator does it once per trace e
 
 from __future__ import annotations
 
-import importlib
 import json
 from collections.abc import Iterable, Mapping
 from typing import Any, Final
 
-from corepin.allocation.types import Decision, Policy, Request
 from corepin.core.cpuset import CPUSet
 from corepin.core.errors import AllocationError, CPUSetParseError, RequestError
 from corepin.core.record import record
@@ -88,12 +87,12 @@ class Reservation:
 
     count: int = 0
     cpus: CPUSet | None = None
-    apply_policy: str = "Default"
 
 
 def parse_koordinator_reservation(value: str | Mapping[str, Any]) -> Reservation:
     """Koordinator's `node.koordinator.sh/reservation` annotation value, e.g.
-    `{"resources": {"cpu": "2"}}` or `{"reservedCPUs": "0-1"}` (JSON text or a parsed mapping)."""
+    `{"resources": {"cpu": "2"}}` or `{"reservedCPUs": "0-1"}` (JSON text or a parsed mapping).
+    `applyPolicy`, when given, must be a string; the reservation is the same whatever it says."""
     data: Any = value
     if isinstance(value, str):
         try:
@@ -133,42 +132,7 @@ def parse_koordinator_reservation(value: str | Mapping[str, Any]) -> Reservation
         raise RequestError(
             f"applyPolicy must be a string, got {policy!r}", reason="bad_reservation"
         )
-    return Reservation(count, cpus, policy)
-
-
-def select_reserved(topology: Topology, count: int = 0, explicit: CPUSet | None = None) -> CPUSet:
-    """The reserved CPUs: `explicit` when given (must be online CPUs of the topology), else
-    `count` CPUs chosen by topology (the kubelet's choice when the kubelet-static module is
-    present, else the topology-aware choice: whole cores, packed, lowest ids)."""
-    online = topology.online_cpus
-    if explicit is not None:
-        if not explicit.issubset(online):
-            raise RequestError(
-                f"reserved CPUs {explicit - online} are not online CPUs of this topology",
-                reason="bad_reservation",
-            )
-        return explicit
-    if count < 0:
-        raise RequestError(
-            f"reserved CPU count cannot be negative: {count}", reason="bad_reservation"
-        )
-    if count == 0:
-        return CPUSet()
-    if count > len(online):
-        raise RequestError(
-            f"cannot reserve {count} CPUs: the topology has {len(online)} online",
-            reason="bad_reservation",
-        )
-    try:
-        kubelet = importlib.import_module("corepin.allocation.kubelet_static")
-        chosen = kubelet.select_reserved(topology, count)
-        if isinstance(chosen, CPUSet):
-            return chosen
-    except ImportError:
-        pass
-    from corepin.allocation.topology_aware import TopologyAwarePolicy
-
-    return TopologyAwarePolicy().decide(topology, Request(count), online).cpus
+    return Reservation(count, cpus)
 
 
 # ---------------------------------------------------------------------- the pool model
@@ -341,64 +305,3 @@ class NodePools:
     def keeps_shared_pool(self, withheld: CPUSet) -> bool:
         """Whether the shared pool keeps a CPU once `withheld` is held exclusively."""
         return bool(self.shared_bits & ~withheld.bits)
-
-
-# ---------------------------------------------------------------------- deciding
-def decide(
-    pools: NodePools,
-    topology: Topology,
-    request: Request,
-    policy: Policy,
-    *,
-    kind: str | None = None,
-    usage: Mapping[int, int] | None = None,
-    keep_shared: bool = False,
-) -> Decision:
-    """Decide `request` with `policy` out of the right pool of `pools`.
-
-    `kind` defaults to `exclusive` for exclusive requests and `shared` otherwise. Exclusive,
-    mixed and share requests take CPUs from the free set (a best-effort workload is placed in
-    the shared pool instead, on its least used CPUs given `usage` - CPU -> number of shared
-    workloads pinned there - when the policy can). Shared requests get the shared pool (the
-    decision's `cpus`; with option `allow-isolated` the isolated CPUs too) and withhold nothing.
-    With `keep_shared`, an exclusive decision that would leave the shared pool empty is refused
-    (reason `shared_pool_exhausted`); an empty shared pool refuses shared requests (reason
-    `shared_pool_empty`).
-    """
-    kind = kind or ("exclusive" if request.exclusive else "shared")
-    if kind not in KINDS:
-        raise RequestError(f"unknown assignment kind {kind!r}", reason="bad_kind")
-    if kind != "shared" and request.workload != "best-effort":
-        free = pools.free
-        if len(free) < request.count:
-            raise AllocationError(
-                f"cannot allocate {request.count} {kind} CPU(s): only {len(free)} free "
-                f"({free or 'none'}) of online {CPUSet.from_bits(pools.online)}",
-                reason="not_enough_cpus",
-            )
-        decision = policy.decide(topology, request, free)
-        if (
-            keep_shared
-            and kind in EXCLUSIVE_KINDS
-            and not pools.keeps_shared_pool(decision.withheld)
-        ):
-            raise AllocationError(
-                f"cannot allocate {request.count} {kind} CPU(s): CPUs {decision.withheld} would "
-                "leave no CPU in the shared pool for the running shared workloads",
-                reason="shared_pool_exhausted",
-            )
-        return decision
-    pool = pools.shared_pool_for(allow_isolated="allow-isolated" in request.options)
-    if not pool:
-        raise AllocationError(
-            "the shared pool is empty: every CPU that may run shared work is held exclusively "
-            f"({pools.exclusive_cpus or 'none'}), reserved or isolated",
-            reason="shared_pool_empty",
-        )
-    if request.workload == "best-effort":
-        from corepin.allocation.workload_aware import WorkloadAwarePolicy
-
-        if isinstance(policy, WorkloadAwarePolicy):
-            placed = policy.decide(topology, request, pool, usage=usage)
-            return Decision(placed.cpus, placed.mems, CPUSet(), placed.policy, placed.explanation)
-    return Decision(pool, topology.mems_of(pool), CPUSet(), policy.name)

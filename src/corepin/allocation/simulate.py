@@ -13,7 +13,7 @@ Replay keeps the live exclusive assignments of each policy in the node's one poo
 (`corepin.allocation.pools.NodePools`, the same the host state and the node agent use). An
 exclusive add asks the policy for `cpus` CPUs out of the free set (online CPUs minus everything
 the live decisions withhold, `Decision.withheld`, which includes the units withheld by an
-exclusiveness level) through the same `pools.decide` host mode and the node agent use; a
+exclusiveness level) through the same `decide.decide` host mode and the node agent use; a
 policy error (AllocationError, or a RequestError for a request the policy does not take)
 rejects the add and its `.reason` is counted. As in host mode, an exclusive add that would
 leave no CPU in the shared pool while shared workloads are live is rejected
@@ -36,7 +36,8 @@ from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
 from dataclasses import dataclass, field, replace
 from typing import Any, Final
 
-from corepin.allocation.pools import NodePools, decide
+from corepin.allocation.decide import decide
+from corepin.allocation.pools import NodePools
 from corepin.allocation.types import LEVELS, WORKLOADS, Policy, Request
 from corepin.core.cpuset import CPUSet
 from corepin.core.errors import AllocationError, CorepinError, InputError, RequestError
@@ -106,7 +107,7 @@ class Trace:
         return {"events": [e.to_json() for e in self.events]}
 
 
-def _parse_event(index: int, raw: Any) -> TraceEvent:
+def _parse_event(index: int, raw: object) -> TraceEvent:
     if not isinstance(raw, Mapping):
         raise TraceError(index, None, f"an event must be an object, got {raw!r}")
     op = raw.get("op")
@@ -144,7 +145,7 @@ def _parse_event(index: int, raw: Any) -> TraceEvent:
     return TraceEvent("add", ident, cpus, level, workload, shared)
 
 
-def parse_trace(data: Any) -> Trace:
+def parse_trace(data: object) -> Trace:
     """Validate the JSON form strictly; TraceError (exit 2) names the event index and field.
 
     Besides per-event checks, an add of an id that is still live (added and not yet removed)
@@ -161,7 +162,7 @@ def parse_trace(data: Any) -> Trace:
     return Trace(tuple(iter_events(raw_events)))
 
 
-def iter_events(raw_events: Iterable[Any]) -> Iterator[TraceEvent]:
+def iter_events(raw_events: Iterable[object]) -> Iterator[TraceEvent]:
     """The events of a trace's "events" list, checked one at a time as `parse_trace` checks
     them (a live-id set is all it keeps: memory follows the live ids, not the trace length)."""
     live: set[str] = set()

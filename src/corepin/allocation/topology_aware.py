@@ -28,6 +28,9 @@ Options in `Request`: `level` (exclusiveness: only fully free units of that leve
 the decision reserves them whole), `numa_hint` (tried first), `prefer_isolated` (isolated CPUs
 first, else they are tried last), `smt` ("whole-cores" insists on whole cores, "spread" takes one
 thread per core). Policy option: `full-pcpus-only` (same as smt="whole-cores").
+
+`Selector` is the walk (one per decision, writing each choice down as a `Step`); the scores it
+compares candidates by are `corepin.allocation.fit.Fit`.
 """
 
 from __future__ import annotations
@@ -35,6 +38,7 @@ from __future__ import annotations
 from collections.abc import Callable
 from typing import Final
 
+from corepin.allocation.fit import Fit, fewest_to_hold, lowest_bits
 from corepin.allocation.levels import L3Part, NumaUnit, TopologyIndex, index_of
 from corepin.allocation.pools import NodePools
 from corepin.allocation.types import Decision, Request, Step, check_options, option_flag
@@ -46,32 +50,10 @@ NAME: Final = "topology-aware"
 OPTIONS: Final = ("full-pcpus-only", "allow-isolated")
 
 
-def lowest_bits(mask: int, k: int) -> int:
-    """The k lowest set bits of mask."""
-    out = 0
-    while k > 0 and mask:
-        low = mask & -mask
-        out |= low
-        mask ^= low
-        k -= 1
-    return out
-
-
-def _fewest_to_hold(frees: list[int], n: int) -> int:
-    """How many of these units (largest first) are needed to hold n CPUs (a huge number if they
-    cannot)."""
-    total = 0
-    for k, f in enumerate(sorted(frees, reverse=True), 1):
-        total += f
-        if total >= n:
-            return k
-    return 1 << 30
-
-
 class Selector:
     """One decision's working state: the index, the usable mask, SMT settings, the steps."""
 
-    __slots__ = ("idx", "mask", "mode", "nested", "steps", "t", "whole_for", "whole_mask")
+    __slots__ = ("fit", "idx", "mask", "mode", "nested", "steps", "t")
 
     def __init__(self, idx: TopologyIndex, mask: int, mode: str = "whole") -> None:
         """`mode`: "whole" (whole cores, one partial core at most), "spread" (one thread per
@@ -80,97 +62,10 @@ class Selector:
         self.mask = mask
         self.t = idx.threads_per_core
         self.mode = mode
+        self.fit = Fit(idx, mode)
         self.steps: list[Step] = []
         #: True while an alternative span is being tried (no further alternatives inside it)
         self.nested = False
-        self.whole_for = -1
-        self.whole_mask = 0
-
-    # -------------------------------------------------------------- scoring helpers
-    def core_fit(self, umask: int, cores: tuple[int, ...], n: int) -> tuple[int, int]:
-        """How well the free CPUs of `cores` (all inside `umask`) take n CPUs as whole cores:
-        (CPUs of n minus its odd
-        remainder that whole free cores cannot supply, 1 when the odd remainder would have to
-        split a whole free core because no partly used core has that many free threads).
-        (0, 0) is perfect: whole cores for the even part and a stray thread for the rest."""
-        t = self.t
-        if t <= 1 or self.mode != "whole":
-            return 0, 0
-        rem = n % t
-        want = n - rem
-        if self.idx.pairs is not None:
-            wm = self.whole() & umask
-            have = wm.bit_count()
-            short = want - have if have < want else 0
-            return short, 0 if rem == 0 or self.mask & umask & ~wm else 1
-        m = self.mask
-        have = 0
-        stray = rem == 0
-        for c in cores:
-            f = c & m
-            if f == c:
-                if have < want:
-                    have += c.bit_count()
-                    if have >= want and stray:
-                        return 0, 0
-            elif f and not stray and f.bit_count() >= rem:
-                stray = True
-                if have >= want:
-                    return 0, 0
-        return (want - have if have < want else 0), (0 if stray else 1)
-
-    def whole(self) -> int:
-        """The CPUs of the cores whose threads are all in self.mask (cached per mask)."""
-        if self.whole_for != self.mask:
-            self.whole_for = self.mask
-            self.whole_mask = self.idx.whole_free(self.mask)
-        return self.whole_mask
-
-    def node_score(self, unit: NumaUnit, n: int) -> tuple[int, int, int]:
-        """(L3 instances needed, whole-core shortfall, odd remainder splits a whole core) for n
-        CPUs in `unit`; the core figures are those of the best single L3 when one can hold n."""
-        m = self.mask
-        if n < self.t and self.mode == "whole" and self.idx.pairs is not None:
-            # Any L3 with a free CPU holds n, and takes no whole core when the node has a stray
-            # thread: the node with the most stray threads first (they keep its whole-core
-            # capacity below its free count), else split a core of the best fit.
-            strays = (m & unit.mask & ~self.whole()).bit_count()
-            return 1, 0, -strays if strays else 1
-        if len(unit.parts) == 1:
-            return (1, *self.core_fit(unit.mask, unit.cores, n))
-        frees = [(p.mask & m).bit_count() for p in unit.parts]
-        fitting = [p for p, f in zip(unit.parts, frees, strict=True) if f >= n]
-        if fitting:
-            t = self.t
-            if t == 2 and self.mode == "whole" and self.idx.pairs is not None:
-                # core_fit inlined (hot: every fitting L3 of every fitting node)
-                wm = self.whole()
-                want = n & ~1
-                odd = n & 1
-                best = (1 << 30, 1)
-                for p in fitting:
-                    pm = p.mask
-                    have = (pm & wm).bit_count()
-                    fit = (
-                        want - have if have < want else 0,
-                        1 if odd and not m & pm & ~wm else 0,
-                    )
-                    if fit < best:
-                        best = fit
-                        if fit == (0, 0):
-                            break
-                return 1, best[0], best[1]
-            return (1, *min(self.core_fit(p.mask, p.cores, n) for p in fitting))
-        k = _fewest_to_hold(frees, n)
-        short, split = self.core_fit(unit.mask, unit.cores, n)
-        if self.t > 1 and self.mode == "whole":
-            # Whole cores must also fit in k L3s, else the span holds partial cores.
-            wm = self.whole()
-            wfrees = [(p.mask & wm).bit_count() for p in unit.parts]
-            kw = _fewest_to_hold(wfrees, n - n % self.t)
-            if kw > k and not short:
-                short = 1
-        return k, short, split
 
     # -------------------------------------------------------------- machine level
     def select(self, n: int) -> int:
@@ -183,7 +78,7 @@ class Selector:
                 best = fits[0]
                 why = f"the only NUMA node with {n} free CPUs ({frees[best]} free)"
             else:
-                scores = {i: (self.node_score(units[i], n), frees[i], i) for i in fits}
+                scores = {i: (self.fit.node_score(m, units[i], n), frees[i], i) for i in fits}
                 best = min(fits, key=scores.__getitem__)
                 (l3s, short, _split), _, _ = scores[best]
                 why = (
@@ -236,70 +131,6 @@ class Selector:
             return self.best_span(n, m, idx.core_masks, in_best, self.select)
         return self.best_span(n, self.mask, idx.core_masks, self.across_numa, self.select)
 
-    def kinship(self, i: int, chosen: list[int]) -> int:
-        """How closely NUMA node (position) i is tied to the chosen ones: 2 per shared L3,
-        1 per shared die."""
-        units = self.idx.numa
-        me = units[i]
-        score = 0
-        for j in chosen:
-            other = units[j]
-            if me.l3_reach & other.mask:
-                score += 2
-            elif me.die == other.die:
-                score += 1
-        return score
-
-    # -------------------------------------------------------------- spans and whole cores
-    def span_score(self, cpus: int, n: int) -> tuple[int, int, int, int]:
-        """The cost of `cpus` (n CPUs taken from self.mask), lower is better: (NUMA nodes + pc,
-        L3 instances + pc, pc, change in the number of partly free cores), where pc counts the
-        partial cores beyond the one an odd n may hold."""
-        idx = self.idx
-        numa = sum(1 for u in idx.numa if u.mask & cpus)
-        l3 = sum(1 for u in idx.units["l3"] if u & cpus)
-        table = idx.cpu_unit["core"]
-        m = self.mask
-        partial = 0
-        strays = 0
-        rest = cpus
-        while rest:
-            c = table[(rest & -rest).bit_length() - 1]
-            rest &= ~c
-            if c & cpus != c:
-                partial += 1
-            before = c & m
-            after = before & ~cpus
-            strays += (0 < after != c) - (0 < before != c)
-        pe = self._beyond_allowed(partial, n)
-        # One NUMA node (one L3) stays best whenever it holds n. Over a span of several, a
-        # partial core weighs as much as one more unit: whole cores over one more node or L3
-        # beat sharing cores with strangers to save it.
-        return (
-            numa if numa == 1 else numa + pe,
-            l3 if l3 == 1 else l3 + pe,
-            pe,
-            strays,
-        )
-
-    def excess_partials(self, cpus: int, n: int) -> int:
-        """Partial cores in `cpus` beyond the one an odd n may hold."""
-        table = self.idx.cpu_unit["core"]
-        partial = 0
-        rest = cpus
-        while rest:
-            c = table[(rest & -rest).bit_length() - 1]
-            rest &= ~c
-            if c & cpus != c:
-                partial += 1
-        return self._beyond_allowed(partial, n)
-
-    def _beyond_allowed(self, partial: int, n: int) -> int:
-        """How many of `partial` partly taken cores an allocation of n CPUs has beyond the one
-        it may hold when n is not a multiple of the threads per core (none when it is)."""
-        allowed = 1 if self.t > 1 and n % self.t else 0
-        return partial - allowed if partial > allowed else 0
-
     def best_span(
         self,
         n: int,
@@ -323,12 +154,12 @@ class Selector:
         if self.nested or self.mode != "whole" or t <= 1:
             outer.extend(steps)
             return got
-        if self.excess_partials(got, n) == 0:
+        if self.fit.excess_partials(got, n) == 0:
             outer.extend(steps)
             return got
-        score = self.span_score(got, n)
+        score = self.fit.span_score(self.mask, got, n)
         saved = self.mask
-        whole = self.whole() & scope
+        whole = self.fit.whole(self.mask) & scope
         best = (score, got, steps)
         self.nested = True
         try:
@@ -347,7 +178,7 @@ class Selector:
                     tries.append((base | extra, extra, f"whole cores for {n - rem} CPUs"))
             for alt, extra, label in tries:
                 self.mask = saved
-                alt_score = self.span_score(alt, n)
+                alt_score = self.fit.span_score(self.mask, alt, n)
                 if alt_score < best[0]:
                     note = (
                         "the stray free threads of partly used cores were left out: whole free "
@@ -402,7 +233,7 @@ class Selector:
         idx = self.idx
         units = idx.numa
         frees = [(u.mask & self.mask).bit_count() for u in units]
-        k = _fewest_to_hold(frees, n)
+        k = fewest_to_hold(frees, n)
         pool = [i for i, f in enumerate(frees) if f > 0]
         where = "the machine"
         # Prefer one socket when it can hold n with as few NUMA nodes as the whole machine.
@@ -413,7 +244,7 @@ class Selector:
             good = [
                 (sum(frees[i] for i in members), s)
                 for s, members in by_socket.items()
-                if _fewest_to_hold([frees[i] for i in members], n) == k
+                if fewest_to_hold([frees[i] for i in members], n) == k
             ]
             if good:
                 _, sock = min(good)
@@ -429,8 +260,8 @@ class Selector:
                 last = min(
                     fitting,
                     key=lambda i: (
-                        self.node_score(units[i], need),
-                        -self.kinship(i, chosen),
+                        self.fit.node_score(self.mask, units[i], need),
+                        -self.fit.kinship(i, chosen),
                         frees[i],
                         sum(dist[i][j] for j in chosen),
                         i,
@@ -443,7 +274,7 @@ class Selector:
                 rest,
                 key=lambda i: (
                     -frees[i],
-                    -self.kinship(i, chosen),
+                    -self.fit.kinship(i, chosen),
                     sum(dist[i][j] for j in chosen),
                     i,
                 ),
@@ -482,7 +313,8 @@ class Selector:
             if len(parts) == 1:
                 return self.in_part(parts[0], n)
             best = min(
-                fits, key=lambda i: (self.core_fit(parts[i].mask, parts[i].cores, n), frees[i], i)
+                fits,
+                key=lambda i: (self.fit.core_fit(m, parts[i].mask, parts[i].cores, n), frees[i], i),
             )
             part = parts[best]
             step = Step(
@@ -520,7 +352,11 @@ class Selector:
             if fitting:
                 i = min(
                     fitting,
-                    key=lambda i: (self.core_fit(parts[i].mask, parts[i].cores, need), frees[i], i),
+                    key=lambda i: (
+                        self.fit.core_fit(m, parts[i].mask, parts[i].cores, need),
+                        frees[i],
+                        i,
+                    ),
                 )
                 chosen.append(i)
                 result |= self.in_part(parts[i], need, quiet=True)
@@ -553,7 +389,7 @@ class Selector:
         cores, where = part.cores, part.label
         if part.packages:
             cores, where = self.in_packages(part, n)
-        got, note = self.pick_cores(cores, n)
+        got, note = self.fit.pick_cores(m, cores, n)
         if not quiet:
             self.steps.append(Step("core", note, f"inside {where}"))
         return got
@@ -568,7 +404,11 @@ class Selector:
         if fits:
             best = min(
                 fits,
-                key=lambda i: (self.core_fit(packages[i].mask, packages[i].cores, n), frees[i], i),
+                key=lambda i: (
+                    self.fit.core_fit(m, packages[i].mask, packages[i].cores, n),
+                    frees[i],
+                    i,
+                ),
             )
             return packages[best].cores, (
                 f"{part.label}, {packages[best].label} (best fit of {len(fits)} packages that "
@@ -577,69 +417,6 @@ class Selector:
         order = sorted(range(len(packages)), key=lambda i: (-frees[i], i))
         cores = tuple(c for i in order for c in packages[i].cores)
         return cores, f"{part.label}, the fewest packages, largest first"
-
-    def pick_cores(self, cores: tuple[int, ...], n: int) -> tuple[int, str]:
-        m = self.mask
-        whole = [c for c in cores if c & m == c]
-        partial = [c & m for c in cores if c & m and c & m != c]
-        if self.mode == "packed":
-            out = 0
-            need = n
-            for c in partial + whole:
-                if need == 0:
-                    break
-                got = lowest_bits(c & m, need)
-                out |= got
-                need -= got.bit_count()
-            return out, f"{n} CPUs packed onto the fewest cores, partly used cores first"
-        if self.mode == "spread":
-            out = 0
-            need = n
-            for group in (whole, partial):
-                for c in group:
-                    if need == 0:
-                        break
-                    out |= c & -c
-                    need -= 1
-            rest = m & ~out
-            for c in cores:
-                if need == 0:
-                    break
-                extra = lowest_bits(c & rest, need)
-                out |= extra
-                need -= extra.bit_count()
-            return out, f"{n} CPUs, one thread per core first"
-        t = self.t
-        rem = n % t if t > 1 else 0
-        out = 0
-        need = n
-        used_whole = 0
-        for c in whole:
-            size = c.bit_count()
-            if need - rem < size:
-                break
-            out |= c
-            need -= size
-            used_whole += 1
-        leftovers = partial + whole[used_whole:]
-        partial_used = 0
-        while need > 0:
-            fitting = [c for c in leftovers if c.bit_count() >= need]
-            if fitting:
-                best = min(fitting, key=lambda c: (c.bit_count(), leftovers.index(c)))
-                out |= lowest_bits(best, need)
-                need = 0
-                partial_used += 1
-                break
-            big = max(leftovers, key=lambda c: (c.bit_count(), -leftovers.index(c)))
-            leftovers.remove(big)
-            out |= big
-            need -= big.bit_count()
-            partial_used += 1
-        note = f"{used_whole} whole core{'' if used_whole == 1 else 's'}"
-        if partial_used:
-            note += f" + CPUs of {partial_used} more core{'s' if partial_used > 1 else ''}"
-        return out, note
 
 
 def mems_of(idx: TopologyIndex, cpus: int) -> CPUSet:

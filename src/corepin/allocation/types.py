@@ -12,7 +12,7 @@ from __future__ import annotations
 
 from collections.abc import Mapping
 from types import MappingProxyType
-from typing import TYPE_CHECKING, Any, Final, Protocol
+from typing import TYPE_CHECKING, Any, Final, Protocol, runtime_checkable
 
 from corepin.core.cpuset import CPUSet
 from corepin.core.errors import RequestError
@@ -149,6 +149,21 @@ class Policy(Protocol):
     name: str
 
     def decide(self, topology: Topology, request: Request, available: CPUSet) -> Decision: ...
+
+
+@runtime_checkable
+class BestEffortPlacer(Protocol):
+    """A policy that can place a best-effort workload inside the shared pool: on the CPUs of
+    `pool` the fewest others share, given `usage` (CPU -> number of shared workloads pinned
+    there). Policies without it run best-effort workloads on the whole shared pool."""
+
+    def place_best_effort(
+        self,
+        topology: Topology,
+        request: Request,
+        pool: CPUSet,
+        usage: Mapping[int, int] | None,
+    ) -> Decision: ...
 
 
 _TRUE: Final = frozenset({"", "true", "yes", "on", "1"})

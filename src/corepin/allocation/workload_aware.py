@@ -22,12 +22,7 @@ from collections.abc import Mapping
 from typing import Final
 
 from corepin.allocation.levels import TopologyIndex, index_of
-from corepin.allocation.topology_aware import (
-    Selector,
-    TopologyAwarePolicy,
-    lowest_bits,
-    mems_of,
-)
+from corepin.allocation.topology_aware import Selector, TopologyAwarePolicy, mems_of
 from corepin.allocation.types import (
     LEVELS,
     Decision,
@@ -140,6 +135,17 @@ class WorkloadAwarePolicy:
         if family == "cpu-bound":
             return self._cpu_bound(idx, avail, request)
         return self._io_bound(idx, avail, request)
+
+    def place_best_effort(
+        self,
+        topology: Topology,
+        request: Request,
+        pool: CPUSet,
+        usage: Mapping[int, int] | None,
+    ) -> Decision:
+        """A best-effort request placed inside the shared `pool` by `usage`
+        (`corepin.allocation.types.BestEffortPlacer`): the same as `decide`."""
+        return self.decide(topology, request, pool, usage=usage)
 
     # ------------------------------------------------------------------ memory-bound
     def _memory_bound(self, idx: TopologyIndex, avail: int, request: Request) -> Decision:
@@ -312,4 +318,4 @@ class WorkloadAwarePolicy:
         return Decision(CPUSet.from_bits(cpus), mems_of(idx, cpus), CPUSet(), NAME, steps)
 
 
-__all__ = ["WorkloadAwarePolicy", "lowest_bits", "parse_usage"]
+__all__ = ["WorkloadAwarePolicy", "parse_usage"]

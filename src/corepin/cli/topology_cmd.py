@@ -15,6 +15,7 @@ from corepin.cli.common import (
     load_topology,
     write_output,
 )
+from corepin.core.errors import InputError
 
 if TYPE_CHECKING:
     from corepin.topology.model import Topology
@@ -64,8 +65,6 @@ def render(topology: Topology, fmt: str, *, title: str | None = None) -> str:
 
 def run(args: argparse.Namespace) -> int:
     if args.title is not None and args.output != "svg":
-        from corepin.core.errors import InputError
-
         raise InputError(
             f"--title {args.title!r} heads an svg picture; it does nothing with -o "
             f"{args.output}: add -o svg or drop --title",

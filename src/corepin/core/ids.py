@@ -125,11 +125,6 @@ def validate_pod_uid(value: object) -> str:
     )
 
 
-def pod_uid_for_systemd(uid: str) -> str:
-    """The pod uid as the kubelet writes it into systemd slice names (`-` becomes `_`)."""
-    return validate_pod_uid(uid).replace("-", "_")
-
-
 def validate_qos(value: object) -> str:
     """A Kubernetes QoS class in lowercase: guaranteed, burstable or besteffort."""
     text = _check_str("QoS class", value).lower().replace("-", "")

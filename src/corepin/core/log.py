@@ -9,8 +9,6 @@ once. Otherwise (`-v`, a library user, the long-running agents) records go to th
 
 from __future__ import annotations
 
-from typing import Any
-
 _silent = False
 
 
@@ -22,11 +20,7 @@ def silence(flag: bool) -> bool:
     return previous
 
 
-def silenced() -> bool:
-    return _silent
-
-
-def emit(name: str, level: int, message: str, *args: Any) -> None:
+def emit(name: str, level: int, message: str, *args: object) -> None:
     """`logging.getLogger(name).log(level, message, *args)`, unless silenced."""
     if _silent:
         return
@@ -36,4 +30,4 @@ def emit(name: str, level: int, message: str, *args: Any) -> None:
 
 
 #: logging's level numbers, without importing logging
-DEBUG, INFO, WARNING, ERROR = 10, 20, 30, 40
+INFO, WARNING = 20, 30

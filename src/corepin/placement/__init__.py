@@ -3,7 +3,7 @@
 One core shared by `corepin scheduler` (the second scheduler) and `corepin extender` (the
 kube-scheduler extender): a node passes exactly when its node agent would be able to pin the
 pod there, because the core runs the agent's own plan (`corepin.kube.podplan.plan_pod`) and
-the agent's own decision (`corepin.allocation.pools.decide` with `keep_shared`, the policy the
+the agent's own decision (`corepin.allocation.decide.decide` with `keep_shared`, the policy the
 node publishes) on the node's pools as its `NodeCPUTopology` publishes them.
 
 Modules (pure: no file, socket or clock access; the time is passed in):

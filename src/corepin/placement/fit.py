@@ -114,8 +114,8 @@ def _what(c: ContainerAsk) -> str:
 
 def fit(view: NodeView, request: PodRequest, pools: NodePools | None = None) -> Fit:
     """Place every container of `request` on the node (see the module docstring)."""
+    from corepin.allocation.decide import decide
     from corepin.allocation.levels import withheld_for
-    from corepin.allocation.pools import decide
     from corepin.allocation.types import Request
 
     current = view.pools if pools is None else pools

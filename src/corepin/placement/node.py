@@ -10,7 +10,7 @@ withholds beyond its level, such as the idle siblings of a cpu-bound workload). 
 - share holds = held CPUs inside it;
 
 so `NodePools.free` and `NodePools.shared_pool` of the view are exactly the published sets, and
-`corepin.allocation.pools.decide` sees the node as the agent's own state does.
+`corepin.allocation.decide.decide` sees the node as the agent's own state does.
 
 A view is unusable (its `problem` says why, in a sentence) when the agent runs a policy this
 build does not know, or when it has not published its CPUs yet. `ready` is the `Ready`

@@ -3,7 +3,9 @@
 - `model`: `Assignment`, `HostState` (immutable values, pure updates, pools derived by the one
   pool model `corepin.allocation.pools.NodePools`);
 - `owners`: `ProcessOwner`, `ContainerOwner` (who an assignment belongs to);
-- `checkpoint`: versioned, checksummed JSON checkpoint, atomic writer, migrations;
+- `checkpoint`: versioned, checksummed JSON checkpoint file, atomic writer;
+- `payload`: what the checkpoint holds, `HostState` as JSON and back;
+- `migrations`: older checkpoint versions brought up to the current one (loaded on demand);
 - `store`: `StateStore` (state directory and its safety checks, transactions, quarantine);
 - `lock`: the state lock (an flock granted in arrival order);
 - `validate`: restored state against the live topology (repair or refuse);
@@ -12,11 +14,9 @@
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING
 
-from corepin.allocation.pools import KINDS
 from corepin.state.checkpoint import (
-    CURRENT_VERSION,
     decode_checkpoint,
     encode_checkpoint,
     read_checkpoint,
@@ -24,6 +24,7 @@ from corepin.state.checkpoint import (
 )
 from corepin.state.model import STRICT_RESERVATION, Assignment, HostState, fingerprint
 from corepin.state.owners import ContainerOwner, Owner, ProcessOwner
+from corepin.state.payload import CURRENT_VERSION
 from corepin.state.store import (
     DEFAULT_STATE_DIR,
     STATE_DIR_ENV,
@@ -44,7 +45,6 @@ if TYPE_CHECKING:
 __all__ = [
     "CURRENT_VERSION",
     "DEFAULT_STATE_DIR",
-    "KINDS",
     "STATE_DIR_ENV",
     "STRICT_RESERVATION",
     "Assignment",
@@ -75,7 +75,7 @@ _KUBELET = (
 )
 
 
-def __getattr__(name: str) -> Any:
+def __getattr__(name: str) -> object:
     if name in _KUBELET:
         from corepin.state import kubelet
 

@@ -33,7 +33,7 @@ online CPUs in neither the default set nor an entry become reserved CPUs with th
 from __future__ import annotations
 
 import json
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from typing import Any, Final
 
@@ -170,14 +170,14 @@ class _Parser:
         except ValueError as exc:
             raise self.fail(f"could not parse {what}: {exc}") from None
 
-    def text(self, value: Any, what: str) -> str:
+    def text(self, value: object, what: str) -> str:
         if value is None:
             return ""
         if not isinstance(value, str):
             raise self.fail(f"{what} must be a string, got {value!r}")
         return value
 
-    def checksum(self, value: Any) -> int:
+    def checksum(self, value: object) -> int:
         if value is None:
             return 0
         if isinstance(value, bool) or not isinstance(value, int) or not 0 <= value < 2**64:
@@ -276,7 +276,7 @@ def _quiet_parse(text: str) -> CPUSet | None:
         return None
 
 
-def _pod_entry_texts(p: _Parser, raw: Any) -> dict[str, str]:
+def _pod_entry_texts(p: _Parser, raw: object) -> dict[str, str]:
     if not isinstance(raw, dict):
         raise p.fail(f"podEntries must be an object, got {raw!r}")
     out = {}
@@ -374,7 +374,7 @@ def kubelet_to_host_state(
     topology_fingerprint: str = "",
     container_map: Mapping[str, tuple[str, str]] | None = None,
     created: float = 0.0,
-    mems_of: Any = None,
+    mems_of: Callable[[CPUSet], CPUSet] | None = None,
 ) -> tuple[HostState, list[str]]:
     """Convert a kubelet checkpoint into a HostState; returns it with notes on what was done.
 

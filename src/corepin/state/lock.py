@@ -48,9 +48,9 @@ import stat
 import time
 from typing import Final
 
-from corepin.core.errors import CorepinError, StateError
+from corepin.core.errors import CorepinError, EnvironmentProblem, StateError
 from corepin.state.checkpoint import OPEN_FLAGS, os_error
-from corepin.sysfs.procfs import read_stat
+from corepin.sysfs.procfs import lock_holders, read_stat
 
 LOCK_FILE: Final = "state.lock"
 QUEUE_DIR: Final = "state.lock.queue"
@@ -273,9 +273,6 @@ def _wait_in_line(
 def _timeout(
     lock_fd: int, lock_path: str, waited: float, timeout: float, ahead: int, proc_root: str
 ) -> StateError:
-    from corepin.core.errors import EnvironmentProblem
-    from corepin.sysfs.procfs import lock_holders, read_stat
-
     info = os.fstat(lock_fd)
     holders = []
     for pid in lock_holders(info.st_dev, info.st_ino, proc_root):

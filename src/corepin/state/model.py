@@ -33,6 +33,7 @@ from typing import TYPE_CHECKING, Any, Final
 from corepin.allocation.pools import HOLDING_KINDS, KINDS, NodePools
 from corepin.allocation.types import LEVELS, WORKLOADS
 from corepin.core.cpuset import CPUSet
+from corepin.core.digest import canonical_digest
 from corepin.core.errors import AllocationError, RequestError
 from corepin.core.record import field, record, replace
 from corepin.state.owners import ContainerOwner, Owner, ProcessOwner
@@ -215,6 +216,7 @@ class HostState:
                     raise RequestError(f"state assignment key {key!r} does not match its id")
             object.__setattr__(self, "assignments", MappingProxyType(dict(sorted(items.items()))))
         if self.shield is not None:
+            # loaded only when a shield is on: `corepin run` reads states without one
             from corepin.state.shield import ShieldRecord
 
             if not isinstance(self.shield, ShieldRecord):
@@ -385,26 +387,8 @@ class HostState:
             self, assignments={k: v for k, v in self.assignments.items() if k not in ids}
         )
 
-    def with_reserved(self, reserved: CPUSet) -> HostState:
-        return replace(self, reserved=reserved)
-
     def with_options(self, options: Mapping[str, str]) -> HostState:
         return replace(self, options=options)
-
-    def with_topology(self, topology: Topology) -> HostState:
-        """Same assignments, machine facts (fingerprint, online and isolated CPUs) from
-        `topology`. No safety checks: `corepin.state.validate` is the checked way to adopt a
-        new topology."""
-        return replace(
-            self,
-            topology=fingerprint(topology),
-            online=topology.online_cpus,
-            isolated=topology.isolated_cpus,
-        )
-
-    def bump(self) -> HostState:
-        """The same state with the next revision (done by `Transaction.commit`)."""
-        return replace(self, revision=self.revision + 1)
 
     def evolve(self, **changes: Any) -> HostState:
         return replace(self, **changes)
@@ -412,6 +396,4 @@ class HostState:
 
 def fingerprint(topology: Topology) -> str:
     """`sha256:<hex>` of the canonical JSON form of the topology (sorted keys, no spaces)."""
-    from corepin.state.checkpoint import canonical_bytes, sha256_hex
-
-    return "sha256:" + sha256_hex(canonical_bytes(topology.to_json()))
+    return canonical_digest(topology.to_json())

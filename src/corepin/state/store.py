@@ -379,16 +379,6 @@ class StateStore:
             )
 
     # ------------------------------------------------------------------ maintenance
-    def cleanup(self) -> list[str]:
-        """Remove temp files left by crashed writers. Call only while holding the lock."""
-        fd = self._open(create=False)
-        if fd is None:
-            return []
-        try:
-            return remove_temp_files(self.directory, dir_fd=fd)
-        finally:
-            os.close(fd)
-
     def quarantine(self) -> str | None:
         """Rename a (corrupt) checkpoint to `state.json.corrupt-<timestamp>` so that corepin can
         start from an empty state. Only on explicit request of the operator. Returns the new

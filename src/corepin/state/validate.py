@@ -25,6 +25,7 @@ from typing import TYPE_CHECKING
 
 from corepin.core.cpuset import CPUSet
 from corepin.core.errors import StateError
+from corepin.core.log import INFO, emit
 from corepin.state.model import HostState, fingerprint
 
 if TYPE_CHECKING:
@@ -39,8 +40,6 @@ def _cpu_hint(cpus: CPUSet) -> str:
 def _log(changes: list[str]) -> None:
     if not changes:
         return
-    from corepin.core.log import INFO, emit
-
     for line in changes:
         emit("corepin.state", INFO, "%s", line)
 

@@ -30,6 +30,7 @@ pidfds are not available it naps `RECHECK` seconds at a time.
 
 from __future__ import annotations
 
+import ctypes
 import math
 import os
 import select
@@ -37,8 +38,10 @@ import struct
 import time
 from typing import Final
 
-from corepin.state.checkpoint import STATE_FILE, os_error
+from corepin.core.errors import CorepinError
+from corepin.state.checkpoint import STATE_FILE, os_error, read_checkpoint
 from corepin.state.lock import _leave, _live_ahead, _open_queue, _take_ticket
+from corepin.sysfs.procfs import process_start_time
 
 WAIT_QUEUE: Final = "state.wait.queue"
 #: Longest sleep between two looks, in seconds (see the module docstring).
@@ -60,8 +63,6 @@ class _Inotify:
     by waiting runs)."""
 
     def __init__(self) -> None:
-        import ctypes
-
         self._libc = ctypes.CDLL(None, use_errno=True)
         fd = self._libc.inotify_init1(os.O_CLOEXEC | os.O_NONBLOCK)
         if fd < 0:
@@ -69,8 +70,6 @@ class _Inotify:
         self.fd: int = fd
 
     def watch(self, path: str, mask: int) -> int:
-        import ctypes
-
         wd: int = self._libc.inotify_add_watch(self.fd, os.fsencode(path), mask)
         if wd < 0:
             raise OSError(ctypes.get_errno(), f"inotify_add_watch {path}")
@@ -222,9 +221,6 @@ class WaitLine:
     def _watch_holders(self) -> None:
         """Open pidfds on the processes that hold the checkpoint's assignments (unless the
         checkpoint is the one they were opened for)."""
-        from corepin.core.errors import CorepinError
-        from corepin.state.checkpoint import read_checkpoint
-
         try:
             info = os.stat(STATE_FILE, dir_fd=self._dir_fd, follow_symlinks=False)
             stamp = (info.st_ino, info.st_mtime_ns, info.st_size)
@@ -257,9 +253,6 @@ class WaitLine:
 
     def _pidfd(self, pid: int, start_time: int | None) -> int | None:
         """A pidfd of `pid` if it is still the process that started at `start_time`."""
-        from corepin.core.errors import CorepinError
-        from corepin.sysfs.procfs import process_start_time
-
         try:
             fd = os.pidfd_open(pid)
         except (OSError, AttributeError):  # gone, or no pidfds here (Linux < 5.3)

@@ -114,7 +114,7 @@ def read_cpu_system(files: SysfsFiles, *, cache_levels: tuple[int, ...] = (2, 3)
         if name is None:
             path = _join(base, f"cpu{cpu}")
             files.note("cpu_dir_missing", path, "online CPU without a directory is its own core")
-            records[cpu] = CPURecord(cpu, has_topology=False)
+            records[cpu] = CPURecord(cpu)
             continue
         records[cpu] = read_cpu(
             files,
@@ -153,7 +153,7 @@ def read_cpu(
     package = files.integer(pkg_path, required=False)
     if package is None and not files.is_dir(topo):
         files.note("topology_dir_missing", topo, "the CPU is its own core in package 0")
-        return CPURecord(cpu, caches=caches, capacity=cap, has_topology=False)
+        return CPURecord(cpu, caches=caches, capacity=cap)
     if package is None:
         files.note("physical_package_id_missing", pkg_path, "deriving the package from its CPUs")
 

@@ -24,7 +24,6 @@ lists are cached by their text: a 1024-CPU tree parses each distinct list once.
 from __future__ import annotations
 
 import os
-from collections.abc import Callable
 
 from corepin.core.cpuset import CPUSet
 from corepin.core.errors import SysfsError
@@ -38,9 +37,6 @@ _READ_FLAGS = os.O_RDONLY | os.O_CLOEXEC
 #: one read takes a whole sysfs attribute (the kernel's limit is a page); longer files (a
 #: fixture tree) are read on to the end
 _CHUNK = 65536
-
-#: Signature of the fallback callback handed to pure code (topology.build).
-FallbackNote = Callable[[str, str, str], None]
 
 
 @record(frozen=False, slots=False)

@@ -40,7 +40,6 @@ class CPURecord:
     cluster_cpus: CPUSet | None = None  # cluster_cpus_list
     caches: tuple[CacheRecord, ...] = ()
     capacity: int | None = None  # cpu_capacity (arm big.LITTLE and similar)
-    has_topology: bool = True  # False when cpuN/topology/ is absent
 
 
 @record

@@ -12,6 +12,7 @@ so corepin treats the tree as a stand-in and never touches a real thread through
 from __future__ import annotations
 
 import os
+import shutil
 from collections.abc import Iterable, Mapping
 from pathlib import Path
 
@@ -93,8 +94,6 @@ class ProcTree:
 
     def remove(self, pid: int) -> None:
         """The process exits (its directory goes)."""
-        import shutil
-
         shutil.rmtree(self.root / str(pid), ignore_errors=True)
 
     @staticmethod

@@ -381,7 +381,7 @@ def build_topology(
     online_set = snap.cpu.online & present
     online = online_set.bits
     records: dict[int, CPURecord] = {
-        cpu: snap.cpu.cpus.get(cpu) or CPURecord(cpu, has_topology=False) for cpu in online_set
+        cpu: snap.cpu.cpus.get(cpu) or CPURecord(cpu) for cpu in online_set
     }
     sockets = {cpu: _socket(rec) for cpu, rec in records.items()}
     dies = {cpu: _die(rec) for cpu, rec in records.items()}

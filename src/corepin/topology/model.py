@@ -315,9 +315,6 @@ class Topology:
     def cores_in_socket(self, socket: int) -> list[int]:
         return self.cores_in(self.cpus_in_sockets(socket))
 
-    def cores_in_numa_node(self, node: int) -> list[int]:
-        return self.cores_in(self.cpus_in_numa_nodes(node))
-
     def cores_in_l3(self, l3: int) -> list[int]:
         return self.cores_in(self.cpus_in_l3s(l3))
 
@@ -330,14 +327,8 @@ class Topology:
     def l3s_in(self, cpus: CPUSet) -> list[int]:
         return self._ids_within(self._by_l3, cpus)
 
-    def l3s_in_numa_node(self, node: int) -> list[int]:
-        return self.l3s_in(self.cpus_in_numa_nodes(node))
-
     def sockets_in(self, cpus: CPUSet) -> list[int]:
         return self._ids_within(self._by_socket, cpus)
-
-    def dies_in(self, cpus: CPUSet) -> list[tuple[int, int]]:
-        return self._ids_within(self._by_die, cpus)
 
     # ------------------------------------------------------------------ CPU -> unit
     def socket_of(self, cpu: int) -> int | None:
@@ -445,7 +436,7 @@ class Topology:
         }
 
     @classmethod
-    def from_json(cls, data: Any) -> Topology:
+    def from_json(cls, data: object) -> Topology:
         """Build from the JSON of `corepin topology -o json`; unknown fields are ignored."""
         if not isinstance(data, Mapping):
             raise TopologyError('topology JSON must be an object with a "cpus" list')
@@ -490,7 +481,7 @@ def _int_field(where: str, row: Mapping[str, Any], key: str, *, optional: bool) 
     return value
 
 
-def _cpu_from_json(i: int, row: Any) -> CPUInfo:
+def _cpu_from_json(i: int, row: object) -> CPUInfo:
     where = f"cpus[{i}]"
     if not isinstance(row, Mapping):
         raise TopologyError(f"{where} must be an object, got {row!r}")
@@ -525,7 +516,7 @@ def _cpu_from_json(i: int, row: Any) -> CPUInfo:
     )
 
 
-def _node_from_json(i: int, row: Any) -> NUMANode:
+def _node_from_json(i: int, row: object) -> NUMANode:
     where = f"numa_nodes[{i}]"
     if not isinstance(row, Mapping):
         raise TopologyError(f"{where} must be an object, got {row!r}")

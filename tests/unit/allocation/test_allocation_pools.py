@@ -8,14 +8,10 @@ import pytest
 import corepin
 import support.alloc_topologies as T
 from corepin.allocation.api import build_request, parse_options
+from corepin.allocation.decide import decide
 from corepin.allocation.policies import POLICY_NAMES, get_policy
-from corepin.allocation.pools import (
-    NodePools,
-    decide,
-    parse_cpu_quantity,
-    parse_koordinator_reservation,
-    select_reserved,
-)
+from corepin.allocation.pools import NodePools, parse_cpu_quantity, parse_koordinator_reservation
+from corepin.allocation.reserved import reserved_cpus
 from corepin.allocation.types import Decision, Request
 from corepin.core.cpuset import CPUSet
 from corepin.core.errors import AllocationError, RequestError
@@ -81,15 +77,15 @@ def test_cpu_quantities() -> None:
 
 def test_reserved_cpus_by_count_are_chosen_by_topology_and_by_list_as_given() -> None:
     topo = T.dual_socket_ht()
-    two = select_reserved(topo, 2)
+    two = reserved_cpus(topo, 2)
     assert len(two) == 2
     assert len(topo.cores_in(two)) == 1, "two reserved CPUs are one whole core"
-    assert select_reserved(topo, explicit=CPUSet.parse("3,7")) == CPUSet.parse("3,7")
-    assert select_reserved(topo, 0) == CPUSet()
+    assert reserved_cpus(topo, explicit=CPUSet.parse("3,7")) == CPUSet.parse("3,7")
+    assert reserved_cpus(topo, 0) == CPUSet()
     with pytest.raises(RequestError, match="99"):
-        select_reserved(topo, explicit=CPUSet.of(99))
+        reserved_cpus(topo, explicit=CPUSet.of(99))
     with pytest.raises(RequestError, match="25"):
-        select_reserved(topo, 25)
+        reserved_cpus(topo, 25)
 
 
 # ---------------------------------------------------------------------- NodePools
@@ -133,7 +129,7 @@ def test_share_holds_leave_the_free_set_but_stay_in_the_shared_pool() -> None:
 
 def test_strict_reservation_keeps_reserved_cpus_off_shared_work() -> None:
     topo = T.single_socket_ht()
-    reserved = select_reserved(topo, 2)
+    reserved = reserved_cpus(topo, 2)
     pools = NodePools.for_topology(topo, reserved=reserved, strict=True)
     assert pools.shared_pool.isdisjoint(reserved)
     assert pools.free.isdisjoint(reserved)

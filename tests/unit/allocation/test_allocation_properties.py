@@ -9,9 +9,10 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 import support.alloc_topologies as T
+from corepin.allocation.decide import decide
 from corepin.allocation.levels import index_of
 from corepin.allocation.policies import POLICY_NAMES, get_policy
-from corepin.allocation.pools import decide, select_reserved
+from corepin.allocation.reserved import reserved_cpus
 from corepin.allocation.types import LEVELS, WORKLOADS, Decision, Request
 from corepin.core.cpuset import CPUSet
 from corepin.core.errors import AllocationError, RequestError
@@ -198,7 +199,7 @@ def _check_no_overlap(seq: tuple[Topology, int, list[tuple[str, object]]]) -> No
     topo, reserved_count, ops = seq
     if reserved_count >= len(topo.online_cpus):
         reserved_count = 0
-    reserved = select_reserved(topo, reserved_count)
+    reserved = reserved_cpus(topo, reserved_count)
     state = HostState.new(topo, reserved=reserved, options={STRICT_RESERVATION: "true"})
     assert len(state.reserved) == reserved_count
     added: list[str] = []

@@ -10,8 +10,9 @@ from typing import Any
 
 import pytest
 
+from corepin.allocation.decide import decide
 from corepin.allocation.policies import get_policy
-from corepin.allocation.pools import NodePools, decide
+from corepin.allocation.pools import NodePools
 from corepin.allocation.types import Request
 from corepin.api.webhook.admission import WebhookConfig, admit
 from corepin.api.webhook.capacity import Catalog, ClusterCapacity, Hold

@@ -9,7 +9,6 @@ from hypothesis import strategies as st
 from corepin.core.errors import InputError
 from corepin.core.ids import (
     IdError,
-    pod_uid_for_systemd,
     split_cgroup_path,
     validate_component,
     validate_container_id,
@@ -105,10 +104,6 @@ def test_pod_uids_are_normalised_to_the_dashed_form(value: str, canonical: str) 
 def test_bad_pod_uids_are_rejected(value: str) -> None:
     with pytest.raises(IdError):
         validate_pod_uid(value)
-
-
-def test_systemd_form_of_a_pod_uid_uses_underscores() -> None:
-    assert pod_uid_for_systemd(UID) == UID.replace("-", "_")
 
 
 @pytest.mark.parametrize(

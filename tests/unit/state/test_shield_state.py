@@ -12,15 +12,10 @@ import pytest
 from corepin.core.cpuset import CPUSet
 from corepin.core.errors import InputError, StateFormatError
 from corepin.enforcement.shield.control import keep_system, normalize_scope, system_cpus
-from corepin.state.checkpoint import (
-    CURRENT_VERSION,
-    decode_checkpoint,
-    encode_checkpoint,
-    encode_legacy,
-    state_to_payload,
-)
+from corepin.state.checkpoint import decode_checkpoint, encode_checkpoint, encode_legacy
 from corepin.state.model import STRICT_RESERVATION, Assignment, HostState
 from corepin.state.owners import ProcessOwner
+from corepin.state.payload import CURRENT_VERSION, state_to_payload
 from corepin.state.shield import (
     MovedTask,
     RestrictedGroup,

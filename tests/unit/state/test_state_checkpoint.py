@@ -11,21 +11,18 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from corepin.core.cpuset import CPUSet
+from corepin.core.digest import canonical_bytes, canonical_digest, sha256_hex
 from corepin.core.errors import StateFormatError
 from corepin.state import Assignment, ContainerOwner, HostState, ProcessOwner, StateStore
 from corepin.state.checkpoint import (
-    CURRENT_VERSION,
-    MIGRATIONS,
-    canonical_bytes,
     decode_checkpoint,
     encode_checkpoint,
     encode_legacy,
-    payload_checksum,
     read_checkpoint,
-    sha256_hex,
-    state_to_payload,
     write_checkpoint,
 )
+from corepin.state.migrations import MIGRATIONS
+from corepin.state.payload import CURRENT_VERSION, state_to_payload
 
 C = CPUSet.parse
 
@@ -98,7 +95,7 @@ def test_the_checksum_is_sha256_of_the_canonical_payload_bytes_embedded_verbatim
     body = json.dumps(doc["payload"], sort_keys=True, separators=(",", ":"), ensure_ascii=False)
     assert body.encode() in data, "the payload bytes in the file are the canonical bytes"
     assert doc["checksum"] == "sha256:" + sha256_hex(body.encode())
-    assert doc["checksum"] == payload_checksum(state_to_payload(sample()))
+    assert doc["checksum"] == canonical_digest(state_to_payload(sample()))
     assert data.endswith(b"}\n")
 
 
@@ -171,7 +168,7 @@ def good_doc() -> dict[str, Any]:
 
 def resign(doc: dict[str, Any]) -> bytes:
     """Re-compute the checksum after editing the payload (to reach the field checks)."""
-    doc["checksum"] = payload_checksum(doc["payload"])
+    doc["checksum"] = canonical_digest(doc["payload"])
     return json.dumps(doc).encode()
 
 

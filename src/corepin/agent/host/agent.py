@@ -292,8 +292,8 @@ class HostAgent:
         """The decision for a new assignment of `kind` out of `state`'s pools (AllocationError
         when there is none)."""
         from corepin.allocation.api import check_request
+        from corepin.allocation.decide import decide
         from corepin.allocation.policies import get_policy
-        from corepin.allocation.pools import decide
 
         check_request(self.topology, request)
         keep = bool(state.shared_assignments())
@@ -352,7 +352,7 @@ class HostAgent:
         an assignment holds one of them: reserved CPUs are never handed out."""
         if self.reserve is None:
             return state
-        from corepin.allocation.pools import select_reserved
+        from corepin.allocation.reserved import reserved_cpus
         from corepin.core.errors import AllocationError
 
         count, explicit = self.reserve
@@ -362,7 +362,7 @@ class HostAgent:
                 "not online CPUs of this machine",
                 reason="bad_reservation",
             )
-        wanted = select_reserved(self.topology, count, explicit)
+        wanted = reserved_cpus(self.topology, count, explicit)
         if wanted == state.reserved:
             return state
         clash = [a for a in state if a.holds and a.withheld & wanted]

@@ -1228,7 +1228,7 @@ class NodeAgent:
         """The state with the node's reserved CPUs (its reservation annotation, else
         --reserved-cpus) and strict-reservation option; unchanged when the new reservation
         would take CPUs someone holds (a Warning Event on the node says so)."""
-        from corepin.allocation.pools import select_reserved
+        from corepin.allocation.reserved import reserved_cpus
         from corepin.kube.models import parse_node_reservation
         from corepin.state.model import STRICT_RESERVATION
 
@@ -1238,7 +1238,7 @@ class NodeAgent:
         try:
             reservation = parse_node_reservation(annotations)
             if reservation is not None:
-                reserved = select_reserved(self.machine, reservation.count, reservation.cpus)
+                reserved = reserved_cpus(self.machine, reservation.count, reservation.cpus)
         except CorepinError as exc:
             self._node_event("Warning", "ReservationIgnored", exc.message)
         options = {k: v for k, v in self.settings.options.items() if k == STRICT_RESERVATION}

@@ -220,8 +220,8 @@ def _allocate(
     notes: list[Note],
 ) -> HostState:
     """A new allocation of `kind` for the container; the shared pool when there is none."""
+    from corepin.allocation.decide import decide
     from corepin.allocation.levels import withheld_for
-    from corepin.allocation.pools import decide
     from corepin.allocation.types import Request
 
     base = state.remove(ident, missing_ok=True)

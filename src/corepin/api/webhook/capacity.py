@@ -2,7 +2,7 @@
 node in the cluster could ever satisfy").
 
 The answer comes from the `NodeCPUTopology` objects the agents publish and from the node agent's
-own allocator: a pod fits a node when `corepin.allocation.pools.decide` - the call the agent
+own allocator: a pod fits a node when `corepin.allocation.decide.decide` - the call the agent
 makes for every exclusive or share container - succeeds for each of its containers in turn on
 that node's *empty* pools (online CPUs, less its reserved CPUs, the shared pool kept non-empty,
 the node's policy). So "64 exclusive CPUs" is refused when the biggest node has 32 online, and
@@ -30,9 +30,10 @@ from collections import OrderedDict
 from collections.abc import Iterable, Mapping, Sequence
 from typing import Any, Final
 
+from corepin.allocation.decide import decide
 from corepin.allocation.levels import units_of
 from corepin.allocation.policies import get_policy
-from corepin.allocation.pools import NodePools, decide
+from corepin.allocation.pools import NodePools
 from corepin.allocation.types import Policy, Request
 from corepin.core.cpuset import CPUSet
 from corepin.core.errors import CorepinError
