@@ -40,7 +40,7 @@ from corepin.core.errors import (
 from corepin.core.record import replace
 
 if TYPE_CHECKING:
-    from corepin.agent.settings import HostSettings
+    from corepin.agent.host.settings import HostSettings
     from corepin.enforcement.cgroups import CgroupDriver
     from corepin.state.kubelet import KubeletCheckpoint
     from corepin.state.model import Assignment, HostState
