@@ -7,6 +7,9 @@ Host mode (`corepin.agent.host.settings.HostSettings`) and the node agent
 composition root (the CLI) builds them from command-line arguments and the environment; nothing
 below the agent reads the environment. Every root is a plain path so tests can point corepin at
 scratch trees.
+
+On the start-up path of `corepin run`: the import inside `state_dir_key` stays there on purpose
+(the builtin blake2 module, with hashlib only as the fallback, which would cost every run).
 """
 
 from __future__ import annotations

@@ -1,9 +1,6 @@
 """Host-mode settings: the shared roots and policy (`corepin.agent.settings.AgentSettings`),
 whether to use cgroups, corepin's cgroup parent, the lock timeout.
 
-On the start-up path of `corepin run`: the imports inside functions stay there on purpose (each
-module loaded costs every run its time).
-
 Environment variables (command-line options win):
 
 - `COREPIN_STATE_DIR`: state directory (default `/var/lib/corepin`).
