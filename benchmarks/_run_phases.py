@@ -9,7 +9,7 @@ Nothing in corepin is changed on disk and nothing is imported ahead of time: cor
 are wrapped only once their module has been loaded by corepin itself (an import hook checks
 after each import), so the import costs land where the command pays them. Time is charged to
 the innermost wrapped step that is running (self time), per stage: `start` (up to CMD's exit)
-and `release` (`HostAgent.finish`). Every `import` statement and `importlib.import_module` call
+and `release` (`Runner.finish`). Every `import` statement and `importlib.import_module` call
 is one more step, `imports`, wherever it happens.
 
 OUT gets lines `T0 <ns>`, `T1 <ns>` (corepin is done: its process only has to end) and
@@ -75,7 +75,7 @@ def _timed(func, step, stage=None):  # type: ignore[no-untyped-def]
 TARGETS: list[tuple[str, str, str, str | None]] = [
     ("argparse", "ArgumentParser.parse_args", "parse arguments", None),
     ("corepin.cli.main", "build_parser", "parse arguments", None),
-    ("corepin.agent.settings", "HostSettings.from_args", "parse arguments", None),
+    ("corepin.agent.host.settings", "HostSettings.from_args", "parse arguments", None),
     ("corepin.topology.discover", "discover", "topology", None),
     ("corepin.state.store", "StateStore._open", "lock", None),
     ("corepin.state.store", "StateStore._acquire", "lock", None),
@@ -85,10 +85,10 @@ TARGETS: list[tuple[str, str, str, str | None]] = [
     ("corepin.agent.host.store", "adopt", "validate", None),
     ("corepin.sysfs.procfs", "process_table", "/proc reads", None),
     ("corepin.sysfs.procfs", "process_start_time", "/proc reads", None),
-    ("corepin.agent.host.agent", "HostAgent.status", "liveness", None),
+    ("corepin.agent.host.liveness", "Liveness.status", "liveness", None),
     ("corepin.agent.host.agent", "HostAgent.decide", "decide", None),
     ("corepin.agent.host.agent", "HostAgent.decide_cpus", "decide", None),
-    ("corepin.agent.host.agent", "HostAgent._reserve", "decide", None),
+    ("corepin.agent.host.agent", "HostAgent.with_reserved", "decide", None),
     ("corepin.agent.host.pinning", "Pinner.cgroups_enabled", "cgroup set-up", None),
     ("corepin.agent.host.pinning", "Pinner.prepare", "cgroup set-up", None),
     ("corepin.agent.host.launch", "Launch.start", "fork", None),
@@ -96,8 +96,8 @@ TARGETS: list[tuple[str, str, str, str | None]] = [
     ("corepin.agent.host.agent", "HostAgent.repin_shared", "re-pin shared", None),
     ("corepin.agent.host.launch", "Launch.go", "exec CMD", None),
     ("corepin.agent.host.launch", "Launch.wait", "CMD runs", None),
-    ("corepin.agent.host.agent", "HostAgent.finish", "other", "release"),
-    ("corepin.agent.host.agent", "HostAgent._remove_cgroups", "cgroup removal", None),
+    ("corepin.agent.host.run", "Runner.finish", "other", "release"),
+    ("corepin.agent.host.agent", "HostAgent.remove_cgroups", "cgroup removal", None),
 ]
 _pending = list(TARGETS)
 _seen_modules = 0

@@ -23,8 +23,10 @@ from pathlib import Path
 
 import pytest
 
+from corepin.agent.host.adopt import pin_container
 from corepin.agent.host.agent import HostAgent
-from corepin.agent.settings import HostSettings
+from corepin.agent.host.reconcile import reconcile_once
+from corepin.agent.host.settings import HostSettings
 from corepin.core.cpuset import CPUSet
 from support.containerd_harness import (
     CPUSET,
@@ -86,7 +88,7 @@ def test_a_container_in_the_kubelet_cgroupfs_layout_is_found_pinned_and_freed(
     online = CPUSet(os.sched_getaffinity(0))
 
     agent = HostAgent(HostSettings(state_dir=str(tmp_path / "state"), cgroups="on"))
-    assignment = agent.pin_container(container.id, exclusive=1, runtime="containerd")
+    assignment = pin_container(agent, container.id, exclusive=1, runtime="containerd")
 
     assert assignment.cgroup == container.cgroup
     assert len(assignment.cpus) == 1 and assignment.cpus <= online
@@ -116,11 +118,11 @@ def test_a_container_in_the_kubelet_cgroupfs_layout_is_found_pinned_and_freed(
     assert assignment.cpus.isdisjoint(state.shared_pool)
 
     # nothing drifted: a reconcile pass changes nothing
-    assert agent.reconcile_once() == []
+    assert reconcile_once(agent) == []
 
     # drift: someone rewrote the container's cpuset; reconcile puts it back
     (CPUSET / container.cgroup / "cpuset.cpus").write_text(str(online))
-    changes = agent.reconcile_once()
+    changes = reconcile_once(agent)
     assert [c.action for c in changes] == ["repinned"]
     for pid in cgroup_procs(container.cgroup):
         assert allowed_cpus(pid) == want
@@ -132,6 +134,6 @@ def test_a_container_in_the_kubelet_cgroupfs_layout_is_found_pinned_and_freed(
         time.sleep(0.1)
     if (CPUSET / container.cgroup).exists():
         (CPUSET / container.cgroup).rmdir()
-    freed = agent.reconcile_once()
+    freed = reconcile_once(agent)
     assert [c.action for c in freed] == ["freed"]
     assert agent.read_state().get(assignment.id) is None

@@ -17,10 +17,11 @@ from pathlib import Path
 import pytest
 
 import support.alloc_topologies as T
-from corepin.agent.settings import DEFAULT_STATE_DIR, HostSettings
+from corepin.agent.host.settings import HostSettings
 from corepin.cli.main import main
 from corepin.core.errors import InputError
 from corepin.state import state_dir_from
+from corepin.state.store import DEFAULT_STATE_DIR
 from support.helpers import run_corepin
 
 

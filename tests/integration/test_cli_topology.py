@@ -17,7 +17,8 @@ from hypothesis import strategies as st
 from corepin import CPUSet, Topology
 from corepin.cli.main import main
 from corepin.cli.render import svg as svg_module
-from corepin.cli.render.svg import OWNER_COLOURS, PALETTE, render_svg
+from corepin.cli.render.boxes import OWNER_COLOURS, PALETTE
+from corepin.cli.render.svg import render_svg
 from corepin.cli.render.table import render_table
 from corepin.cli.render.tree import render_tree
 from corepin.topology.model import CPUInfo, NUMANode

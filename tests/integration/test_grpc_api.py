@@ -26,8 +26,8 @@ from grpc_reflection.v1alpha.proto_reflection_descriptor_database import (
 
 from corepin.agent.host.agent import HostAgent
 from corepin.agent.host.backend import HostBackend
+from corepin.agent.host.settings import HostSettings
 from corepin.agent.ports import AllocationSpec, ContainerRef, ProcessRef, StateFeed
-from corepin.agent.settings import HostSettings
 from corepin.allocation.levels import withheld_for
 from corepin.api.grpc import convert
 from corepin.api.grpc.client import AgentClient

@@ -12,8 +12,10 @@ from pathlib import Path
 
 import pytest
 
-from corepin.agent.host.agent import HostAgent, RunSpec
-from corepin.agent.settings import HostSettings
+from corepin.agent.host.adopt import pin_container
+from corepin.agent.host.agent import HostAgent
+from corepin.agent.host.run import Runner, RunSpec
+from corepin.agent.host.settings import HostSettings
 from corepin.core.cpuset import CPUSet
 from corepin.core.errors import InputError
 from corepin.core.ids import IdError
@@ -232,7 +234,7 @@ def test_bad_container_ids_are_rejected_before_anything_is_touched(
 ) -> None:
     agent = HostAgent(HostSettings(state_dir=str(tmp_path / "state"), cgroups="off"))
     with pytest.raises(IdError) as info:
-        agent.pin_container(bad_id, exclusive=1)
+        pin_container(agent, bad_id, exclusive=1)
     assert info.value.exit_code == 2
     assert not (tmp_path / "state").exists(), "nothing was written for a bad id"
 
@@ -303,7 +305,7 @@ def test_missing_command_names_the_usage(tmp_path: Path) -> None:
 def test_input_error_type_of_missing_command_in_the_agent(tmp_path: Path) -> None:
     agent = HostAgent(HostSettings(state_dir=str(tmp_path), cgroups="off"))
     with pytest.raises(InputError):
-        agent.run([], RunSpec(exclusive=1))
+        Runner(agent).run([], RunSpec(exclusive=1))
 
 
 def test_cgroups_on_with_a_cgroup_root_without_cpuset_exits_4_naming_it(tmp_path: Path) -> None:

@@ -32,7 +32,7 @@ from test_host_run import (
     run,
 )
 
-from corepin.agent.settings import HostSettings
+from corepin.agent.host.settings import HostSettings
 from corepin.core.cpuset import CPUSet
 from corepin.enforcement.faketree import make_fake_v1
 from corepin.state import Assignment, ContainerOwner, HostState, ProcessOwner, StateStore

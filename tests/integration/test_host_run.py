@@ -435,7 +435,8 @@ def test_a_steady_state_reconcile_writes_nothing_at_all(
     state: Path, background: list[subprocess.Popen[str]]
 ) -> None:
     from corepin.agent.host.agent import HostAgent
-    from corepin.agent.settings import HostSettings
+    from corepin.agent.host.reconcile import reconcile_once
+    from corepin.agent.host.settings import HostSettings
 
     for args in (("--shared",), ("--exclusive", "1"), ("--shared",)):
         p = subprocess.Popen(corepin("run", *args, "--", "sleep", "60", state=state, cgroups="on"))
@@ -445,7 +446,7 @@ def test_a_steady_state_reconcile_writes_nothing_at_all(
     agent = HostAgent(HostSettings(state_dir=str(state), cgroups="on"))
     checkpoint = state / "state.json"
     before = checkpoint.stat().st_mtime_ns
-    assert agent.reconcile_once() == []
+    assert reconcile_once(agent) == []
     assert agent.pinner.writes == 0, "no cgroup file, affinity or checkpoint was written"
     assert checkpoint.stat().st_mtime_ns == before
     for p in background:
@@ -465,8 +466,9 @@ def test_telling_live_runs_alive_reads_their_processes_and_scans_nothing_else(
     process of the host is scanned only when a run may be dead (to tell it from a lingering
     one), as in the release of a run."""
     import corepin.sysfs.procfs as procfs
-    from corepin.agent.host.agent import DEAD, RUNNING, HostAgent
-    from corepin.agent.settings import HostSettings
+    from corepin.agent.host.agent import HostAgent
+    from corepin.agent.host.liveness import DEAD, RUNNING
+    from corepin.agent.host.settings import HostSettings
 
     p = subprocess.Popen(corepin("run", "--shared", "--", "sleep", "60", state=state))
     background.append(p)
@@ -484,16 +486,16 @@ def test_telling_live_runs_alive_reads_their_processes_and_scans_nothing_else(
     assert len(live.assignments) == 1
     assert scans == [], "the live run was told alive without a scan of every process"
     with agent.transaction() as txn:
-        kept, freed = agent.reap(txn.state)
+        kept, freed = agent.liveness.reap(txn.state)
     assert freed == [] and kept.assignments.keys() == live.assignments.keys()
     assert scans == []
-    assert agent.statuses(live) == {a.id: RUNNING for a in live}
+    assert agent.liveness.statuses(live) == {a.id: RUNNING for a in live}
     p.send_signal(signal.SIGTERM)
     assert p.wait(timeout=30) == 128 + signal.SIGTERM
     # a run whose processes are gone needs the scan (its session or tree might live on)
     scans.clear()
     fresh = HostAgent(HostSettings(state_dir=str(state), cgroups="off"))
-    assert fresh.statuses(live) == {a.id: DEAD for a in live}
+    assert fresh.liveness.statuses(live) == {a.id: DEAD for a in live}
     assert scans == ["/proc"]
 
 
@@ -535,7 +537,7 @@ def test_cmd_joins_its_cgroup_as_its_one_thread_and_its_threads_and_children_fol
 @pytest.mark.realhost
 def test_a_run_group_on_cgroup_v1_is_joined_through_its_tasks_file(state: Path) -> None:
     from corepin.agent.host.pinning import Pinner
-    from corepin.agent.settings import HostSettings
+    from corepin.agent.host.settings import HostSettings
     from corepin.core.cpuset import CPUSet
     from corepin.topology.discover import discover
 

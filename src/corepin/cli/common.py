@@ -1,4 +1,9 @@
-"""Helpers shared by the subcommands: topology sources, structured output, files."""
+"""Helpers shared by the subcommands: topology sources, host-mode options, structured output,
+files.
+
+On the start-up path of `corepin run` (and of every parser): the imports inside functions stay
+there on purpose (each module loaded costs every run its time).
+"""
 
 from __future__ import annotations
 
@@ -13,7 +18,15 @@ from corepin.core.errors import EnvironmentProblem, InputError, TopologyError
 if TYPE_CHECKING:
     import threading
 
+    from corepin.core.cpuset import CPUSet
     from corepin.topology.model import Topology
+
+#: What `--cgroups` does for the commands of host mode that keep runs (run, pin, report,
+#: release, reconcile).
+HOST_CGROUPS_HELP = (
+    "also confine runs with cpuset cgroups: auto (default: when the cpuset "
+    "hierarchy is writable), on (required), off (affinity only); env COREPIN_CGROUPS"
+)
 
 
 def positive_seconds(text: str) -> float:
@@ -54,6 +67,69 @@ def add_state_arguments(parser: argparse.ArgumentParser, *, cgroups_help: str) -
     )
     parser.add_argument("--cgroups", choices=("auto", "on", "off"), help=cgroups_help)
     parser.add_argument("--cgroup-root", metavar="DIR", help=argparse.SUPPRESS)
+
+
+def add_host_arguments(
+    parser: argparse.ArgumentParser, *, cgroups_help: str = HOST_CGROUPS_HELP
+) -> None:
+    """The state arguments (`add_state_arguments`) and the hidden --sysfs-root DIR and
+    --proc-root DIR of a host-mode command."""
+    add_state_arguments(parser, cgroups_help=cgroups_help)
+    parser.add_argument("--sysfs-root", metavar="DIR", help=argparse.SUPPRESS)
+    parser.add_argument("--proc-root", metavar="DIR", help=argparse.SUPPRESS)
+
+
+def cpu_list(text: str) -> CPUSet:
+    """argparse type: a CPU (or NUMA node) list such as `0-3,8` (the message names the bad
+    value)."""
+    from corepin.core.cpuset import CPUSet
+    from corepin.core.errors import CPUSetParseError
+
+    try:
+        return CPUSet.parse(text)
+    except CPUSetParseError as exc:
+        raise argparse.ArgumentTypeError(str(exc)) from None
+
+
+def _count(text: str) -> int:
+    try:
+        value = int(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"expected a CPU count, got {text!r}") from None
+    if value < 0:
+        raise argparse.ArgumentTypeError(f"expected a CPU count >= 0, got {text!r}")
+    return value
+
+
+def add_reserved_arguments(parser: argparse.ArgumentParser) -> None:
+    """--reserved-cpus CPUSET | --reserved-count N: the host's reserved CPUs (kept in the
+    state; never handed out)."""
+    group = parser.add_mutually_exclusive_group()
+    group.add_argument(
+        "--reserved-cpus",
+        type=cpu_list,
+        metavar="CPUSET",
+        help="reserve exactly these CPUs for the system (kept in the state until changed; "
+        "never handed out; '' reserves none); refused while an allocation holds one of them",
+    )
+    group.add_argument(
+        "--reserved-count",
+        type=_count,
+        metavar="N",
+        help="reserve N CPUs chosen by topology as the kubelet chooses them (whole cores, "
+        "lowest ids first)",
+    )
+
+
+def reserve_from(args: argparse.Namespace) -> tuple[int, CPUSet | None] | None:
+    """(count, explicit CPUs) for HostAgent from --reserved-cpus / --reserved-count."""
+    cpus = getattr(args, "reserved_cpus", None)
+    count = getattr(args, "reserved_count", None)
+    if cpus is not None:
+        return (0, cpus)
+    if count is not None:
+        return (count, None)
+    return None
 
 
 def load_topology(args: argparse.Namespace) -> Topology:

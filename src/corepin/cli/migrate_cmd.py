@@ -6,7 +6,9 @@ corepin migrate --from-kubelet FILE [--state-dir DIR] [--sysfs-root DIR | --topo
 corepin migrate --quarantine [--state-dir DIR] [--force] [-o text|json]
 ```
 
-Argument parsing and output only; the work happens in `corepin.agent.host.migrate`.
+Argument parsing and output only; the work happens in `corepin.agent.host.migrate`. Building
+the parser loads no agent module (`--help` and the other subcommands stay cheap): the command's
+imports inside `run` stay there on purpose.
 
 The state is written for the live topology (this machine's sysfs, or `--sysfs-root DIR`), the
 one `corepin run`, `report` and `reconcile` check it against. `--topology FILE` previews an
@@ -18,17 +20,24 @@ from __future__ import annotations
 
 import argparse
 import os
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING
+
+from corepin.cli.common import (
+    add_state_arguments,
+    add_topology_source,
+    dump,
+    load_topology,
+    write_output,
+)
+from corepin.core.errors import InputError
 
 if TYPE_CHECKING:
     from corepin.agent.host.migrate import MigrationResult, QuarantineResult
-    from corepin.agent.settings import HostSettings
+    from corepin.agent.host.settings import HostSettings
     from corepin.topology.model import Topology
 
 
 def add_arguments(parser: argparse.ArgumentParser, name: str) -> None:
-    from corepin.cli.common import add_state_arguments, add_topology_source
-
     parser.usage = (
         "corepin migrate --from-kubelet FILE [--state-dir DIR] "
         "[--sysfs-root DIR | --topology FILE] [--dry-run] [--force] [-o text|json]\n"
@@ -72,15 +81,12 @@ def add_arguments(parser: argparse.ArgumentParser, name: str) -> None:
     )
 
 
-def run(args: Any) -> int:
-    from corepin.agent.settings import HostSettings
-    from corepin.cli.common import dump, write_output
+def run(args: argparse.Namespace) -> int:
+    from corepin.agent.host.migrate import migrate_from_kubelet, quarantine
+    from corepin.agent.host.settings import HostSettings
 
     settings = HostSettings.from_args(args, os.environ)
     if args.quarantine:
-        from corepin.agent.host.migrate import quarantine
-        from corepin.core.errors import InputError
-
         given = [
             option
             for option, value in (
@@ -101,8 +107,6 @@ def run(args: Any) -> int:
         text = dump(moved.to_json(), "json") if args.output == "json" else _quarantine_text(moved)
         write_output(text, None)
         return 0
-    from corepin.agent.host.migrate import migrate_from_kubelet
-
     topology = _topology(args, settings)
     result = migrate_from_kubelet(
         settings, topology, args.from_kubelet, dry_run=args.dry_run, force=args.force
@@ -112,14 +116,11 @@ def run(args: Any) -> int:
     return 0
 
 
-def _topology(args: Any, settings: HostSettings) -> Topology:
+def _topology(args: argparse.Namespace, settings: HostSettings) -> Topology:
     """The topology to import for: --topology FILE (which must be the live machine unless this
     is a dry run), else the machine under --sysfs-root (default /)."""
-    from corepin.cli.common import load_topology
-
     topology = load_topology(args)
     if args.topology and not args.dry_run:
-        from corepin.core.errors import InputError
         from corepin.state.model import fingerprint
         from corepin.topology.discover import discover
 

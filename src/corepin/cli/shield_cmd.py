@@ -1,23 +1,33 @@
 """`corepin shield on|off|status`: keep the tasks corepin does not manage off exclusive CPUs.
 
-Argument parsing and rendering only; the work happens in `corepin.agent.host.agent` (transactions)
-and `corepin.enforcement.shield.control` / `corepin.enforcement.shield.engine` (the shield itself).
+Argument parsing only; the work happens in `corepin.agent.host.shield` (transactions) and
+`corepin.enforcement.shield.control` / `corepin.enforcement.shield.engine` (the shield itself),
+the output in `corepin.cli.render.shield`.
+
+Building the parser loads no agent module (`--help` and the other subcommands stay cheap): the
+command's imports inside `run` stay there on purpose.
 """
 
 from __future__ import annotations
 
 import argparse
 import os
-from collections.abc import Mapping
+import sys
 from typing import Any
+
+from corepin.cli.common import (
+    add_host_arguments,
+    add_reserved_arguments,
+    dump,
+    reserve_from,
+    write_output,
+)
+from corepin.core.errors import EnvironmentProblem, InputError
 
 ACTIONS = ("on", "off", "status")
 
 
 def add_arguments(parser: argparse.ArgumentParser, name: str) -> None:
-    from corepin.cli.common import add_state_arguments
-    from corepin.cli.host_cmd import add_reserved_arguments
-
     parser.usage = (
         "corepin shield on|off|status [--scope CGROUP] [--kthreads] [--irqs] "
         "[-o table|json|yaml] [--state-dir DIR] [--cgroups auto|on|off]"
@@ -59,22 +69,19 @@ def add_arguments(parser: argparse.ArgumentParser, name: str) -> None:
         help="output format (default: table)",
     )
     add_reserved_arguments(parser)
-    add_state_arguments(
+    add_host_arguments(
         parser,
         cgroups_help="how the shield confines tasks: auto (default: a cpuset group when the "
         "cpuset hierarchy is usable, else affinity), on (cpuset required), off (affinity "
         "only); env COREPIN_CGROUPS",
     )
-    parser.add_argument("--sysfs-root", metavar="DIR", help=argparse.SUPPRESS)
-    parser.add_argument("--proc-root", metavar="DIR", help=argparse.SUPPRESS)
 
 
-def run(args: Any) -> int:
+def run(args: argparse.Namespace) -> int:
     from corepin.agent.host.agent import HostAgent
-    from corepin.agent.settings import HostSettings
-    from corepin.cli.common import dump, write_output
-    from corepin.cli.host_cmd import reserve_from
-    from corepin.core.errors import InputError
+    from corepin.agent.host.settings import HostSettings
+    from corepin.agent.host.shield import shield_off, shield_on, shield_status
+    from corepin.cli.render.shield import notes_table, result_data, status_table
 
     if args.action != "on":
         for flag, given in (
@@ -90,20 +97,18 @@ def run(args: Any) -> int:
     settings = HostSettings.from_args(args, os.environ)
     agent = HostAgent(settings, reserve=reserve_from(args))
     if args.action == "status":
-        data = agent.shield_status()
-        text = dump(data, args.output) if args.output != "table" else _status_table(data)
+        data = shield_status(agent)
+        text = dump(data, args.output) if args.output != "table" else status_table(data)
         write_output(text, None)
         return 0
     if args.action == "on":
         from corepin.enforcement.shield.control import normalize_scope
 
         scope = normalize_scope(args.scope or "")
-        result = agent.shield_on(scope=scope, kthreads=bool(args.kthreads), irqs=bool(args.irqs))
+        result = shield_on(agent, scope=scope, kthreads=bool(args.kthreads), irqs=bool(args.irqs))
         why = agent.shield.why_affinity
-        data = _result_data(result, why)
+        data = result_data(result, why)
         if result.record is not None and result.record.mode == "affinity":
-            import sys
-
             print(
                 f"corepin shield: affinity-only shield ({why}): the tasks' CPU affinity is "
                 "confined, which a task may widen again (`corepin reconcile` puts it back)",
@@ -111,12 +116,10 @@ def run(args: Any) -> int:
             )
         exposed: list[Any] = []
         if result.record is not None:
-            exposed = agent.shield_status().get("exposed", [])
+            exposed = shield_status(agent).get("exposed", [])
             data["exposed"] = exposed
-        write_output(dump(data, args.output) if args.output != "table" else _notes(data), None)
+        write_output(dump(data, args.output) if args.output != "table" else notes_table(data), None)
         if exposed or result.failed:
-            from corepin.core.errors import EnvironmentProblem
-
             pids = ", ".join(str(e["pid"]) for e in exposed[:10])
             raise EnvironmentProblem(
                 f"the shield is up but does not cover {len(exposed)} task(s)"
@@ -126,123 +129,13 @@ def run(args: Any) -> int:
                 reason="shield_exposed",
             )
         return 0
-    result = agent.shield_off()
-    data = _result_data(result, "")
-    write_output(dump(data, args.output) if args.output != "table" else _notes(data), None)
+    result = shield_off(agent)
+    data = result_data(result, "")
+    write_output(dump(data, args.output) if args.output != "table" else notes_table(data), None)
     if result.record is not None:
-        from corepin.core.errors import EnvironmentProblem
-
         raise EnvironmentProblem(
             "the shield is not fully down (see above: what could not be undone stays recorded); "
             "`corepin shield off` again once that is fixed",
             reason="shield_left",
         )
     return 0
-
-
-def _result_data(result: Any, why: str) -> dict[str, Any]:
-    record = result.record
-    data: dict[str, Any] = {
-        "on": record is not None,
-        "notes": [n.to_json() for n in result.notes],
-        "counts": {},
-    }
-    for n in result.notes:
-        data["counts"][n.action] = data["counts"].get(n.action, 0) + 1
-    if record is not None:
-        data.update(
-            {
-                "scope": "/" + record.scope,
-                "mode": record.mode,
-                "cgroup_version": record.cgroup_version or None,
-                "why_affinity": why or None,
-                "system_group": ("/" + record.system_group) if record.mode == "cpuset" else None,
-            }
-        )
-    return data
-
-
-def _notes(data: Mapping[str, Any]) -> str:
-    from corepin.core.text import printable
-    from corepin.enforcement.note import Note
-    from corepin.enforcement.shield.control import notes_text
-
-    lines = []
-    if data["on"]:
-        if data["mode"] == "cpuset":
-            lines.append(
-                printable(
-                    f"shield on: scope {data['scope']}, cgroup v{data['cgroup_version']} "
-                    f"cpuset {data['system_group']}"
-                )
-            )
-        else:
-            lines.append(printable(f"shield on: scope {data['scope']}, affinity only"))
-    notes = [Note(n["action"], n["target"], n["detail"]) for n in data["notes"]]
-    lines.extend(notes_text(notes))
-    if not data["on"]:
-        lines.append("shield off")
-    return "\n".join(lines) + "\n"
-
-
-def _status_table(data: Mapping[str, Any]) -> str:
-    from corepin.core.text import printable
-
-    if not data["on"]:
-        return (
-            f"shield: off\nsystem set would be: CPUs {data['system_cpus'] or '(none)'} "
-            f"(reserved {data['reserved'] or '-'}, shared pool {data['shared_pool'] or '-'})\n"
-        )
-    rows = [
-        ("shield", "on"),
-        ("scope", data["scope"]),
-        (
-            "mode",
-            f"cgroup v{data['cgroup_version']} cpuset" if data["mode"] == "cpuset" else "affinity",
-        ),
-        ("system set", f"CPUs {data['system_cpus'] or '(none)'}"),
-        ("exclusive", data["exclusive_cpus"] or "-"),
-        ("reserved", data["reserved"] or "-"),
-    ]
-    live = data.get("live", {})
-    if "system_group" in live:
-        rows.append(
-            (
-                "system group",
-                f"{live['system_group']}: CPUs {live.get('system_group_cpus', '?')}, "
-                f"{live.get('system_group_tasks', '?')} task(s)",
-            )
-        )
-    if "system_group_error" in live:
-        rows.append(("system group", live["system_group_error"]))
-    rows.append(("moved tasks", str(data["moved_tasks"])))
-    if data["restricted_groups"]:
-        rows.append(("narrowed groups", ", ".join(data["restricted_groups"])))
-    if data["mode"] == "affinity":
-        rows.append(("pinned tasks", str(data["pinned_tasks"])))
-    if data["kthreads"]:
-        rows.append(("kernel threads", f"{data['pinned_kernel_threads']} confined"))
-    if data["irqs"]:
-        kept = data.get("irqs_kept") or []
-        what = ", ".join(f"{k['irq']} on {k['cpus']}" for k in kept[:10])
-        rows.append(
-            (
-                "IRQs",
-                f"{data['moved_irqs']} moved"
-                + (
-                    f"; the kernel keeps {len(kept)} outside the system set: {what}" if kept else ""
-                ),
-            )
-        )
-    exposed = data["exposed"]
-    rows.append(("exposed tasks", str(len(exposed)) + (" (none: good)" if not exposed else "")))
-    width = max(len(k) for k, _ in rows)
-    lines = [printable(f"{k.ljust(width)}  {v}") for k, v in rows]
-    for item in exposed[:20]:
-        where = (
-            f"may run on CPUs {item['cpus']}" if item.get("cpus") else item.get("why", "exposed")
-        )
-        lines.append(printable(f"  pid {item['pid']} tid {item['tid']} ({item['comm']}) {where}"))
-    if len(exposed) > 20:
-        lines.append(f"  ... and {len(exposed) - 20} more")
-    return "\n".join(lines) + "\n"

@@ -17,8 +17,9 @@ import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from corepin.agent.host.agent import HostAgent, RunSpec
-from corepin.agent.settings import HostSettings
+from corepin.agent.host.agent import HostAgent
+from corepin.agent.host.run import RunSpec
+from corepin.agent.host.settings import HostSettings
 from corepin.allocation.policies import get_policy
 from corepin.allocation.simulate import DecisionRecord, TraceEvent, replay
 from corepin.core.cpuset import CPUSet

@@ -1,9 +1,10 @@
 """Host mode behind the node API: `HostBackend` implements `corepin.agent.ports.NodeBackend`
-with a `HostAgent` and its state directory.
+with a `HostAgent` and its state directory. No command serves it (the node agent is what
+serves the API); the API's own tests do, on this machine.
 
 - `snapshot` reads the committed state (no lock), `statuses` tells which runs live;
-- `allocate` pins a running process (`HostAgent.pin_process`) or, with cgroups, a container
-  found in the kubelet's layout by its container id (`HostAgent.pin_container`);
+- `allocate` pins a running process (`adopt.pin_process`) or, with cgroups, a container
+  found in the kubelet's layout by its container id (`adopt.pin_container`);
 - `release` is `corepin release ID`;
 - `subscribe` follows the state file: other `corepin run` processes change it too, so a
   poller (started with the first subscription) publishes the state whenever the file was
@@ -14,11 +15,16 @@ HostAgent keeps per-transaction caches, so calls are serialised by one lock.
 
 from __future__ import annotations
 
+import logging
 import os
 import threading
 from collections.abc import Mapping
 from typing import TYPE_CHECKING
 
+from corepin.agent.host.adopt import pin_container, pin_process
+from corepin.agent.host.agent import HostAgent
+from corepin.agent.host.release import release
+from corepin.agent.host.run import RunSpec
 from corepin.agent.ports import (
     AllocationSpec,
     ContainerRef,
@@ -27,9 +33,9 @@ from corepin.agent.ports import (
     StateFeed,
 )
 from corepin.core.errors import InputError
+from corepin.state.store import StateStore
 
 if TYPE_CHECKING:
-    from corepin.agent.host.agent import HostAgent
     from corepin.state.model import Assignment, HostState
     from corepin.topology.model import Topology
 
@@ -62,8 +68,6 @@ class HostBackend:
 
     @property
     def state_path(self) -> str:
-        from corepin.state.store import StateStore
-
         return StateStore(self.agent.settings.state_dir).path
 
     # ------------------------------------------------------------------ reads
@@ -78,12 +82,10 @@ class HostBackend:
     def statuses(self, state: HostState) -> Mapping[str, str]:
         with self._lock:
             self.agent.read_state()  # a fresh process table for this answer
-            return self.agent.statuses(state)
+            return self.agent.liveness.statuses(state)
 
     # ------------------------------------------------------------------ writes
     def allocate(self, spec: AllocationSpec) -> Assignment:
-        from corepin.agent.host.agent import RunSpec
-
         options = dict(spec.options)
         if spec.kind == "shared":
             if spec.level != "cpu":
@@ -98,8 +100,8 @@ class HostBackend:
                     with_shared=spec.kind == "mixed",
                     options=options,
                 )
-                assignment = self.agent.pin_process(
-                    owner.pid, run, kind=spec.kind, name=spec.name or None
+                assignment = pin_process(
+                    self.agent, owner.pid, run, kind=spec.kind, name=spec.name or None
                 )
             elif isinstance(owner, ContainerRef):
                 if spec.kind not in ("exclusive", "shared"):
@@ -112,7 +114,8 @@ class HostBackend:
                         "host mode finds a container by its container id: give container_id",
                         reason="bad_usage",
                     )
-                assignment = self.agent.pin_container(
+                assignment = pin_container(
+                    self.agent,
                     owner.container_id,
                     exclusive=spec.cpus if spec.kind == "exclusive" else None,
                     options=options,
@@ -127,7 +130,7 @@ class HostBackend:
     def release(self, assignment_id: str) -> Assignment:
         with self._lock:
             before = self.agent.read_state().get(assignment_id)
-            self.agent.release(assignment_id)
+            release(self.agent, assignment_id)
             self._publish()
             if before is None:  # released meanwhile by someone else: nothing more to tell
                 raise InputError(f"no allocation {assignment_id!r}", reason="unknown_id")
@@ -170,8 +173,6 @@ class HostBackend:
             self._feed.publish(state)
 
     def _poll(self) -> None:
-        import logging
-
         log = logging.getLogger("corepin.agent.host.backend")
         while not self._stop.wait(self._poll_interval):
             if self._signature() == self._seen:

@@ -30,6 +30,7 @@ import time
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any, Final
 
+from corepin.agent.host.pinning import usable_hierarchy
 from corepin.core.cpuset import CPUSet
 from corepin.core.errors import (
     CorepinError,
@@ -38,9 +39,13 @@ from corepin.core.errors import (
     StateFormatError,
 )
 from corepin.core.record import replace
+from corepin.enforcement.cgroups import open_cpuset_hierarchy
+from corepin.enforcement.layout import Layout, find_container_cgroup, pod_cgroup_path
+from corepin.state.store import StateStore
+from corepin.state.validate import validate
 
 if TYPE_CHECKING:
-    from corepin.agent.settings import HostSettings
+    from corepin.agent.host.settings import HostSettings
     from corepin.enforcement.cgroups import CgroupDriver
     from corepin.state.kubelet import KubeletCheckpoint
     from corepin.state.model import Assignment, HostState
@@ -163,9 +168,6 @@ def open_cgroup_driver(settings: HostSettings) -> CgroupDriver | None:
     Unlike the pinner it never creates corepin's own cgroup: looking up is all migrate does."""
     if settings.cgroups == "off":
         return None
-    from corepin.agent.host.pinning import usable_hierarchy
-    from corepin.enforcement.cgroups import open_cpuset_hierarchy
-
     try:
         driver = usable_hierarchy(open_cpuset_hierarchy(settings.cgroup_root))
     except CorepinError:
@@ -176,8 +178,6 @@ def open_cgroup_driver(settings: HostSettings) -> CgroupDriver | None:
 
 
 def _pod_cgroups(driver: CgroupDriver, pod_uid: str) -> list[str]:
-    from corepin.enforcement.layout import Layout, pod_cgroup_path
-
     found = []
     for layout in Layout:
         for qos in _QOS:
@@ -189,8 +189,6 @@ def _pod_cgroups(driver: CgroupDriver, pod_uid: str) -> list[str]:
 
 def find_cgroup(driver: CgroupDriver, a: Assignment) -> str | None:
     """The cgroup of the container an imported assignment belongs to, or None."""
-    from corepin.enforcement.layout import find_container_cgroup
-
     owner = a.container
     if owner is None:
         return None
@@ -273,9 +271,6 @@ def migrate_from_kubelet(
     force: bool = False,
 ) -> MigrationResult:
     """Import the kubelet checkpoint at `kubelet_path` into the state directory of `settings`."""
-    from corepin.state.store import StateStore
-    from corepin.state.validate import validate
-
     checkpoint = read_checkpoint(kubelet_path)
     state, notes = convert(checkpoint, topology, created=time.time())
     state, found = attach_cgroups(state, open_cgroup_driver(settings))
@@ -321,8 +316,6 @@ class QuarantineResult:
 def quarantine(settings: HostSettings, *, force: bool = False) -> QuarantineResult:
     """Rename a corrupt corepin checkpoint aside. A checkpoint that reads fine is left alone
     (InputError) unless `force`: it holds live allocations."""
-    from corepin.state.store import StateStore
-
     store = StateStore(settings.state_dir)
     problem = ""
     try:

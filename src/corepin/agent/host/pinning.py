@@ -41,7 +41,7 @@ from corepin.core.cpuset import CPUSet
 from corepin.core.errors import CgroupError, CorepinError
 
 if TYPE_CHECKING:
-    from corepin.agent.settings import HostSettings
+    from corepin.agent.host.settings import HostSettings
     from corepin.enforcement.cgroups import CgroupDriver, PartitionState
     from corepin.enforcement.note import Note
     from corepin.enforcement.reconcile import CgroupTarget, ProcessTarget

@@ -15,7 +15,7 @@ from typing import TYPE_CHECKING
 from corepin.core.errors import StateError
 
 if TYPE_CHECKING:
-    from corepin.agent.settings import HostSettings
+    from corepin.agent.host.settings import HostSettings
     from corepin.state.model import HostState
     from corepin.state.store import Transaction
     from corepin.topology.model import Topology

@@ -9,11 +9,11 @@ from __future__ import annotations
 from collections.abc import Mapping
 from typing import Final
 
+from corepin.agent.settings import AgentSettings
 from corepin.core.cpuset import CPUSet
 from corepin.core.errors import InputError
 from corepin.core.record import field, record
 
-DEFAULT_STATE_DIR: Final = "/var/lib/corepin"
 DEFAULT_KUBELET_STATE: Final = "/var/lib/kubelet/cpu_manager_state"
 DEFAULT_GRPC_SOCKET: Final = "/run/corepin/corepin.sock"
 DEFAULT_METRICS_ADDRESS: Final = ":9464"
@@ -22,17 +22,13 @@ CGROUP_DRIVERS: Final = ("auto", "cgroupfs", "systemd")
 
 
 @record
-class NodeSettings:
-    """Everything the node agent needs to know about where things are and what to do."""
+class NodeSettings(AgentSettings):
+    """Everything the node agent needs to know about where things are and what to do (the
+    roots and policy of `AgentSettings`, and its own)."""
 
-    node_name: str
-    state_dir: str = DEFAULT_STATE_DIR
-    sysfs_root: str = "/"
-    proc_root: str = "/proc"
-    cgroup_root: str = "/sys/fs/cgroup"
+    node_name: str = field(kw_only=True)
     kubelet_cgroup_root: str = "/"
     cgroup_driver: str = "auto"
-    policy: str = "topology-aware"
     options: Mapping[str, str] = field(default_factory=dict)
     reserved_cpus: CPUSet | None = None
     resync_period: float = 30.0
@@ -69,5 +65,4 @@ class NodeSettings:
                 f"heartbeat {self.heartbeat_period!r}",
                 reason="bad_period",
             )
-        if not self.state_dir:
-            raise InputError("the state directory must not be empty", reason="bad_state_dir")
+        self.check_state_dir()

@@ -1,13 +1,13 @@
 """`corepin topology -o svg`: a picture of the machine in the spirit of hwloc's lstopo.
 
-Nested boxes: machine > socket > die (when a socket has several) > NUMA node > L3 > shared L2 or
-cluster (when several cores share one) > core > CPU (hardware thread), in the order of
-`Topology.level_order()`: an L3 or NUMA node that holds several packages (a DynamIQ SoC whose
-kernel numbers clusters as packages) or several NUMA nodes is drawn around them, as lstopo
-does. Offline CPUs are hatched, isolated CPUs (isolcpus) have a red dashed border, performance
-and efficiency cores of hybrid machines have different colours, memory-only NUMA nodes get their
-own boxes, and a legend explains it all. Boxes flow into balanced rows, so the same code draws
-2 CPUs and 1024.
+Nested boxes (built in `corepin.cli.render.boxes`): machine > socket > die (when a socket has
+several) > NUMA node > L3 > shared L2 or cluster (when several cores share one) > core > CPU
+(hardware thread), in the order of `Topology.level_order()`: an L3 or NUMA node that holds
+several packages (a DynamIQ SoC whose kernel numbers clusters as packages) or several NUMA nodes
+is drawn around them, as lstopo does. Offline CPUs are hatched, isolated CPUs (isolcpus) have a
+red dashed border, performance and efficiency cores of hybrid machines have different colours,
+memory-only NUMA nodes get their own boxes, and a legend explains it all. Boxes flow into
+balanced rows, so the same code draws 2 CPUs and 1024.
 
 `render_svg(topology, owners=...)` colours CPUs by owner instead (for `corepin report -o svg`):
 `owners` maps a CPU id to an owner label; the well-known labels `reserved`, `shared`, `infra` and
@@ -20,72 +20,16 @@ Pure: Topology (and the mapping) in, SVG text out.
 from __future__ import annotations
 
 import math
-from collections.abc import Callable, Iterable, Mapping
-from dataclasses import dataclass, field
+from collections.abc import Mapping
 
 from corepin.cli.render._common import short_core_type, summary
+from corepin.cli.render.boxes import OWNER_COLOURS, STYLES, Box, BoxBuilder, owner_colours
 from corepin.core.cpuset import CPUSet
-from corepin.topology.model import CPUInfo, Topology
+from corepin.topology.model import Topology
 
 FONT = "DejaVu Sans, Verdana, Helvetica, Arial, sans-serif"
 PU_W = 34.0
 PU_H = 22.0
-
-#: Fixed colours of well-known owner labels (`corepin report -o svg`).
-OWNER_COLOURS: dict[str, str] = {
-    "free": "#ffffff",
-    "shared": "#a8d5a2",
-    "reserved": "#6b6b6b",
-    "infra": "#c9b3d9",
-}
-#: Colours handed to other owners in sorted order (readable with black text, colour-blind aware).
-PALETTE = (
-    "#f4a259",
-    "#5fa8d3",
-    "#e9c46a",
-    "#f28482",
-    "#84a59d",
-    "#cdb4db",
-    "#ffafcc",
-    "#90be6d",
-    "#f9c74f",
-    "#4d908e",
-    "#f8961e",
-    "#bde0fe",
-)
-
-
-@dataclass(frozen=True)
-class _Style:
-    fill: str
-    stroke: str = "#555555"
-    pad: float = 6.0
-    gap: float = 6.0
-    font: float = 12.0
-    bold: bool = True
-    dash: bool = False
-    radius: float = 3.0
-
-
-_STYLES: dict[str, _Style] = {
-    "machine": _Style("#fbfbfb", "#333333", pad=8, gap=10, font=13),
-    "socket": _Style("#e6e6e6", "#4d4d4d", pad=7, gap=8),
-    "die": _Style("#d9d9d9", "#666666", pad=6, gap=6),
-    "numa": _Style("#f6e7c1", "#a0833a", pad=6, gap=6),
-    "memnuma": _Style("#f6e7c1", "#a0833a", pad=6, gap=6, dash=True),
-    "l3": _Style("#dce8f6", "#5a7ca6", pad=5, gap=5, font=11),
-    "group": _Style("#e5f1dc", "#6b8f5a", pad=4, gap=4, font=10),
-    "core": _Style("#c4c4c4", "#5c5c5c", pad=4, gap=3, font=10),
-    "core-P": _Style("#9dbde3", "#3e6390", pad=4, gap=3, font=10),
-    "core-E": _Style("#b3d9a5", "#4f7f3f", pad=4, gap=3, font=10),
-    "core-other": _Style("#e3c6e8", "#7a4f82", pad=4, gap=3, font=10),
-    "offline-group": _Style("#f4f4f4", "#8c8c8c", pad=6, gap=4, font=11, dash=True),
-    "pu": _Style("#ffffff", "#4d4d4d", font=11, bold=False, radius=2),
-    "pu-isolated": _Style("#fff1a8", "#c0392b", font=11, bold=False, dash=True, radius=2),
-    "pu-offline": _Style("url(#hatch)", "#8c8c8c", font=11, bold=False, radius=2),
-}
-
-_CORE_LABELS = {"P": "P-core", "E": "E-core"}
 
 
 def _esc(text: str) -> str:
@@ -98,255 +42,10 @@ def _text_width(text: str, size: float, bold: bool = False) -> float:
     return len(text) * size * (0.70 if bold else 0.60)
 
 
-@dataclass(eq=False)
-class _Box:
-    kind: str
-    label: str
-    children: list[_Box] = field(default_factory=list)
-    lines: list[str] = field(default_factory=list)
-    tip: str = ""
-    fill: str | None = None
-    text_fill: str = "#1a1a1a"
-    w: float = 0.0
-    h: float = 0.0
-    offsets: list[tuple[float, float]] = field(default_factory=list)
-    rows: list[list[int]] = field(default_factory=list)
-
-    @property
-    def style(self) -> _Style:
-        return _STYLES[self.kind]
-
-
-# --------------------------------------------------------------------------- tree of boxes
-
-
-def _group(infos: Iterable[CPUInfo], attr: str) -> dict[int | None, list[CPUInfo]]:
-    out: dict[int | None, list[CPUInfo]] = {}
-    for info in infos:
-        out.setdefault(getattr(info, attr), []).append(info)
-    return dict(sorted(out.items(), key=lambda kv: -1 if kv[0] is None else kv[0]))
-
-
-def _cpuset(infos: Iterable[CPUInfo]) -> CPUSet:
-    return CPUSet(i.cpu for i in infos)
-
-
-class _Builder:
-    def __init__(
-        self,
-        topology: Topology,
-        owners: Mapping[int, str] | None,
-        colours: Mapping[str, str] | None = None,
-    ) -> None:
-        self.t = topology
-        self.owners = owners
-        self.colours = _owner_colours(owners, colours) if owners is not None else {}
-        self.offline_by_core: dict[int, list[CPUInfo]] = {}
-        for info in topology.cpus:
-            if not info.online and info.core is not None:
-                self.offline_by_core.setdefault(info.core, []).append(info)
-
-    # every present CPU, placed once: online ones in the tree, offline ones in their core when
-    # the kernel still says which core, else in the "Offline CPUs" strip
-    def machine(self) -> _Box:
-        online = [c for c in self.t.cpus if c.online]
-        makers: dict[str, Callable[[int, list[CPUInfo]], _Box]] = {
-            "socket": self.socket_box,
-            "die": self.die_box,
-            "numa": self.numa_box,
-            "l3": self.l3_box,
-        }
-        levels = [(kind, makers[kind]) for kind in self.t.level_order() if kind in makers]
-        children = self.level(online, levels)
-        for node in self.t.numa_nodes:
-            if node.memory_only:
-                lines = ["memory only"]
-                if node.memory_kb is not None:
-                    lines.append(_size(node.memory_kb))
-                children.append(
-                    _Box(
-                        "memnuma",
-                        f"NUMA node {node.id}",
-                        lines=lines,
-                        tip=f"NUMA node {node.id}: memory without CPUs",
-                    )
-                )
-        placed = {c.cpu for cs in self.offline_by_core.values() for c in cs}
-        placed_cores = set(self.t.core_ids())
-        loose = [
-            c
-            for c in self.t.cpus
-            if not c.online and (c.cpu not in placed or c.core not in placed_cores)
-        ]
-        if loose:
-            strip = _Box(
-                "offline-group",
-                "Offline CPUs",
-                tip=f"offline CPUs {_cpuset(loose)}: the kernel hides their topology",
-            )
-            strip.children = [self.pu(c) for c in loose]
-            children.append(strip)
-        return _Box("machine", "Machine", children=children, tip=summary(self.t))
-
-    def level(
-        self, infos: list[CPUInfo], levels: list[tuple[str, Callable[[int, list[CPUInfo]], _Box]]]
-    ) -> list[_Box]:
-        """Boxes of the first level (in `Topology.level_order()`: a cache or NUMA node that
-        spans several packages, as on DynamIQ SoCs, is drawn around them), the rest inside.
-        A die box is drawn only where there are several dies side by side."""
-        if not levels:
-            return self.groups_and_cores(infos)
-        (attr, make), rest = levels[0], levels[1:]
-        groups = _group(infos, attr)
-        if attr == "die" and len(groups) == 1:
-            return self.level(infos, rest)
-        out: list[_Box] = []
-        for key, members in groups.items():
-            if key is None:  # the kernel does not say: no box at this level for them
-                out.extend(self.level(members, rest))
-                continue
-            box = make(key, members)
-            box.children = self.level(members, rest)
-            out.append(box)
-        return out
-
-    def socket_box(self, socket: int, members: list[CPUInfo]) -> _Box:
-        label = f"Socket {socket}"
-        return _Box("socket", label, tip=f"{label}: CPUs {self.t.cpus_in_sockets(socket)}")
-
-    def die_box(self, die: int, members: list[CPUInfo]) -> _Box:
-        socket = members[0].socket
-        label = f"Die {die}"
-        whole = self.t.cpus_in_dies((socket, die)) if socket is not None else _cpuset(members)
-        return _Box("die", label, tip=f"Socket {socket} {label}: CPUs {whole}")
-
-    def numa_box(self, node: int, members: list[CPUInfo]) -> _Box:
-        part = _cpuset(members)
-        whole = self.t.cpus_in_numa_nodes(node)
-        label = f"NUMA node {node}" + ("" if part == whole else " (part)")
-        try:
-            memory = self.t.numa_node(node).memory_kb
-        except ValueError:
-            memory = None
-        if memory is not None:
-            label += f" ({_size(memory)})"
-        return _Box("numa", label, tip=f"NUMA node {node}: CPUs {whole}")
-
-    def l3_box(self, l3: int, members: list[CPUInfo]) -> _Box:
-        part = _cpuset(members)
-        whole = self.t.cpus_in_l3s(l3)
-        label = f"L3 #{l3}" + ("" if part == whole else " (part)")
-        return _Box("l3", label, tip=f"L3 cache #{l3}: shared by CPUs {whole}")
-
-    def groups_and_cores(self, infos: list[CPUInfo]) -> list[_Box]:
-        """Cores, inside boxes for L2 caches or clusters that several cores share."""
-        for attr, name in (("l2", "L2 #"), ("cluster", "Cluster ")):
-            groups = _group(infos, attr)
-            if None in groups:
-                continue
-            multi = [g for g in groups.values() if len({c.core for c in g}) > 1]
-            if multi:
-                out = []
-                for key, members in groups.items():
-                    if len({c.core for c in members}) == 1:  # a private L2: no box for it
-                        out.extend(self.cores(members))
-                        continue
-                    what = "L2 cache" if attr == "l2" else "cluster"
-                    box = _Box(
-                        "group",
-                        f"{name}{key}",
-                        tip=f"{what} {key}: CPUs {_cpuset(members)}",
-                    )
-                    box.children = self.cores(members)
-                    out.append(box)
-                return out
-        return self.cores(infos)
-
-    def cores(self, infos: list[CPUInfo]) -> list[_Box]:
-        out = []
-        for core, members in _group(infos, "core").items():
-            hidden = self.offline_by_core.get(core, []) if core is not None else []
-            every = sorted(members + hidden, key=lambda c: c.cpu)
-            kind = short_core_type(members[0].core_type)
-            style = "core"
-            if kind in ("P", "E"):
-                style = f"core-{kind}"
-            elif kind:
-                style = "core-other"
-            name = _CORE_LABELS.get(kind, "Core")
-            label = f"{name} {core if core is not None else '?'}"
-            tip = f"{label}: threads {_cpuset(every)}"
-            if kind and kind not in ("P", "E"):
-                tip += f" (type {kind})"
-            box = _Box(style, label, tip=tip)
-            box.children = [self.pu(c) for c in every]
-            out.append(box)
-        return out
-
-    def pu(self, info: CPUInfo) -> _Box:
-        kind = "pu"
-        state = []
-        if not info.online:
-            kind = "pu-offline"
-            state.append("offline")
-        elif info.isolated:
-            kind = "pu-isolated"
-            state.append("isolated")
-        box = _Box(kind, str(info.cpu))
-        tip = f"CPU {info.cpu}"
-        if self.owners is not None and info.online:
-            owner = self.owners.get(info.cpu)
-            if owner is not None:
-                box.fill = self.colours[owner]
-                box.text_fill = _text_on(box.fill)
-                tip += f": {owner}"
-        if not info.online:
-            box.text_fill = "#222222"
-        if state:
-            tip += f" ({', '.join(state)})"
-        box.tip = tip
-        return box
-
-
-def _owner_colours(
-    owners: Mapping[int, str], chosen: Mapping[str, str] | None = None
-) -> dict[str, str]:
-    """Owner label -> fill: `chosen` first, then the fixed pool colours, then the palette."""
-    chosen = chosen or {}
-    colours: dict[str, str] = {}
-    others = sorted({o for o in owners.values() if o not in OWNER_COLOURS and o not in chosen})
-    for i, name in enumerate(others):
-        colours[name] = PALETTE[i % len(PALETTE)]
-    for name in owners.values():
-        if name in chosen:
-            colours[name] = chosen[name]
-        elif name in OWNER_COLOURS:
-            colours[name] = OWNER_COLOURS[name]
-    return colours
-
-
-def _text_on(fill: str) -> str:
-    """Black text on light fills, white on dark ones (#rrggbb; anything else gets black)."""
-    if len(fill) == 7 and fill[0] == "#":
-        try:
-            r, g, b = (int(fill[i : i + 2], 16) / 255 for i in (1, 3, 5))
-        except ValueError:
-            return "#1a1a1a"
-        if 0.299 * r + 0.587 * g + 0.114 * b < 0.5:
-            return "#ffffff"
-    return "#1a1a1a"
-
-
-def _size(kb: int) -> str:
-    if kb >= 1024 * 1024:
-        return f"{kb / (1024 * 1024):.0f} GiB"
-    return f"{kb / 1024:.0f} MiB"
-
-
 # --------------------------------------------------------------------------- layout
 
 
-def _header(box: _Box) -> float:
+def _header(box: Box) -> float:
     s = box.style
     return s.pad + s.font + 4 + len(box.lines) * (s.font + 2)
 
@@ -374,7 +73,7 @@ def _rows(widths: list[float], max_w: float, gap: float) -> list[list[int]]:
     return rows
 
 
-def _measure(box: _Box, max_w: float) -> None:
+def _measure(box: Box, max_w: float) -> None:
     s = box.style
     if box.kind.startswith("pu"):
         box.w, box.h = PU_W, PU_H
@@ -413,7 +112,7 @@ def _measure(box: _Box, max_w: float) -> None:
     _widen(box, max(inner_w + 2 * s.pad, label_w))
 
 
-def _widen(box: _Box, width: float) -> None:
+def _widen(box: Box, width: float) -> None:
     """Set the box's width; a child alone in its row widens with it (all the way down)."""
     box.w = width
     if box.kind.startswith("core"):
@@ -427,7 +126,7 @@ def _widen(box: _Box, width: float) -> None:
 # --------------------------------------------------------------------------- drawing
 
 
-def _draw(box: _Box, x: float, y: float, out: list[str]) -> None:
+def _draw(box: Box, x: float, y: float, out: list[str]) -> None:
     s = box.style
     fill = box.fill or s.fill
     dash = ' stroke-dasharray="4 2"' if s.dash else ""
@@ -477,31 +176,29 @@ def _legend_items(
             cpus = CPUSet(c for c in by_owner[owner] if c >= 0)
             items.append((colours[owner], "#4d4d4d", f"{owner}: CPUs {cpus}", False, ""))
     else:
-        items.append(
-            (_STYLES["pu"].fill, _STYLES["pu"].stroke, "CPU (hardware thread)", False, "n")
-        )
+        items.append((STYLES["pu"].fill, STYLES["pu"].stroke, "CPU (hardware thread)", False, "n"))
     present_kinds = {short_core_type(c.core_type) for c in topology.cpus if c.online}
     if "P" in present_kinds:
-        items.append((_STYLES["core-P"].fill, _STYLES["core-P"].stroke, "P-core", False, ""))
+        items.append((STYLES["core-P"].fill, STYLES["core-P"].stroke, "P-core", False, ""))
     if "E" in present_kinds:
-        items.append((_STYLES["core-E"].fill, _STYLES["core-E"].stroke, "E-core", False, ""))
+        items.append((STYLES["core-E"].fill, STYLES["core-E"].stroke, "E-core", False, ""))
     if present_kinds - {"P", "E", ""}:
         other = ", ".join(sorted(present_kinds - {"P", "E", ""}))
-        st = _STYLES["core-other"]
+        st = STYLES["core-other"]
         items.append((st.fill, st.stroke, f"core type {other}", False, ""))
     if present_kinds <= {""} or "" in present_kinds:
-        items.append((_STYLES["core"].fill, _STYLES["core"].stroke, "physical core", False, ""))
+        items.append((STYLES["core"].fill, STYLES["core"].stroke, "physical core", False, ""))
     if topology.l3_ids():
-        items.append((_STYLES["l3"].fill, _STYLES["l3"].stroke, "L3 cache", False, ""))
-    items.append((_STYLES["numa"].fill, _STYLES["numa"].stroke, "NUMA node", False, ""))
+        items.append((STYLES["l3"].fill, STYLES["l3"].stroke, "L3 cache", False, ""))
+    items.append((STYLES["numa"].fill, STYLES["numa"].stroke, "NUMA node", False, ""))
     if any(n.memory_only for n in topology.numa_nodes):
-        st = _STYLES["memnuma"]
+        st = STYLES["memnuma"]
         items.append((st.fill, st.stroke, "memory-only NUMA node", True, ""))
     if topology.isolated_cpus:
-        st = _STYLES["pu-isolated"]
+        st = STYLES["pu-isolated"]
         items.append((st.fill, st.stroke, f"isolated CPU {topology.isolated_cpus}", True, ""))
     if topology.offline_cpus:
-        st = _STYLES["pu-offline"]
+        st = STYLES["pu-offline"]
         items.append((st.fill, st.stroke, f"offline CPU {topology.offline_cpus}", False, ""))
     return items
 
@@ -539,11 +236,11 @@ def _layout(
     topology: Topology,
     owners: Mapping[int, str] | None,
     colours: Mapping[str, str] | None = None,
-) -> _Box:
+) -> Box:
     """Lay the machine out at the width that gives the most screen-like picture."""
-    best: tuple[float, _Box] | None = None
+    best: tuple[float, Box] | None = None
     for width in range(480, 3201, 160):
-        box = _Builder(topology, owners, colours).machine()
+        box = BoxBuilder(topology, owners, colours).machine()
         _measure(box, float(width))
         ratio = box.w / max(box.h, 1.0)
         score = abs(math.log(ratio / 1.6)) + 2.0 * max(0.0, (box.w - 1800.0) / 1000.0)
@@ -572,7 +269,7 @@ def render_svg(
     legend: draw the legend under the picture.
     """
     machine = _layout(topology, owners, colours)
-    colours = _owner_colours(owners, colours) if owners is not None else {}
+    colours = owner_colours(owners, colours) if owners is not None else {}
     margin = 14.0
     heading = (
         title

@@ -1,0 +1,76 @@
+"""`corepin reconcile`: free what died, re-apply drifted pins, repair the shield - once, or pass
+after pass until SIGTERM or SIGINT (a systemd unit in packaging/ runs it so).
+
+A steady state writes nothing at all: no checkpoint, no cgroup file, no affinity.
+"""
+
+from __future__ import annotations
+
+import signal
+import sys
+import time
+from collections.abc import Callable
+
+from corepin.agent.host.agent import HostAgent
+from corepin.core.errors import StateError
+from corepin.enforcement.note import Note
+
+
+def reconcile_once(host: HostAgent) -> list[Note]:
+    """Free what died, re-apply drifted pins, repair the shield (resize it, adopt new
+    tasks); steady state: no writes at all."""
+    with host.transaction() as txn:
+        before = txn.state
+        state, changes = host.liveness.reap(before)
+        reserved = host.with_reserved(state)
+        if reserved.reserved != state.reserved:
+            changes.append(
+                Note(
+                    "reserved",
+                    "host",
+                    f"reserved CPUs {state.reserved or '-'} -> {reserved.reserved or '-'}",
+                )
+            )
+            state = reserved
+        if state is not before:
+            state = txn.commit(state)
+        changes.extend(host.enforce(state))
+        if state.shield is not None:
+            synced = host.sync_shield(state)
+            changes.extend(
+                Note(n.action, n.target, n.detail)
+                for n in host.shield_notes
+                if n.action not in ("left",)
+            )
+            if synced.shield != state.shield:
+                state = txn.commit(synced)
+        changes.extend(host.remove_cgroups(state))
+    return changes
+
+
+def reconcile_forever(host: HostAgent, interval: float, show: Callable[[list[Note]], None]) -> None:
+    """`reconcile_once` every `interval` seconds, each pass's changes given to `show`, until
+    SIGTERM or SIGINT. A state lock someone else holds is a warning on stderr (busy is not
+    broken: an operator may hold the lock for a while), not the end."""
+    stop = False
+
+    def on_signal(_signum: int, _frame: object) -> None:
+        nonlocal stop
+        stop = True
+
+    signal.signal(signal.SIGTERM, on_signal)
+    signal.signal(signal.SIGINT, on_signal)
+    while not stop:
+        try:
+            show(reconcile_once(host))
+        except StateError as exc:
+            if exc.reason != "lock_timeout":
+                raise
+            print(
+                f"corepin reconcile: warning: {exc}; trying again in {interval:g} s",
+                file=sys.stderr,
+                flush=True,
+            )
+        deadline = time.monotonic() + interval
+        while not stop and time.monotonic() < deadline:
+            time.sleep(min(0.2, max(0.0, deadline - time.monotonic())))

@@ -1,0 +1,44 @@
+"""`corepin report --node NAME`: a Kubernetes node's state read from its `NodeCPUTopology`.
+
+(A running agent's state, `corepin report --agent SOCKET`, is read over gRPC by the command
+itself: the gRPC client is a surface, above the agents.)
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from typing import TYPE_CHECKING
+
+from corepin.core.errors import ApiNotFound, EnvironmentProblem, InputError
+from corepin.kube.client import KubeClient
+from corepin.kube.config import load_config
+from corepin.kube.models import NodeCPUTopology
+from corepin.kube.nodestate import NODE_CPU_TOPOLOGIES, NodeReport, node_state
+
+if TYPE_CHECKING:
+    from corepin.topology.model import Topology
+
+
+def read_node(
+    name: str, kubeconfig: str | None, environ: Mapping[str, str]
+) -> tuple[NodeReport, Topology]:
+    """The node's report and topology from its NodeCPUTopology (`kubeconfig`, else what
+    `environ` names: $KUBECONFIG, the in-cluster service account)."""
+    client = KubeClient.from_config(load_config(kubeconfig, env=environ), timeout=15)
+    try:
+        obj = client.get(NODE_CPU_TOPOLOGIES, name)
+    except ApiNotFound as exc:
+        if exc.details.get("name") != name:  # the type itself is not served
+            raise EnvironmentProblem(
+                f"the API server does not serve {NODE_CPU_TOPOLOGIES} ({exc.api_message}): "
+                "are corepin's CRDs installed (deploy/crd)?",
+                reason="no_crd",
+            ) from None
+        raise InputError(
+            f"node {name!r} has no NodeCPUTopology: is the corepin agent running on it?",
+            reason="no_such_node",
+        ) from None
+    finally:
+        client.close()
+    ncpt = NodeCPUTopology.from_dict(obj)
+    return node_state(ncpt), ncpt.spec.topology

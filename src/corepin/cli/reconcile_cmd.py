@@ -1,0 +1,79 @@
+"""`corepin reconcile [--once | --interval SECONDS]`: free dead allocations, re-apply drifted
+pins, repair the shield (the work: `corepin.agent.host.reconcile`).
+
+Building the parser loads no agent module (`--help` and the other subcommands stay cheap): the
+command's imports inside `run` stay there on purpose.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+from typing import TYPE_CHECKING
+
+from corepin.cli.common import (
+    add_host_arguments,
+    add_reserved_arguments,
+    positive_seconds,
+    reserve_from,
+)
+from corepin.core.errors import InputError
+
+if TYPE_CHECKING:
+    from corepin.enforcement.note import Note
+
+
+def add_arguments(parser: argparse.ArgumentParser, name: str) -> None:
+    parser.description = (
+        "Free allocations whose processes are gone, re-apply pins that drifted, and repair "
+        "the shield (resize it, adopt new tasks); with --interval, again and again (a "
+        "systemd unit in packaging/ runs it)."
+    )
+    parser.add_argument("--once", action="store_true", help="one pass, then exit")
+    add_reserved_arguments(parser)
+    parser.add_argument(
+        "--interval",
+        type=positive_seconds,
+        default=None,
+        metavar="SECONDS",
+        help="seconds between passes in loop mode (default: 10; not with --once)",
+    )
+    parser.add_argument(
+        "-o",
+        "--output",
+        choices=("text", "json"),
+        default="text",
+        help="how to print what changed (default: text)",
+    )
+    add_host_arguments(parser)
+
+
+def run(args: argparse.Namespace) -> int:
+    from corepin.agent.host.agent import HostAgent
+    from corepin.agent.host.reconcile import reconcile_forever, reconcile_once
+    from corepin.agent.host.settings import HostSettings
+
+    settings = HostSettings.from_args(args, os.environ)
+    agent = HostAgent(settings, reserve=reserve_from(args))
+
+    def show(changes: list[Note]) -> None:
+        if args.output == "json":
+            print(json.dumps({"changes": [c.to_json() for c in changes]}), flush=True)
+        elif changes:
+            for change in changes:
+                print(change, flush=True)
+        elif args.once:
+            print("nothing to do", flush=True)
+
+    if args.once:
+        if args.interval is not None:
+            raise InputError(
+                f"--once runs one pass; --interval {args.interval:g} is for loop mode: give "
+                "one or the other",
+                reason="bad_usage",
+            )
+        show(reconcile_once(agent))
+        return 0
+    reconcile_forever(agent, 10.0 if args.interval is None else args.interval, show)
+    return 0

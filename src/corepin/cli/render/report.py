@@ -1,0 +1,85 @@
+"""The report of `corepin report` (`corepin.state.report.report_data`) as a table, JSON, YAML or
+an SVG of the machine with each CPU's holder."""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Mapping
+from typing import TYPE_CHECKING, Any
+
+from corepin.cli.common import dump
+from corepin.cli.render.svg import render_svg
+from corepin.core.text import printable
+
+if TYPE_CHECKING:
+    from corepin.state.model import HostState
+    from corepin.topology.model import Topology
+
+
+def render_report(
+    fmt: str, data: Mapping[str, Any], state: HostState, topology: Callable[[], Topology]
+) -> str:
+    """The report in `fmt` (table, json, yaml or svg; the SVG needs the topology)."""
+    if fmt in ("json", "yaml"):
+        return dump(data, fmt)
+    if fmt == "svg":
+        return report_svg(topology(), state, data)
+    return report_table(data)
+
+
+def report_table(data: Mapping[str, Any]) -> str:
+    live = any("live_cpus" in a for a in data["allocations"])
+    header: tuple[str, ...] = ("ID", "NAME", "PID", "KIND", "CPUS", "MEMS", "STATUS", "COMMAND")
+    if live:
+        header = ("ID", "NAME", "PID", "KIND", "CPUS", "LIVE", "CPU%", "MEMS", "STATUS", "COMMAND")
+    rows: list[tuple[str, ...]] = [header]
+    for a in data["allocations"]:
+        cells = [a["id"], a["name"], str(a["pid"] or "-"), a["kind"], a["cpus"] or "-"]
+        if live:
+            percent = a.get("cpu_percent")
+            cells += [a.get("live_cpus") or "-", "-" if percent is None else f"{percent:.1f}"]
+        cells += [a["mems"] or "-", a["status"] or "-", a["command"][:40]]
+        rows.append(tuple(printable(cell) for cell in cells))
+    widths = [max(len(r[i]) for r in rows) for i in range(len(rows[0]))]
+    lines = ["  ".join(c.ljust(w) for c, w in zip(r, widths, strict=True)).rstrip() for r in rows]
+    if len(rows) == 1:
+        lines.append("(no allocations)")
+    lines.append("")
+    lines.append(f"shared pool: {data['shared_pool'] or '(empty)'}")
+    lines.append(f"free:        {data['free'] or '(none)'}")
+    if data["reserved"]:
+        lines.append(f"reserved:    {data['reserved']}")
+    marked = [a for a in data["allocations"] if a["status"] in ("dead", "lingering")]
+    if marked:
+        lines.append(
+            "dead: nothing of the run is left (freed by the next run or `corepin reconcile`); "
+            "lingering: CMD exited, processes it left behind still hold the CPUs "
+            "(`corepin release ID [--kill]`)"
+        )
+    if live:
+        over = {a.get("cpu_percent_over") for a in data["allocations"]} - {None}
+        if over:
+            lines.append(f"CPU%: of one CPU, {', '.join(sorted(over))}")
+    return "\n".join(lines) + "\n"
+
+
+def report_svg(topology: Topology, state: HostState, data: Mapping[str, Any]) -> str:
+    owners: dict[int, str] = {}
+    for cpu in topology.online_cpus:
+        owners[cpu] = "free"
+    for cpu in state.shared_pool:
+        owners[cpu] = "shared"
+    for cpu in state.reserved:
+        owners[cpu] = "reserved"
+    statuses = {row["id"]: row.get("status") for row in data["allocations"]}
+    for a in state:
+        label = printable(f"{a.label} (pid {a.pid})" if a.pid else a.label)
+        if statuses.get(a.id) in ("dead", "lingering"):
+            label += f" [{statuses[a.id]}]"
+        for cpu in a.withheld:
+            owners[cpu] = label
+    shared_users = [a for a in state if a.kind == "shared"]
+    title = (
+        f"corepin report: {len(data['allocations'])} allocation(s), shared pool CPUs "
+        f"{data['shared_pool'] or '(empty)'} used by {len(shared_users)} shared run(s)"
+    )
+    return render_svg(topology, owners, title=title)
