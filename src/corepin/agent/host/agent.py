@@ -50,6 +50,7 @@ if TYPE_CHECKING:
     from corepin.enforcement.mempolicy import MemoryPolicy
     from corepin.enforcement.shield.control import Shield
     from corepin.state.model import Assignment, HostState
+    from corepin.state.transaction import CheckedTransaction
     from corepin.sysfs.procfs import ProcStat
     from corepin.topology.model import Topology
 
@@ -164,26 +165,32 @@ class HostAgent:
         return self._shield
 
     @contextmanager
-    def transaction(self) -> Iterator[Any]:
+    def transaction(self) -> Iterator[CheckedTransaction]:
         """The state transaction (exclusive lock held) with the state validated at boot.
 
         One scan of /proc serves the whole transaction (`_table`): the liveness checks of the
         boot validation, of reaping and of the command itself see the same snapshot."""
-        from corepin.agent.host.store import open_transaction
+        from corepin.state.store import StateStore
+        from corepin.state.transaction import open_transaction
 
         self._snapshot = None
+        store = StateStore(self.settings.state_dir, proc_root=self.settings.proc_root)
         try:
-            with open_transaction(self.settings, self.topology, self._dead_ids) as txn:
+            with open_transaction(
+                store, self.topology, timeout=self.settings.lock_timeout, dead_ids=self._dead_ids
+            ) as txn:
                 yield txn
         finally:
             self._snapshot = None
 
     def read_state(self) -> HostState:
         """The current state without taking part in a write (no lock)."""
-        from corepin.agent.host.store import read_state
+        from corepin.state.adopt import read_state
+        from corepin.state.store import StateStore
 
         self._snapshot = None
-        return read_state(self.settings, self.topology, self._dead_ids)
+        store = StateStore(self.settings.state_dir, proc_root=self.settings.proc_root)
+        return read_state(store, self.topology, self._dead_ids)
 
     # ------------------------------------------------------------------ liveness
     def _table(self, *, fresh: bool = False) -> dict[int, ProcStat]:

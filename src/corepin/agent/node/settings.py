@@ -11,6 +11,7 @@ from typing import Final
 
 from corepin.core.cpuset import CPUSet
 from corepin.core.errors import InputError
+from corepin.core.ids import validate_component
 from corepin.core.record import field, record
 
 DEFAULT_STATE_DIR: Final = "/var/lib/corepin"
@@ -49,8 +50,6 @@ class NodeSettings:
     shield_system: bool = False
 
     def __post_init__(self) -> None:
-        from corepin.core.ids import validate_component
-
         if not self.node_name:
             raise InputError(
                 "the agent needs its node's name: pass --node-name NAME or set NODE_NAME",
