@@ -25,7 +25,6 @@ Init containers run on the shared pool while they run. Assignments imported from
 
 from __future__ import annotations
 
-from collections.abc import Callable, Iterable
 from typing import Final
 
 from corepin.allocation.levels import withheld_for
@@ -365,19 +364,6 @@ def shared_pool_users(state: HostState) -> list[Assignment]:
     return [a for a in state if a.container is not None and a.with_shared]
 
 
-def pending_upgrades(state: HostState, wanted: Callable[[str, str], str | None]) -> Iterable[str]:
-    """Pod uids with a container on the shared pool that asked for CPUs of its own
-    (`wanted(uid, container)` is the kind it asked for)."""
-    seen: set[str] = set()
-    for a in state:
-        owner = a.container
-        if owner is None or a.kind != "shared" or owner.pod_uid in seen:
-            continue
-        if wanted(owner.pod_uid, owner.container) in ("share", "exclusive"):
-            seen.add(owner.pod_uid)
-            yield owner.pod_uid
-
-
 __all__ = [
     "KUBELET_POLICY",
     "PodEvent",
@@ -385,7 +371,6 @@ __all__ = [
     "assignment_id",
     "forget_pod",
     "grow",
-    "pending_upgrades",
     "pod_assignments",
     "shared_pool_users",
     "shrink",
