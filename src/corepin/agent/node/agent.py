@@ -142,7 +142,7 @@ class NodeAgent:
             raise
 
     def _start(self, sync_timeout: float) -> None:
-        self._say_hierarchy()
+        self.cgroups.say_hierarchy(self.settings.cgroup_root)
         imported = self.restore.kubelet_assignments()
         with self.store.transaction() as txn:
             txn.commit_if_changed(self.restore.restored(txn.state, imported))
@@ -199,18 +199,6 @@ class NodeAgent:
         """Hold the node lock (`corepin.agent.node.lock`) for the agent's life, waiting while
         another agent of this node holds it. False when `stop` was set while waiting."""
         return self.node_lock.acquire(stop, poll)
-
-    def _say_hierarchy(self) -> None:
-        """Log the cgroup hierarchies the agent writes, once (CFS quota needs the cpu one)."""
-        driver = self.cgroups.driver
-        cpu = getattr(driver, "cpu_root", driver.root) if driver.version == 1 else driver.root
-        log.info("event=cgroups version=%d cpuset=%s cpu=%s", driver.version, driver.root, cpu)
-        if not driver.has_cpu_controller():
-            log.warning(
-                "event=no_cpu_controller cgroup_root=%s: no cpu controller found below the "
-                "cgroup root; exclusive containers keep their CFS quota",
-                self.settings.cgroup_root,
-            )
 
     def wait_idle(self, timeout: float = 30.0) -> bool:
         """Wait until the work queue is empty, the worker rests and every API write is done

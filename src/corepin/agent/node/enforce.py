@@ -17,6 +17,7 @@ first and writes only what differs - a steady state writes nothing):
 
 from __future__ import annotations
 
+import logging
 import os
 from collections.abc import Iterable, Mapping
 from typing import Any
@@ -38,6 +39,8 @@ from corepin.kube.models import parse_quantity
 from corepin.kube.podplan import PodPlan
 from corepin.state.model import Assignment, HostState
 from corepin.topology.model import Topology
+
+log = logging.getLogger("corepin.agent.node")
 
 LAYOUTS = ("auto", "cgroupfs", "systemd")
 
@@ -63,6 +66,18 @@ class ContainerCgroups:
         self.proc_root = proc_root
         self.writes = 0
         self._all_mems = CPUSet(n.id for n in topology.numa_nodes) or CPUSet.of(0)
+
+    def say_hierarchy(self, cgroup_root: str) -> None:
+        """Log the cgroup hierarchies the agent writes, once (CFS quota needs the cpu one)."""
+        driver = self.driver
+        cpu = getattr(driver, "cpu_root", driver.root) if driver.version == 1 else driver.root
+        log.info("event=cgroups version=%d cpuset=%s cpu=%s", driver.version, driver.root, cpu)
+        if not driver.has_cpu_controller():
+            log.warning(
+                "event=no_cpu_controller cgroup_root=%s: no cpu controller found below the "
+                "cgroup root; exclusive containers keep their CFS quota",
+                cgroup_root,
+            )
 
     # ------------------------------------------------------------------ layout
     @property

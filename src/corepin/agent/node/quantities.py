@@ -28,9 +28,9 @@ def absurd_cpu(raw: object) -> bool:
     return value < 0 or value > MAX_CPU_QUANTITY
 
 
-def _cpu_quantities(pod: Mapping[str, Any]) -> dict[str, list[tuple[str, Any]]]:
+def _cpu_quantities(pod: Mapping[str, Any]) -> dict[str, list[tuple[str, object]]]:
     """container name -> [(where, raw CPU quantity)] from its spec and its applied resources."""
-    out: dict[str, list[tuple[str, Any]]] = {}
+    out: dict[str, list[tuple[str, object]]] = {}
     spec = pod.get("spec") or {}
     status = pod.get("status") or {}
     rows = [*(spec.get("containers") or []), *(status.get("containerStatuses") or [])]
