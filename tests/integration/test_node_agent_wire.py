@@ -97,6 +97,8 @@ def test_the_custom_resources_the_agent_writes_are_unchanged_to_the_byte(node: F
         str(node.node["metadata"]["uid"]): "<node-uid>",
     }
     first = _agent(node, client)
+    first.publisher.later(("topology",), None)  # (a second time at least, as a heartbeat does)
+    assert first.wait_idle(20)
     started = client.take(names)
     pod = node.pod("db", container("app", "2"), annotations={"corepin.io/cpu-policy": "exclusive"})
     names[str(pod["metadata"]["uid"])] = "<pod-uid>"
