@@ -50,7 +50,8 @@ if TYPE_CHECKING:
 
 FNV32_OFFSET: Final = 0x811C9DC5
 FNV32_PRIME: Final = 0x01000193
-POLICY_ID: Final = "kubelet-static"
+#: the policy recorded on assignments imported from the kubelet's checkpoint
+KUBELET_POLICY: Final = "kubelet-static"
 #: policies whose checkpoints can be converted
 STATIC_POLICY: Final = "static"
 NONE_POLICY: Final = "none"
@@ -488,7 +489,7 @@ def kubelet_to_host_state(
                 mems=mems_of(cpus) if mems_of is not None else CPUSet(),
                 owner=_owner_of(ident),
                 created=created,
-                policy=POLICY_ID,
+                policy=KUBELET_POLICY,
             )
         except CorepinError as exc:
             raise StateFormatError(f"{src}: {exc.message}", reason="bad_kubelet_state") from None

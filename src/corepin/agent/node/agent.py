@@ -56,7 +56,7 @@ from corepin.agent.node.restore import Restore
 from corepin.agent.node.settings import NodeSettings
 from corepin.agent.node.shield import SystemShield
 from corepin.agent.node.store import NodeStore
-from corepin.agent.node.sync import KUBELET_POLICY, pod_assignments, shared_pool_users
+from corepin.agent.node.sync import pod_assignments, shared_pool_users
 from corepin.agent.node.tell import Teller
 from corepin.agent.node.watches import Watches, pod_uid
 from corepin.agent.ports import AllocationSpec, StateFeed, Subscription
@@ -67,6 +67,7 @@ from corepin.enforcement.cgroups import CpuQuota
 from corepin.kube.client import KubeClient
 from corepin.kube.events import EventRecorder
 from corepin.kube.models import AGENT_MANAGER, LABEL_MANAGED_BY
+from corepin.state.kubelet import KUBELET_POLICY
 from corepin.state.model import Assignment, HostState
 from corepin.topology.model import Topology
 

@@ -23,7 +23,7 @@ from collections.abc import Iterable, Mapping
 from typing import Any
 
 from corepin.agent.node.quantities import absurd_cpu
-from corepin.agent.node.sync import KUBELET_POLICY, pod_assignments
+from corepin.agent.node.sync import pod_assignments
 from corepin.core.cpuset import CPUSet
 from corepin.core.errors import CgroupError, CorepinError
 from corepin.core.ids import split_cgroup_path
@@ -37,6 +37,7 @@ from corepin.enforcement.layout import (
 from corepin.enforcement.reconcile import CgroupTarget, Reconciler, ReconcileReport
 from corepin.kube.models import parse_quantity
 from corepin.kube.podplan import PodPlan
+from corepin.state.kubelet import KUBELET_POLICY
 from corepin.state.model import Assignment, HostState
 from corepin.topology.model import Topology
 

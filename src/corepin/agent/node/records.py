@@ -17,7 +17,7 @@ from collections.abc import Callable, Iterable, Mapping
 from datetime import UTC, datetime
 from typing import Any, Final
 
-from corepin.agent.node.sync import KUBELET_POLICY, pod_assignments
+from corepin.agent.node.sync import pod_assignments
 from corepin.agent.node.watches import Watches, pod_uid
 from corepin.agent.settings import state_dir_key
 from corepin.core.errors import ApiAlreadyExists, ApiNotFound, CorepinError
@@ -36,6 +36,7 @@ from corepin.kube.models import (
 )
 from corepin.kube.podplan import PodPlan
 from corepin.kube.resources import PCB, PODS
+from corepin.state.kubelet import KUBELET_POLICY
 from corepin.state.model import Assignment, HostState
 
 log = logging.getLogger("corepin.agent.node")

@@ -22,7 +22,6 @@ from corepin.agent.node.records import (
     POLICY_ANNOTATION,
 )
 from corepin.agent.node.settings import NodeSettings
-from corepin.agent.node.sync import KUBELET_POLICY
 from corepin.allocation.levels import withheld_for
 from corepin.core.cpuset import CPUSet
 from corepin.core.errors import ApiNotFound, CorepinError, EnvironmentProblem
@@ -35,7 +34,7 @@ from corepin.kube.models import (
     pod_owner_uid,
 )
 from corepin.kube.resources import NCPT, PCB
-from corepin.state.kubelet import convert, read_kubelet_state
+from corepin.state.kubelet import KUBELET_POLICY, convert, read_kubelet_state
 from corepin.state.model import Assignment, HostState
 from corepin.state.owners import ContainerOwner
 from corepin.topology.model import Topology

@@ -34,12 +34,11 @@ from corepin.core.cpuset import CPUSet
 from corepin.core.errors import AllocationError, CorepinError
 from corepin.core.record import record
 from corepin.kube.podplan import ContainerPlan, PodPlan
+from corepin.state.kubelet import KUBELET_POLICY
 from corepin.state.model import Assignment, HostState
 from corepin.state.owners import ContainerOwner
 from corepin.topology.model import Topology
 
-#: the policy recorded on assignments imported from the kubelet's checkpoint
-KUBELET_POLICY: Final = "kubelet-static"
 #: assignment kind per container policy
 KIND_OF: Final = {"none": "shared", "share": "share", "exclusive": "exclusive"}
 
@@ -365,7 +364,6 @@ def shared_pool_users(state: HostState) -> list[Assignment]:
 
 
 __all__ = [
-    "KUBELET_POLICY",
     "PodEvent",
     "SyncContext",
     "assignment_id",
