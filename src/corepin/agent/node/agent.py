@@ -95,8 +95,7 @@ class NodeAgent:
         self.machine = topology
         self.cgroups = cgroups
         self.hooks = hooks or Hooks()
-        self.clock = clock
-        self.policy: Policy = get_policy(settings.policy)
+        policy: Policy = get_policy(settings.policy)
         self.events = EventRecorder(client, "corepin-agent", host=settings.node_name)
         self.feed = StateFeed()
         self.synced = threading.Event()
@@ -108,7 +107,7 @@ class NodeAgent:
         self.promises = Promises(self.watches, topology)
         self.teller = Teller(self.events, lambda: self.hooks.pinning(False, "not_enough_cpus"))
         self.decider = Decider(
-            self.watches, topology, self.policy, cgroups, self.promises, self.teller, clock
+            self.watches, topology, policy, cgroups, self.promises, self.teller, clock
         )
         self.reservation = NodeReservation(settings, self.watches, topology, self.events)
         self.shield = SystemShield(settings, cgroups)
