@@ -82,7 +82,7 @@ TARGETS: list[tuple[str, str, str, str | None]] = [
     ("corepin.state.store", "read_checkpoint", "load checkpoint", None),
     ("corepin.state.store", "remove_temp_files", "load checkpoint", None),
     ("corepin.state.store", "_stamp", "load checkpoint", None),
-    ("corepin.agent.host.store", "adopt", "validate", None),
+    ("corepin.state.transaction", "adopt", "validate", None),
     ("corepin.sysfs.procfs", "process_table", "/proc reads", None),
     ("corepin.sysfs.procfs", "process_start_time", "/proc reads", None),
     ("corepin.agent.host.liveness", "Liveness.status", "liveness", None),

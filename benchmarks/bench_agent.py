@@ -193,7 +193,7 @@ def main() -> int:
             agent.send_signal(signal.SIGTERM)
             agent.wait(timeout=15)
         # ---------------------------------------------------------- resync
-        from corepin.agent.node.agent import Hooks
+        from corepin.agent.node.hooks import Hooks
 
         class Reconciled(Hooks):
             def __init__(self) -> None:

@@ -43,11 +43,11 @@ from typing import Any
 HERE = Path(__file__).resolve().parent
 sys.path.insert(0, str(HERE.parent / "tests"))
 from _common import median, percentile  # noqa: E402
-from corepin.agent.node.agent import node_status  # noqa: E402
-from corepin.agent.node.plan import plan_pod  # noqa: E402
+from corepin.agent.node.nodetopology import node_status  # noqa: E402
 from corepin.agent.node.sync import SyncContext, sync_pod  # noqa: E402
 from corepin.allocation.policies import get_policy  # noqa: E402
 from corepin.kube.models import NodeCPUTopology, format_time  # noqa: E402
+from corepin.kube.podplan import plan_pod  # noqa: E402
 from corepin.placement.cluster import Cluster  # noqa: E402
 from corepin.placement.node import node_view  # noqa: E402
 from corepin.placement.request import pod_request  # noqa: E402

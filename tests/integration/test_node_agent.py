@@ -15,7 +15,7 @@ import pytest
 from corepin.core.cpuset import CPUSet
 from corepin.core.errors import EnvironmentProblem
 from corepin.kube.client import KubeClient
-from corepin.kube.resources import EVENTS, NODES
+from corepin.kube.resources import EVENTS, NCPT, NODES, NRT, PCB
 from corepin.testing import machines as synthetic
 from support.helpers import wait_for
 from support.node_harness import NODE, FakeNode, container, fake_node
@@ -46,11 +46,11 @@ def settle(node: FakeNode) -> None:
 
 
 def bindings(node: FakeNode) -> list[dict[str, Any]]:
-    return node.client.list(node.agents[-1].pcb)["items"]
+    return node.client.list(PCB)["items"]
 
 
 def ncpt(node: FakeNode) -> dict[str, Any]:
-    return node.client.get(node.agents[-1].ncpt, NODE)
+    return node.client.get(NCPT, NODE)
 
 
 def test_an_exclusive_pod_is_pinned_annotated_bound_and_published(node: FakeNode) -> None:
@@ -370,15 +370,13 @@ def test_dropped_watches_and_410_gone_lose_no_pod(node: FakeNode) -> None:
 
 def validated(node: FakeNode, name: str) -> None:
     """Play the controller: mark a user binding Validated (the agent applies only those)."""
-    node.client.patch_status(
-        node.agents[-1].pcb, name, {"status": {"phase": "Validated"}}, "default"
-    )
+    node.client.patch_status(PCB, name, {"status": {"phase": "Validated"}}, "default")
 
 
 def test_a_binding_naming_cpus_the_node_lacks_or_someone_holds_is_refused_with_an_event(
     node: FakeNode,
 ) -> None:
-    agent = node.agent()
+    node.agent()
     holder = node.pod("holder", container("app", "2"), annotations=EXCLUSIVE)
     node.run(holder)
     wait_for(lambda: node.annotation(holder) is not None, what="the holder")
@@ -387,7 +385,7 @@ def test_a_binding_naming_cpus_the_node_lacks_or_someone_holds_is_refused_with_a
     for name, cpus in (("ghost", [99]), ("thief", sorted(taken)[:1])):
         pod = node.pod(name, container("app", "1"))
         node.client.create(
-            agent.pcb,
+            PCB,
             {
                 "apiVersion": "corepin.io/v1alpha1",
                 "kind": "PodCPUBinding",
@@ -408,7 +406,7 @@ def test_a_binding_naming_cpus_the_node_lacks_or_someone_holds_is_refused_with_a
     assert node.cpus(holder, "app") == taken, "nothing else was disturbed"
     good = node.pod("good", container("app", "1"))
     node.client.create(
-        agent.pcb,
+        PCB,
         {
             "apiVersion": "corepin.io/v1alpha1",
             "kind": "PodCPUBinding",
@@ -441,14 +439,14 @@ def test_a_node_resource_topology_is_published_when_its_crd_is_served(node: Fake
     from corepin.kube.resources import CRDS
 
     node.client.create(CRDS, yaml.safe_load(NRT_CRD.read_text()))
-    agent = node.agent()
+    node.agent()
     pod = node.pod("db", container("app", "4"), annotations=EXCLUSIVE)
     node.run(pod)
     wait_for(lambda: node.annotation(pod) is not None, what="the pin")
 
     def published() -> dict[str, Any] | None:
         try:
-            got: dict[str, Any] = node.client.get(agent.nrt, NODE)
+            got: dict[str, Any] = node.client.get(NRT, NODE)
         except Exception:
             return None
         return got

@@ -22,7 +22,7 @@ from corepin.core.cpuset import CPUSet
 from corepin.enforcement.cgroups import CpuQuota
 from corepin.enforcement.layout import pod_cgroup_path
 from corepin.kube.client import KubeClient
-from corepin.kube.resources import EVENTS, NAMESPACES, PODS
+from corepin.kube.resources import EVENTS, NAMESPACES, NCPT, PCB, PODS
 from corepin.testing import machines as synthetic
 from support.helpers import wait_for
 from support.node_harness import NODE, FakeNode, container, fake_node
@@ -76,10 +76,9 @@ def user_binding(
         "metadata": meta,
         "spec": {"podName": pod, "cpuSet": [{"cpuID": c} for c in cpus]},
     }
-    pcb = node.agents[-1].pcb
-    created = node.client.create(pcb, body, namespace)
+    created = node.client.create(PCB, body, namespace)
     if status is not None:
-        created = node.client.patch_status(pcb, name, {"status": status}, namespace)
+        created = node.client.patch_status(PCB, name, {"status": status}, namespace)
     return created
 
 
@@ -94,9 +93,9 @@ def events(node: FakeNode, pod: dict[str, Any], reason: str) -> list[dict[str, A
 
 def free(node: FakeNode) -> CPUSet:
     agent = node.agents[-1]
-    agent._publish_later(("topology",), None)
+    agent.publisher.later(("topology",), None)
     settle(node)
-    return C(node.client.get(agent.ncpt, NODE)["status"]["free"])
+    return C(node.client.get(NCPT, NODE)["status"]["free"])
 
 
 # ---------------------------------------------------------------------- limits
@@ -235,7 +234,9 @@ def test_a_validated_binding_of_a_pod_being_bound_here_holds_its_cpus_briefly(
     settle(node)
     assert not node.cpus(other, "app") & promised, "CPUs promised to next stay out of reach"
     node.client.bind("default", "next", NODE)
-    wait_for(lambda: agent._pods.cache.get("next", "default") is not None, what="the bind seen")
+    wait_for(
+        lambda: agent.watches.pods.cache.get("next", "default") is not None, what="the bind seen"
+    )
     pod = node.run(node.get({"metadata": {"name": "next", "namespace": "default"}}))
     wait_for(lambda: node.cpus(pod, "app") == promised, what="next on its CPUs")
     # a validated binding whose pod never comes stops withholding after the grace
@@ -253,5 +254,5 @@ def test_a_validated_binding_of_a_pod_being_bound_here_holds_its_cpus_briefly(
     user_binding(node, "never", "never", spare, status={"phase": "Validated", "nodeName": NODE})
     settle(node)
     wait_for(lambda: not spare & free(node), what=f"CPU {spare} withheld")
-    agent.promise_grace = 0.0  # as if the grace were over
+    agent.promises.grace = 0.0  # as if the grace were over
     wait_for(lambda: bool(spare & free(node)), what=f"CPU {spare} offered again after the grace")

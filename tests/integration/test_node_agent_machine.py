@@ -52,7 +52,7 @@ class AgentMachine(RuleBasedStateMachine):
 
         deadline = time.monotonic() + 30
         while time.monotonic() < deadline:
-            cache = self.agent._pods.cache
+            cache = self.agent.watches.pods.cache
             if all(
                 (cache.get(p["metadata"]["name"], p["metadata"]["namespace"]) or {})
                 .get("metadata", {})

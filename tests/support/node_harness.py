@@ -196,7 +196,7 @@ class FakeNode:
             if agent._stop.is_set() or not agent.synced.is_set():
                 continue
             while time.monotonic() < deadline:
-                cached = agent._pods.cache.get(*key)
+                cached = agent.watches.pods.cache.get(*key)
                 if cached is None and or_gone:
                     break
                 have = ((cached or {}).get("metadata") or {}).get("resourceVersion")

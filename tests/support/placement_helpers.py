@@ -13,12 +13,12 @@ import uuid
 from collections.abc import Mapping
 from typing import Any
 
-from corepin.agent.node.agent import node_status
-from corepin.agent.node.plan import plan_pod
+from corepin.agent.node.nodetopology import node_status
 from corepin.agent.node.sync import SyncContext, sync_pod
 from corepin.allocation.policies import get_policy
 from corepin.core.errors import CorepinError
 from corepin.kube.models import NodeCPUTopology, format_time
+from corepin.kube.podplan import plan_pod
 from corepin.state.model import HostState
 from corepin.topology.model import Topology
 

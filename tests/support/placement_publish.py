@@ -9,7 +9,7 @@ from pathlib import Path
 
 import yaml
 
-from corepin.agent.node.agent import node_status
+from corepin.agent.node.nodetopology import node_status
 from corepin.kube.client import KubeClient, Resource
 from corepin.kube.resources import CRDS, NODES
 from corepin.state.model import HostState

@@ -1,15 +1,24 @@
 """`corepin agent`: the Kubernetes node agent.
 
 Argument parsing and wiring only; the agent itself is `corepin.agent.node.agent.NodeAgent`.
+The agent's modules are imported inside `run` (and `settings_from`): building `corepin --help`
+imports every subcommand's module, and must stay cheap.
 """
 
 from __future__ import annotations
 
 import argparse
 import os
-from typing import Any
+from typing import TYPE_CHECKING
 
 from corepin.cli.common import positive_seconds, stop_on_signals
+
+if TYPE_CHECKING:
+    from corepin.agent.node.hooks import Hooks
+    from corepin.agent.node.metrics import AgentMetrics
+    from corepin.agent.node.settings import NodeSettings
+    from corepin.state.model import HostState
+    from corepin.topology.model import Topology
 
 
 def add_arguments(parser: argparse.ArgumentParser, name: str) -> None:
@@ -99,7 +108,7 @@ def _idle_seconds(text: str) -> float:
     return value
 
 
-def settings_from(args: Any, environ: dict[str, str]) -> Any:
+def settings_from(args: argparse.Namespace, environ: dict[str, str]) -> NodeSettings:
     """NodeSettings from the parsed arguments (exported for tests)."""
     from corepin.agent.node.settings import NodeSettings
     from corepin.allocation.api import parse_options
@@ -127,8 +136,7 @@ def settings_from(args: Any, environ: dict[str, str]) -> Any:
     )
 
 
-def run(args: Any) -> int:
-
+def run(args: argparse.Namespace) -> int:
     from corepin.agent.node.agent import NodeAgent
     from corepin.agent.node.enforce import ContainerCgroups, open_hierarchy
     from corepin.agent.node.metrics import AgentMetrics
@@ -159,7 +167,7 @@ def run(args: Any) -> int:
 
     def ready() -> bool:
         # started, and every informer heard from the API lately (a dead connection shows here)
-        return agent.synced.is_set() and all(i.in_contact() for i in agent._informers)
+        return agent.synced.is_set() and all(i.in_contact() for i in agent.watches.informers)
 
     ops = OpsServer(settings.metrics_address, metrics=metrics.registry, ready=ready)
     grpc_server = GrpcServer(agent, Listen.unix(settings.grpc_socket), metrics=metrics)
@@ -173,7 +181,7 @@ def run(args: Any) -> int:
         grpc_server.start()
         watches = 0
         while not done.wait(0.5):
-            restarts = sum(i.stats.watch_restarts for i in agent._informers)
+            restarts = sum(i.stats.watch_restarts for i in agent.watches.informers)
             for _ in range(restarts - watches):
                 metrics.watch_restart()
             watches = restarts
@@ -185,9 +193,9 @@ def run(args: Any) -> int:
     return 0
 
 
-def _metrics_hooks(metrics: Any) -> Any:
+def _metrics_hooks(metrics: AgentMetrics) -> Hooks:
     """The agent's hooks as Prometheus metrics."""
-    from corepin.agent.node.agent import Hooks
+    from corepin.agent.node.hooks import Hooks
 
     class MetricsHooks(Hooks):
         def decided(self, seconds: float) -> None:
@@ -208,7 +216,7 @@ def _metrics_hooks(metrics: Any) -> Any:
         def pinned_after(self, seconds: float) -> None:
             metrics.observe_pod_event_to_pinned(seconds)
 
-        def state(self, state: Any, topology: Any) -> None:
+        def state(self, state: HostState, topology: Topology) -> None:
             metrics.observe_state(state, topology)
 
     return MetricsHooks()

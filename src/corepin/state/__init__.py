@@ -9,6 +9,8 @@
 - `store`: `StateStore` (state directory and its safety checks, transactions, quarantine);
 - `lock`: the state lock (an flock granted in arrival order);
 - `validate`: restored state against the live topology (repair or refuse);
+- `adopt`: a restored state validated before anyone acts on it (`adopt`, `read_state`);
+- `transaction`: the one state transaction of host mode and the node agent (adopted state);
 - `kubelet`: import of the kubelet's cpu_manager_state (loaded on first use).
 """
 

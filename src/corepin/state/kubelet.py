@@ -27,7 +27,10 @@ Conversion to corepin: every container entry becomes an exclusive assignment wit
 `pod/<podUID>/<container>` (v1: `container/<containerID>` unless a container map is given),
 pod-level entries become `pod/<podUID>`, and the default CPU set becomes the shared pool: the
 online CPUs in neither the default set nor an entry become reserved CPUs with the option
-`strict-cpu-reservation` (what the kubelet does with that option).
+`strict-cpu-reservation` (what the kubelet does with that option). `convert` does this for the
+live topology, for `corepin migrate` and the node agent's `--kubelet-compat` alike: a checkpoint
+of the `none` policy holds no pinning and converts to an empty state, one of another policy than
+`static` is refused.
 """
 
 from __future__ import annotations
@@ -35,16 +38,23 @@ from __future__ import annotations
 import json
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
-from typing import Any, Final
+from typing import TYPE_CHECKING, Any, Final
 
 from corepin.core.cpuset import CPUSet
-from corepin.core.errors import CorepinError, StateFormatError
-from corepin.state.model import STRICT_RESERVATION, Assignment, HostState
+from corepin.core.errors import CorepinError, InputError, StateFormatError
+from corepin.state.model import STRICT_RESERVATION, Assignment, HostState, fingerprint
 from corepin.state.owners import ContainerOwner
+
+if TYPE_CHECKING:
+    from corepin.topology.model import Topology
 
 FNV32_OFFSET: Final = 0x811C9DC5
 FNV32_PRIME: Final = 0x01000193
-POLICY_ID: Final = "kubelet-static"
+#: the policy recorded on assignments imported from the kubelet's checkpoint
+KUBELET_POLICY: Final = "kubelet-static"
+#: policies whose checkpoints can be converted
+STATIC_POLICY: Final = "static"
+NONE_POLICY: Final = "none"
 
 
 def fnv32a(data: bytes) -> int:
@@ -357,6 +367,22 @@ def read_kubelet_state(path: str, *, expected_policy: str | None = None) -> Kube
     return parse_kubelet_state(data, path, expected_policy=expected_policy)
 
 
+def read_for_import(path: str) -> KubeletCheckpoint:
+    """The verified kubelet checkpoint at `path` (StateFormatError, exit 2, when it is not),
+    a checksum mismatch told as what it means for an import."""
+    try:
+        return read_kubelet_state(path)
+    except StateFormatError as exc:
+        if exc.reason == "checksum_mismatch":
+            raise StateFormatError(
+                f"{exc.message}; the file changed after the kubelet wrote it and the kubelet "
+                "itself would refuse it. corepin imports only verified checkpoints: restore the "
+                "file from a backup, or drain the node and start corepin with an empty state",
+                reason=exc.reason,
+            ) from None
+        raise
+
+
 def _owner_of(ident: str) -> ContainerOwner:
     """The container owner of an imported entry: `pod/<uid>/<name>` (a container),
     `pod/<uid>` (pod-level CPUs) or `container/<id>` (a v1 entry of unknown pod)."""
@@ -463,7 +489,7 @@ def kubelet_to_host_state(
                 mems=mems_of(cpus) if mems_of is not None else CPUSet(),
                 owner=_owner_of(ident),
                 created=created,
-                policy=POLICY_ID,
+                policy=KUBELET_POLICY,
             )
         except CorepinError as exc:
             raise StateFormatError(f"{src}: {exc.message}", reason="bad_kubelet_state") from None
@@ -475,4 +501,38 @@ def kubelet_to_host_state(
         options=options,
         assignments=items,
     )
+    return state, notes
+
+
+def convert(
+    checkpoint: KubeletCheckpoint, topology: Topology, *, created: float = 0.0
+) -> tuple[HostState, list[str]]:
+    """The corepin state for `checkpoint` on `topology` (not yet validated), with notes."""
+    policy = checkpoint.policy_name
+    if policy == NONE_POLICY:
+        notes = ["event=nothing_to_import cause=policy_none (the none policy pins nothing)"]
+        held = len(checkpoint.entries) + len(checkpoint.container_entries)
+        if held or checkpoint.pod_entries:
+            notes.append(f"event=ignored entries={held} cause=policy_none")
+        return HostState.new(topology), notes
+    if policy != STATIC_POLICY:
+        raise InputError(
+            f"{checkpoint.source}: the checkpoint was written by CPU manager policy {policy!r}; "
+            f"corepin imports checkpoints of the {STATIC_POLICY!r} policy (and {NONE_POLICY!r}, "
+            "which holds nothing)",
+            reason="unknown_kubelet_policy",
+        )
+    online = topology.online_cpus
+    state, notes = kubelet_to_host_state(
+        checkpoint,
+        online=online,
+        topology_fingerprint=fingerprint(topology),
+        created=created,
+        mems_of=topology.mems_of,
+    )
+    absent = checkpoint.default_cpuset - online
+    if absent:
+        notes.append(f"event=default_cpus_dropped cpus={absent} cause=not_online")
+    if not checkpoint.verified:
+        notes.insert(0, "event=unverified cause=checksum_0 (the file carries no checksum)")
     return state, notes

@@ -13,10 +13,10 @@ from hypothesis import HealthCheck, settings
 from hypothesis import strategies as st
 from hypothesis.stateful import RuleBasedStateMachine, invariant, precondition, rule
 
-from corepin.agent.node.plan import plan_pod, qos_class
 from corepin.agent.node.sync import SyncContext, forget_pod, grow, shrink, sync_pod
 from corepin.allocation.policies import get_policy
 from corepin.core.cpuset import CPUSet
+from corepin.kube.podplan import plan_pod, qos_class
 from corepin.state.model import HostState
 from corepin.testing import machines as synthetic
 

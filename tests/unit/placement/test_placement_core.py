@@ -13,11 +13,11 @@ import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from corepin.agent.node.plan import plan_pod
-from corepin.agent.node.sync import Note, SyncContext, pod_assignments, sync_pod
+from corepin.agent.node.sync import PodEvent, SyncContext, pod_assignments, sync_pod
 from corepin.allocation.policies import get_policy
 from corepin.core.cpuset import CPUSet
 from corepin.core.errors import CorepinError, InputError
+from corepin.kube.podplan import plan_pod
 from corepin.placement.fit import NO_FIT, NOT_READY, STALE, UNUSABLE, fit, node_problem
 from corepin.placement.node import node_view
 from corepin.placement.request import pod_request
@@ -250,7 +250,7 @@ def test_a_node_passes_exactly_when_the_agent_pins_the_pod(
     except CorepinError:
         # the agent's sync raises (and skips the batch) for an exclusive best-effort container
         # whose shared-pool CPUs include a reserved one; the core refuses the node
-        after, notes = state, [Note("Warning", "CPUPinFailed", "sync raised")]
+        after, notes = state, [PodEvent("Warning", "CPUPinFailed", "sync raised")]
     pinned = not [n for n in notes if n.reason == "CPUPinFailed"]
     assert result.ok is pinned, (result.reason, notes)
     if pinned:

@@ -155,9 +155,9 @@ def test_after_any_burst_the_agents_pin_every_pod_placed(
         where = place(cluster, p, ["a", "b"], EPOCH)
         if where is not None:
             chosen[where].append(pod(f"p{i}", ("app", str(n)), level=level, running=True))
-    from corepin.agent.node.plan import plan_pod
     from corepin.agent.node.sync import SyncContext, sync_pod
     from corepin.allocation.policies import get_policy
+    from corepin.kube.podplan import plan_pod
 
     ctx = SyncContext(DUAL, get_policy("topology-aware"), EPOCH)
     for name, pods in chosen.items():

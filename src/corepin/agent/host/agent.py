@@ -29,10 +29,10 @@ from corepin.enforcement.note import Note
 
 if TYPE_CHECKING:
     from corepin.agent.host.pinning import Pinner
-    from corepin.agent.host.store import HostTransaction
     from corepin.allocation.types import Decision, Request
     from corepin.enforcement.shield.control import Shield
     from corepin.state.model import HostState
+    from corepin.state.transaction import CheckedTransaction
     from corepin.topology.model import Topology
 
 
@@ -88,26 +88,35 @@ class HostAgent:
         return self._shield
 
     @contextmanager
-    def transaction(self) -> Iterator[HostTransaction]:
+    def transaction(self) -> Iterator[CheckedTransaction]:
         """The state transaction (exclusive lock held) with the state validated at boot.
 
         One scan of /proc serves the whole transaction (`Liveness.table`): the liveness checks
         of the boot validation, of reaping and of the command itself see the same snapshot."""
-        from corepin.agent.host.store import open_transaction
+        from corepin.state.store import StateStore
+        from corepin.state.transaction import open_transaction
 
         self.liveness.forget()
+        store = StateStore(self.settings.state_dir, proc_root=self.settings.proc_root)
         try:
-            with open_transaction(self.settings, self.topology, self.liveness.dead_ids) as txn:
+            with open_transaction(
+                store,
+                self.topology,
+                timeout=self.settings.lock_timeout,
+                dead_ids=self.liveness.dead_ids,
+            ) as txn:
                 yield txn
         finally:
             self.liveness.forget()
 
     def read_state(self) -> HostState:
         """The current state without taking part in a write (no lock)."""
-        from corepin.agent.host.store import read_state
+        from corepin.state.adopt import read_state
+        from corepin.state.store import StateStore
 
         self.liveness.forget()
-        return read_state(self.settings, self.topology, self.liveness.dead_ids)
+        store = StateStore(self.settings.state_dir, proc_root=self.settings.proc_root)
+        return read_state(store, self.topology, self.liveness.dead_ids)
 
     # ------------------------------------------------------------------ decide
     def decide(self, state: HostState, request: Request, kind: str) -> Decision:

@@ -1,7 +1,8 @@
 """Migration of a node from the kubelet's static CPU manager to corepin (`corepin migrate`).
 
-Composition only: the state layer parses and verifies the kubelet's `cpu_manager_state`
-(`corepin.state.kubelet`) and keeps corepin's checkpoint; this module wires them together.
+Composition only: the state layer parses, verifies and converts the kubelet's
+`cpu_manager_state` (`corepin.state.kubelet`) and keeps corepin's checkpoint; this module finds
+the imported containers' cgroups and wires them together.
 
 `migrate_from_kubelet(settings, topology, path)`:
   1. read and verify the kubelet checkpoint (a checksum mismatch is an InputError naming the
@@ -41,6 +42,7 @@ from corepin.core.errors import (
 from corepin.core.record import replace
 from corepin.enforcement.cgroups import open_cpuset_hierarchy
 from corepin.enforcement.layout import Layout, find_container_cgroup, pod_cgroup_path
+from corepin.state.kubelet import convert, read_for_import
 from corepin.state.store import StateStore
 from corepin.state.validate import validate
 
@@ -51,9 +53,6 @@ if TYPE_CHECKING:
     from corepin.state.model import Assignment, HostState
     from corepin.topology.model import Topology
 
-#: policies whose checkpoints can be imported
-STATIC_POLICY: Final = "static"
-NONE_POLICY: Final = "none"
 _QOS: Final = ("guaranteed", "burstable", "besteffort")
 
 
@@ -100,63 +99,6 @@ class MigrationResult:
             "replaced": list(self.replaced),
             "notes": list(self.notes),
         }
-
-
-# ---------------------------------------------------------------------- reading
-
-
-def read_checkpoint(path: str) -> KubeletCheckpoint:
-    """The verified kubelet checkpoint at `path` (StateFormatError, exit 2, when it is not)."""
-    from corepin.state.kubelet import read_kubelet_state
-
-    try:
-        return read_kubelet_state(path)
-    except StateFormatError as exc:
-        if exc.reason == "checksum_mismatch":
-            raise StateFormatError(
-                f"{exc.message}; the file changed after the kubelet wrote it and the kubelet "
-                "itself would refuse it. corepin imports only verified checkpoints: restore the "
-                "file from a backup, or drain the node and start corepin with an empty state",
-                reason=exc.reason,
-            ) from None
-        raise
-
-
-def convert(
-    checkpoint: KubeletCheckpoint, topology: Topology, *, created: float = 0.0
-) -> tuple[HostState, list[str]]:
-    """The corepin state for `checkpoint` on `topology` (not yet validated), with notes."""
-    from corepin.state.kubelet import kubelet_to_host_state
-    from corepin.state.model import HostState, fingerprint
-
-    policy = checkpoint.policy_name
-    if policy == NONE_POLICY:
-        notes = ["event=nothing_to_import cause=policy_none (the none policy pins nothing)"]
-        held = len(checkpoint.entries) + len(checkpoint.container_entries)
-        if held or checkpoint.pod_entries:
-            notes.append(f"event=ignored entries={held} cause=policy_none")
-        return HostState.new(topology), notes
-    if policy != STATIC_POLICY:
-        raise InputError(
-            f"{checkpoint.source}: the checkpoint was written by CPU manager policy {policy!r}; "
-            f"corepin imports checkpoints of the {STATIC_POLICY!r} policy (and {NONE_POLICY!r}, "
-            "which holds nothing)",
-            reason="unknown_kubelet_policy",
-        )
-    online = topology.online_cpus
-    state, notes = kubelet_to_host_state(
-        checkpoint,
-        online=online,
-        topology_fingerprint=fingerprint(topology),
-        created=created,
-        mems_of=topology.mems_of,
-    )
-    absent = checkpoint.default_cpuset - online
-    if absent:
-        notes.append(f"event=default_cpus_dropped cpus={absent} cause=not_online")
-    if not checkpoint.verified:
-        notes.insert(0, "event=unverified cause=checksum_0 (the file carries no checksum)")
-    return state, notes
 
 
 # ---------------------------------------------------------------------- cgroups
@@ -271,7 +213,7 @@ def migrate_from_kubelet(
     force: bool = False,
 ) -> MigrationResult:
     """Import the kubelet checkpoint at `kubelet_path` into the state directory of `settings`."""
-    checkpoint = read_checkpoint(kubelet_path)
+    checkpoint = read_for_import(kubelet_path)
     state, notes = convert(checkpoint, topology, created=time.time())
     state, found = attach_cgroups(state, open_cgroup_driver(settings))
     notes.extend(found)

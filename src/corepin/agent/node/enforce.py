@@ -12,23 +12,36 @@ first and writes only what differs - a steady state writes nothing):
 - `cpuset.mems`: the NUMA nodes of those CPUs, or every memory node for the shared pool;
 - CFS quota: removed for exclusive containers, and for the pod cgroup when every app container
   of the pod is exclusive; put back to the kubelet's value (limit x period) when a container
-  stops being exclusive.
+  stops being exclusive (`quotas`).
 """
 
 from __future__ import annotations
 
+import logging
 import os
 from collections.abc import Iterable, Mapping
-from typing import TYPE_CHECKING
+from typing import Any
 
+from corepin.agent.node.quantities import absurd_cpu
+from corepin.agent.node.sync import pod_assignments
 from corepin.core.cpuset import CPUSet
-from corepin.core.errors import CorepinError
+from corepin.core.errors import CgroupError, CorepinError
+from corepin.core.ids import split_cgroup_path
+from corepin.core.record import replace
+from corepin.enforcement.cgroups import CgroupDriver, CpuQuota, open_cpuset_hierarchy
+from corepin.enforcement.layout import (
+    container_cgroup_path,
+    find_container_cgroup,
+    pod_cgroup_path,
+)
+from corepin.enforcement.reconcile import CgroupTarget, Reconciler, ReconcileReport
+from corepin.kube.models import parse_quantity
+from corepin.kube.podplan import PodPlan
+from corepin.state.kubelet import KUBELET_POLICY
+from corepin.state.model import Assignment, HostState
+from corepin.topology.model import Topology
 
-if TYPE_CHECKING:
-    from corepin.enforcement.cgroups import CgroupDriver, CpuQuota
-    from corepin.enforcement.reconcile import CgroupTarget, ReconcileReport
-    from corepin.state.model import Assignment, HostState
-    from corepin.topology.model import Topology
+log = logging.getLogger("corepin.agent.node")
 
 LAYOUTS = ("auto", "cgroupfs", "systemd")
 
@@ -45,8 +58,6 @@ class ContainerCgroups:
         layout: str = "auto",
         proc_root: str = "/proc",
     ) -> None:
-        from corepin.core.ids import split_cgroup_path
-
         if layout not in LAYOUTS:
             raise ValueError(f"unknown cgroup driver {layout!r}")
         self.driver = driver
@@ -56,6 +67,18 @@ class ContainerCgroups:
         self.proc_root = proc_root
         self.writes = 0
         self._all_mems = CPUSet(n.id for n in topology.numa_nodes) or CPUSet.of(0)
+
+    def say_hierarchy(self, cgroup_root: str) -> None:
+        """Log the cgroup hierarchies the agent writes, once (CFS quota needs the cpu one)."""
+        driver = self.driver
+        cpu = getattr(driver, "cpu_root", driver.root) if driver.version == 1 else driver.root
+        log.info("event=cgroups version=%d cpuset=%s cpu=%s", driver.version, driver.root, cpu)
+        if not driver.has_cpu_controller():
+            log.warning(
+                "event=no_cpu_controller cgroup_root=%s: no cpu controller found below the "
+                "cgroup root; exclusive containers keep their CFS quota",
+                cgroup_root,
+            )
 
     # ------------------------------------------------------------------ layout
     @property
@@ -74,14 +97,10 @@ class ContainerCgroups:
         return self._join("kubepods.slice" if self.layout == "systemd" else "kubepods")
 
     def pod_path(self, qos: str, pod_uid: str) -> str:
-        from corepin.enforcement.layout import pod_cgroup_path
-
         return pod_cgroup_path(self.layout, qos, pod_uid, cgroup_root=self.kubelet_root)
 
     def container_path(self, qos: str, pod_uid: str, runtime: str, container_id: str) -> str | None:
         """The container's cgroup (relative to the hierarchy), or None when it is not there."""
-        from corepin.enforcement.layout import container_cgroup_path, find_container_cgroup
-
         try:
             path = container_cgroup_path(
                 self.layout, qos, pod_uid, runtime, container_id, cgroup_root=self.kubelet_root
@@ -113,8 +132,6 @@ class ContainerCgroups:
     ) -> list[CgroupTarget]:
         """Targets for the containers of `assignments` that have a cgroup; `quotas` maps a
         cgroup path (container or pod) to the CFS quota it should have (None: leave it)."""
-        from corepin.enforcement.reconcile import CgroupTarget
-
         pool = state.shared_pool
         quotas = dict(quotas or {})
         out: list[CgroupTarget] = []
@@ -135,10 +152,65 @@ class ContainerCgroups:
                 out.append(CgroupTarget(path, quota=quota, owner=path))
         return out
 
+    def attach(self, state: HostState, plan: PodPlan) -> HostState:
+        """The pod's assignments with the cgroup path of their current container."""
+        for a in pod_assignments(state, plan.uid):
+            owner = a.container
+            if owner is None or not owner.container_id or a.policy == KUBELET_POLICY:
+                continue
+            path = self.container_path(
+                plan.qos, plan.uid, owner.runtime or "containerd", owner.container_id
+            )
+            if path != owner.cgroup:
+                state = state.replace_assignment(a.evolve(owner=replace(owner, cgroup=path)))
+        return state
+
+    def quotas(
+        self, state: HostState, plan: PodPlan, pod: Mapping[str, Any]
+    ) -> dict[str, CpuQuota | None]:
+        """CFS quota per cgroup: none for exclusive containers (and their pod when every app
+        container is exclusive), the kubelet's limit x period for the others."""
+        if not self.driver.has_cpu_controller():
+            return {}  # (said once at start-up)
+        limits: dict[str, float] = {}
+        for c in (pod.get("spec") or {}).get("containers") or []:
+            raw = ((c.get("resources") or {}).get("limits") or {}).get("cpu")
+            if raw is not None and not absurd_cpu(raw):
+                try:
+                    limits[c.get("name")] = float(parse_quantity(raw))
+                except CorepinError:
+                    continue
+        out: dict[str, CpuQuota | None] = {}
+        exclusive = 0
+        for a in pod_assignments(state, plan.uid):
+            owner = a.container
+            if owner is None or a.cgroup is None or a.policy == KUBELET_POLICY:
+                continue
+            if plan.container(owner.container) is None:
+                continue  # an init container: the kubelet's quota stays
+            limit = limits.get(owner.container)
+            if a.kind == "exclusive" and (limit is None or limit >= len(a.cpus)):
+                # no quota: the container's CPUs bound it as tightly as its limit would. An
+                # exclusive set larger than the limit (never planned so; a stale or foreign
+                # record) keeps the limit's quota: a pin never lifts a limit
+                out[a.cgroup] = CpuQuota.unlimited()
+                exclusive += 1
+            elif limit is not None:
+                out[a.cgroup] = CpuQuota.for_cpus(limit)
+        if plan.containers and exclusive == len(plan.containers):
+            out[self.pod_path(plan.qos, plan.uid)] = CpuQuota.unlimited()
+        elif exclusive == 0 and len(limits) == len(plan.containers) and plan.containers:
+            pod_path = self.pod_path(plan.qos, plan.uid)
+            try:
+                current = self.driver.read_quota_fast(pod_path, CpuQuota.unlimited())
+            except CorepinError:
+                current = None
+            if current is not None and current.is_unlimited:
+                out[pod_path] = CpuQuota.for_cpus(sum(limits.values()))
+        return out
+
     def apply(self, targets: list[CgroupTarget]) -> ReconcileReport:
         """Make the cgroups match `targets` (missing groups land in the report, not errors)."""
-        from corepin.enforcement.reconcile import Reconciler
-
         live: list[CgroupTarget] = []
         missing: list[str] = []
         for t in targets:
@@ -156,9 +228,6 @@ class ContainerCgroups:
 
 def open_hierarchy(cgroup_root: str) -> CgroupDriver:
     """The cpuset hierarchy the agent writes (v1 or v2), EnvironmentProblem when unusable."""
-    from corepin.core.errors import CgroupError
-    from corepin.enforcement.cgroups import open_cpuset_hierarchy
-
     driver = open_cpuset_hierarchy(cgroup_root)
     if not os.path.isdir(driver.root):
         raise CgroupError(

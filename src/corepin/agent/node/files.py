@@ -14,7 +14,8 @@ Files are replaced atomically (written under a hidden temporary name, then renam
 when their container or pod is gone - only when they still name that pod's uid, so a pod
 created again under the same name never loses its new file - and a sweep (at start-up and on
 every resync) removes every file that belongs to no live pod: a StatefulSet pod created again
-never reads the CPUs of its predecessor.
+never reads the CPUs of its predecessor. `AssignmentFiles` keeps the files of the node's pods
+as the state says.
 """
 
 from __future__ import annotations
@@ -26,6 +27,13 @@ import os
 import re
 from collections.abc import Iterable, Mapping
 from typing import Final
+
+from corepin.agent.node.sync import pod_assignments, shared_pool_users
+from corepin.agent.node.watches import Watches
+from corepin.core.cpuset import CPUSet
+from corepin.kube.podplan import PodPlan, plan_pod
+from corepin.state.model import HostState
+from corepin.topology.model import Topology
 
 log = logging.getLogger("corepin.agent.node")
 
@@ -121,4 +129,99 @@ def sweep(directory: str, keep: Mapping[str, str]) -> list[str]:
     return removed
 
 
-__all__ = ["KEEP", "MAX_PLAIN", "file_name", "file_uid", "remove_files", "sweep", "write_files"]
+class AssignmentFiles:
+    """The assignment files of the node's pods in `directory` ("" writes none)."""
+
+    def __init__(self, directory: str, topology: Topology, watches: Watches) -> None:
+        self.directory = directory
+        self.machine = topology
+        self.watches = watches
+        self._files: dict[str, set[str]] = {}  # pod uid -> assignment files we wrote
+
+    def wanted(self, plan: PodPlan, state: HostState) -> dict[str, str]:
+        """name -> text of the pod's assignment files: what each container got, in the form
+        `corepin run` gives a command."""
+        pool = state.shared_pool
+        wanted: dict[str, str] = {}
+        for a in pod_assignments(state, plan.uid):
+            owner = a.container
+            if owner is None or plan.container(owner.container) is None:
+                continue
+            own = a.cpus if a.holds else CPUSet()
+            shared = pool if a.with_shared else CPUSet()
+            mems = a.mems if a.holds and a.mems else self.machine.mems_of(own | shared)
+            exclusive = own if a.exclusive else CPUSet()
+            wanted[file_name(plan.namespace, plan.name, owner.container)] = (
+                f"COREPIN_CPUS={own | shared}\nCOREPIN_CPUS_EXCLUSIVE={exclusive}\n"
+                f"COREPIN_CPUS_SHARED={shared}\nCOREPIN_MEMS={mems}\n"
+                f"COREPIN_POLICY={a.kind}\nCOREPIN_POD_UID={plan.uid}\n"
+            )
+        return wanted
+
+    def write(self, plan: PodPlan, state: HostState) -> None:
+        """Write the pod's files (each on its own: one that fails is logged, the others are
+        written), and remove those of its containers that have none any more."""
+        directory = self.directory
+        if not directory:
+            return
+        wanted = self.wanted(plan, state)
+        for name, exc in write_files(directory, wanted):
+            log.warning("event=assignment_file_failed pod=%s file=%s error=%s", plan.key, name, exc)
+        before = self._files.get(plan.uid, set())
+        remove_files(directory, before - set(wanted), plan.uid)
+        if wanted:
+            self._files[plan.uid] = set(wanted)
+        else:
+            self._files.pop(plan.uid, None)
+
+    def refresh_shared(self, state: HostState) -> None:
+        """Rewrite the files of every pod with a container on the shared pool (it changed);
+        one pod's failure does not stop the others'."""
+        uids = {a.container.pod_uid for a in shared_pool_users(state) if a.container is not None}
+        for pod in self.watches.pod_list():
+            meta = pod.get("metadata") or {}
+            if meta.get("uid") in uids:
+                try:
+                    self.write(plan_pod(pod), state)
+                except Exception:
+                    log.exception(
+                        "event=assignment_files_crashed pod=%s/%s",
+                        str(meta.get("namespace") or "default"),
+                        str(meta.get("name") or ""),
+                    )
+
+    def remove(self, uid: str) -> None:
+        """Remove the files of a pod that is gone."""
+        names = self._files.pop(uid, set())
+        if self.directory:
+            remove_files(self.directory, names, uid)
+
+    def sweep(self, state: HostState) -> None:
+        """Remove every assignment file that belongs to no live pod (a previous run's, a pod
+        deleted while the agent was down): at start-up and on every resync."""
+        directory = self.directory
+        if not directory:
+            return
+        keep: dict[str, str] = {}
+        for pod in self.watches.pod_list():
+            plan = plan_pod(pod)
+            for name in self.wanted(plan, state):
+                keep[name] = plan.uid
+        removed = sweep(directory, keep)
+        if removed:
+            log.info("event=assignment_files_swept count=%d", len(removed))
+        live = self.watches.live_uids()
+        for uid in [u for u in self._files if u not in live]:
+            self._files.pop(uid, None)
+
+
+__all__ = [
+    "KEEP",
+    "MAX_PLAIN",
+    "AssignmentFiles",
+    "file_name",
+    "file_uid",
+    "remove_files",
+    "sweep",
+    "write_files",
+]

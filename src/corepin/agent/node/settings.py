@@ -12,6 +12,7 @@ from typing import Final
 from corepin.agent.settings import AgentSettings
 from corepin.core.cpuset import CPUSet
 from corepin.core.errors import InputError
+from corepin.core.ids import validate_component
 from corepin.core.record import field, record
 
 DEFAULT_KUBELET_STATE: Final = "/var/lib/kubelet/cpu_manager_state"
@@ -45,8 +46,6 @@ class NodeSettings(AgentSettings):
     shield_system: bool = False
 
     def __post_init__(self) -> None:
-        from corepin.core.ids import validate_component
-
         if not self.node_name:
             raise InputError(
                 "the agent needs its node's name: pass --node-name NAME or set NODE_NAME",

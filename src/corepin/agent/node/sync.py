@@ -1,9 +1,10 @@
 """The node agent's decisions: a pod's plan applied to the node state (pure: no I/O).
 
-`sync_pod(state, plan, ctx)` returns the next `HostState` and the notes (future Events) for one
-pod; `forget_pod(state, uid)` releases everything a pod held. Both work on the same state model
-and pool model as host mode (`corepin.state.model.HostState`, `corepin.allocation.pools`), so a
-node's processes and containers share one account of its CPUs.
+`sync_pod(state, plan, ctx)` returns the next `HostState` and the `PodEvent`s (Kubernetes
+Events, sent by the agent) to tell about one pod; `forget_pod(state, uid)` releases everything a
+pod held. Both work on the same state model and pool model as host mode
+(`corepin.state.model.HostState`, `corepin.allocation.pools`), so a node's processes and
+containers share one account of its CPUs.
 
 Per app container, with identity pod uid + container name (`ContainerOwner`):
 - not running yet: nothing is allocated (an existing assignment is kept through a restart);
@@ -24,29 +25,28 @@ Init containers run on the shared pool while they run. Assignments imported from
 
 from __future__ import annotations
 
-from collections.abc import Callable, Iterable
-from typing import TYPE_CHECKING, Final
+from typing import Final
 
-from corepin.agent.node.plan import ContainerPlan, PodPlan
+from corepin.allocation.decide import decide
+from corepin.allocation.levels import withheld_for
+from corepin.allocation.types import Policy, Request
 from corepin.core.cpuset import CPUSet
 from corepin.core.errors import AllocationError, CorepinError
 from corepin.core.record import record
+from corepin.kube.podplan import ContainerPlan, PodPlan
+from corepin.state.kubelet import KUBELET_POLICY
+from corepin.state.model import Assignment, HostState
+from corepin.state.owners import ContainerOwner
+from corepin.topology.model import Topology
 
-if TYPE_CHECKING:
-    from corepin.allocation.types import Policy
-    from corepin.state.model import Assignment, HostState
-    from corepin.state.owners import ContainerOwner
-    from corepin.topology.model import Topology
-
-#: the policy recorded on assignments imported from the kubelet's checkpoint
-KUBELET_POLICY: Final = "kubelet-static"
 #: assignment kind per container policy
 KIND_OF: Final = {"none": "shared", "share": "share", "exclusive": "exclusive"}
 
 
 @record
-class Note:
-    """Something to tell about a pod (an Event): `type` Normal or Warning."""
+class PodEvent:
+    """A Kubernetes Event to tell about a pod: `type` Normal or Warning, `reason` (CPUPinned,
+    CPUMoved, CPUPinFailed, CPUPolicyIgnored), `message`, and the container it is about."""
 
     type: str
     reason: str
@@ -72,8 +72,6 @@ def assignment_id(uid: str, container: str) -> str:
 
 
 def _owner(plan: PodPlan, c: ContainerPlan, cgroup: str | None) -> ContainerOwner:
-    from corepin.state.owners import ContainerOwner
-
     return ContainerOwner(
         pod_uid=plan.uid,
         container=c.name,
@@ -97,22 +95,22 @@ def forget_pod(state: HostState, uid: str) -> tuple[HostState, list[Assignment]]
     return state.remove_many(a.id for a in gone), gone
 
 
-def sync_pod(state: HostState, plan: PodPlan, ctx: SyncContext) -> tuple[HostState, list[Note]]:
+def sync_pod(state: HostState, plan: PodPlan, ctx: SyncContext) -> tuple[HostState, list[PodEvent]]:
     """Apply one pod's plan (see the module docstring)."""
-    notes: list[Note] = []
+    events: list[PodEvent] = []
     if plan.deleting:
         state, _ = forget_pod(state, plan.uid)
-        return state, notes
+        return state, events
     names = {c.name for c in plan.containers} | {c.name for c in plan.init_containers}
     for a in pod_assignments(state, plan.uid):
         owner = a.container
         if owner is not None and owner.container not in names:
             state = state.remove(a.id)
     for c in plan.init_containers:
-        state = _sync_container(state, plan, c, ctx, notes, init=True)
+        state = _sync_container(state, plan, c, ctx, events, init=True)
     for c in plan.containers:
-        state = _sync_container(state, plan, c, ctx, notes, init=False)
-    return state, notes
+        state = _sync_container(state, plan, c, ctx, events, init=False)
+    return state, events
 
 
 def _sync_container(
@@ -120,7 +118,7 @@ def _sync_container(
     plan: PodPlan,
     c: ContainerPlan,
     ctx: SyncContext,
-    notes: list[Note],
+    events: list[PodEvent],
     *,
     init: bool,
 ) -> HostState:
@@ -133,11 +131,13 @@ def _sync_container(
     if c.terminated and not c.running:
         return state.remove(ident, missing_ok=True)
     if c.bad_id:
-        notes.append(Note("Warning", "CPUPinFailed", f"container {c.name!r}: {c.bad_id}", c.name))
+        events.append(
+            PodEvent("Warning", "CPUPinFailed", f"container {c.name!r}: {c.bad_id}", c.name)
+        )
     if not c.running:
         return state  # not started yet, or between restarts: keep what it holds
     if c.problem and not init:
-        notes.append(Note("Warning", "CPUPolicyIgnored", c.problem, c.name))
+        events.append(PodEvent("Warning", "CPUPolicyIgnored", c.problem, c.name))
     same_container = (
         existing is not None
         and existing.container is not None
@@ -148,7 +148,7 @@ def _sync_container(
     if kind == "shared":
         if existing is not None and existing.kind == "shared":
             return _with_owner(state, existing, owner)
-        return _place(state, ident, "shared", CPUSet(), CPUSet(), c, owner, ctx, existing, notes)
+        return _place(state, ident, "shared", CPUSet(), CPUSet(), c, owner, ctx, existing, events)
     if (
         existing is not None
         and existing.kind == kind
@@ -157,8 +157,8 @@ def _sync_container(
     ):
         if len(existing.cpus) == c.count:
             return _with_owner(state, existing, owner)
-        return _resize(state, existing, c, owner, ctx, notes)
-    return _allocate(state, ident, kind, c, owner, ctx, existing, notes)
+        return _resize(state, existing, c, owner, ctx, events)
+    return _allocate(state, ident, kind, c, owner, ctx, existing, events)
 
 
 def _with_owner(state: HostState, a: Assignment, owner: ContainerOwner) -> HostState:
@@ -177,12 +177,10 @@ def _place(
     owner: ContainerOwner,
     ctx: SyncContext,
     existing: Assignment | None,
-    notes: list[Note],
+    events: list[PodEvent],
     *,
     policy: str = "",
 ) -> HostState:
-    from corepin.state.model import Assignment
-
     new = Assignment(
         id=ident,
         kind=kind,
@@ -198,13 +196,15 @@ def _place(
     state = state.remove(ident, missing_ok=True).add(new)
     before = existing.cpus if existing is not None and existing.holds else CPUSet()
     if cpus and not before:
-        notes.append(
-            Note("Normal", "CPUPinned", f"container {c.name!r}: CPUs {cpus} ({kind})", c.name)
+        events.append(
+            PodEvent("Normal", "CPUPinned", f"container {c.name!r}: CPUs {cpus} ({kind})", c.name)
         )
     elif before and before != cpus:
         where = f"CPUs {cpus} ({kind})" if cpus else "the shared pool"
-        notes.append(
-            Note("Normal", "CPUMoved", f"container {c.name!r}: CPUs {before} -> {where}", c.name)
+        events.append(
+            PodEvent(
+                "Normal", "CPUMoved", f"container {c.name!r}: CPUs {before} -> {where}", c.name
+            )
         )
     return state
 
@@ -217,13 +217,9 @@ def _allocate(
     owner: ContainerOwner,
     ctx: SyncContext,
     existing: Assignment | None,
-    notes: list[Note],
+    events: list[PodEvent],
 ) -> HostState:
     """A new allocation of `kind` for the container; the shared pool when there is none."""
-    from corepin.allocation.decide import decide
-    from corepin.allocation.levels import withheld_for
-    from corepin.allocation.types import Request
-
     base = state.remove(ident, missing_ok=True)
     try:
         if c.cpus is not None:
@@ -248,8 +244,8 @@ def _allocate(
                 (decision.policy),
             )
     except CorepinError as exc:
-        notes.append(
-            Note(
+        events.append(
+            PodEvent(
                 "Warning",
                 "CPUPinFailed",
                 f"container {c.name!r}: {c.count} {kind} CPU(s) not available ({exc.message}); "
@@ -259,9 +255,9 @@ def _allocate(
         )
         if existing is not None and existing.kind == "shared":
             return _with_owner(state, existing, owner)
-        return _place(state, ident, "shared", CPUSet(), CPUSet(), c, owner, ctx, existing, notes)
+        return _place(state, ident, "shared", CPUSet(), CPUSet(), c, owner, ctx, existing, events)
     return _place(
-        state, ident, kind, cpus, withheld, c, owner, ctx, existing, notes, policy=policy_name
+        state, ident, kind, cpus, withheld, c, owner, ctx, existing, events, policy=policy_name
     )
 
 
@@ -271,11 +267,9 @@ def _resize(
     c: ContainerPlan,
     owner: ContainerOwner,
     ctx: SyncContext,
-    notes: list[Note],
+    events: list[PodEvent],
 ) -> HostState:
     """Grow or shrink a container's CPUs around those it keeps (in-place pod resize)."""
-    from corepin.allocation.levels import withheld_for
-
     kept = existing.cpus
     if c.count < len(kept):
         cpus = shrink(ctx.topology, kept, len(kept) - c.count)
@@ -284,8 +278,8 @@ def _resize(
             free = state.pools.free - ctx.promised
             added = grow(ctx.topology, kept, c.count - len(kept), free, ctx.policy, c)
         except CorepinError as exc:
-            notes.append(
-                Note(
+            events.append(
+                PodEvent(
                     "Warning",
                     "CPUPinFailed",
                     f"container {c.name!r}: cannot grow CPUs {kept} to {c.count} "
@@ -302,12 +296,14 @@ def _resize(
     try:
         state = state.replace_assignment(resized)
     except CorepinError as exc:
-        notes.append(
-            Note("Warning", "CPUPinFailed", f"container {c.name!r}: {exc.message}", c.name)
+        events.append(
+            PodEvent("Warning", "CPUPinFailed", f"container {c.name!r}: {exc.message}", c.name)
         )
         return _with_owner(state, existing, owner)
-    notes.append(
-        Note("Normal", "CPUMoved", f"container {c.name!r}: resized CPUs {kept} -> {cpus}", c.name)
+    events.append(
+        PodEvent(
+            "Normal", "CPUMoved", f"container {c.name!r}: resized CPUs {kept} -> {cpus}", c.name
+        )
     )
     return state
 
@@ -322,8 +318,6 @@ def grow(
 ) -> CPUSet:
     """`extra` free CPUs chosen next to `kept`: in the L3s of the kept CPUs if they hold
     enough, else their NUMA nodes, else their sockets, else anywhere free."""
-    from corepin.allocation.types import Request
-
     near: list[CPUSet] = [
         topology.cpus_in_l3s(*topology.l3s_in(kept)),
         topology.cpus_in_numa_nodes(*topology.numa_nodes_in(kept)),
@@ -369,27 +363,12 @@ def shared_pool_users(state: HostState) -> list[Assignment]:
     return [a for a in state if a.container is not None and a.with_shared]
 
 
-def pending_upgrades(state: HostState, wanted: Callable[[str, str], str | None]) -> Iterable[str]:
-    """Pod uids with a container on the shared pool that asked for CPUs of its own
-    (`wanted(uid, container)` is the kind it asked for)."""
-    seen: set[str] = set()
-    for a in state:
-        owner = a.container
-        if owner is None or a.kind != "shared" or owner.pod_uid in seen:
-            continue
-        if wanted(owner.pod_uid, owner.container) in ("share", "exclusive"):
-            seen.add(owner.pod_uid)
-            yield owner.pod_uid
-
-
 __all__ = [
-    "KUBELET_POLICY",
-    "Note",
+    "PodEvent",
     "SyncContext",
     "assignment_id",
     "forget_pod",
     "grow",
-    "pending_upgrades",
     "pod_assignments",
     "shared_pool_users",
     "shrink",

@@ -582,6 +582,22 @@ def set_condition(conditions: Iterable[Condition], new: Condition) -> tuple[Cond
     return tuple(out)
 
 
+def _status_condition(condition: Condition) -> dict[str, Any]:
+    """A condition as the node agent writes it in the statuses it owns (NodeCPUTopology,
+    its PodCPUBindings): the keys in the order it has always sent them, the time after the
+    reason and message (`Condition.to_dict` has Kubernetes' own order)."""
+    out: dict[str, Any] = {
+        "type": condition.type,
+        "status": condition.status,
+        "reason": condition.reason,
+        "message": condition.message,
+        "lastTransitionTime": format_time(condition.last_transition_time),
+    }
+    if condition.observed_generation is not None:
+        out["observedGeneration"] = condition.observed_generation
+    return out
+
+
 def find_condition(conditions: Iterable[Condition], type_: str) -> Condition | None:
     return next((c for c in conditions if c.type == type_), None)
 
@@ -793,10 +809,10 @@ class NodeCPUTopologyStatus:
             "freeByNUMA": {str(k): str(v) for k, v in self.free_by_numa.items()},
             "freeByL3": {str(k): str(v) for k, v in self.free_by_l3.items()},
             "allocations": [a.to_dict() for a in self.allocations],
-            "conditions": [c.to_dict() for c in self.conditions],
         }
         if self.heartbeat_time is not None:
             out["heartbeatTime"] = format_time(self.heartbeat_time)
+        out["conditions"] = [_status_condition(c) for c in self.conditions]
         return out
 
 
@@ -984,15 +1000,14 @@ class PodCPUBindingStatus:
         )
 
     def to_dict(self) -> dict[str, Any]:
-        out: dict[str, Any] = {
-            "phase": self.phase,
-            "cpus": str(self.cpus),
-            "mems": str(self.mems),
-            "message": self.message,
-            "conditions": [c.to_dict() for c in self.conditions],
-        }
-        if self.node_name is not None:
-            out["nodeName"] = self.node_name
+        out: dict[str, Any] = {} if self.node_name is None else {"nodeName": self.node_name}
+        out.update(
+            phase=self.phase,
+            cpus=str(self.cpus),
+            mems=str(self.mems),
+            message=self.message,
+            conditions=[_status_condition(c) for c in self.conditions],
+        )
         return out
 
 

@@ -1,0 +1,33 @@
+"""What the node agent reports as it works: `Hooks`, one call per measured event.
+
+The agent calls them; `corepin agent` turns them into its Prometheus metrics
+(`corepin.agent.node.metrics.AgentMetrics`), tests and benchmarks into whatever they count.
+Every method is optional to override.
+"""
+
+from __future__ import annotations
+
+from typing import TYPE_CHECKING
+
+if TYPE_CHECKING:
+    from corepin.state.model import HostState
+    from corepin.topology.model import Topology
+
+
+class Hooks:
+    """What the agent reports as it works (metrics); every method is optional to override."""
+
+    def decided(self, seconds: float) -> None: ...
+
+    def pinning(self, ok: bool, reason: str = "") -> None: ...
+
+    def cgroup_writes(self, count: int) -> None: ...
+
+    def reconciled(self, seconds: float) -> None: ...
+
+    def pinned_after(self, seconds: float) -> None: ...
+
+    def state(self, state: HostState, topology: Topology) -> None: ...
+
+
+__all__ = ["Hooks"]

@@ -1,0 +1,71 @@
+"""What the node agent sees of the API: informers of the node's pods (field selector
+`spec.nodeName`), of the node itself (its reservation annotation) and of PodCPUBindings.
+
+List + watch from the list's resourceVersion, relist on 410 Gone, reconnect with bounded backoff
+(`corepin.kube.informer`). The agent creates them when it starts (`open`) and registers its
+handlers, which only put keys on its work queue; everything else reads their caches, here.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from typing import Any
+
+from corepin.kube.client import KubeClient, Obj
+from corepin.kube.informer import Informer
+from corepin.kube.podplan import PodPlan
+from corepin.kube.resources import NODES, PCB, PODS
+
+
+def pod_uid(pod: Mapping[str, Any]) -> str:
+    """The uid of a pod (or any object): "" when it has none."""
+    return str((pod.get("metadata") or {}).get("uid") or "")
+
+
+class Watches:
+    """The agent's three informers and reads of their caches."""
+
+    pods: Informer
+    nodes: Informer
+    bindings: Informer
+
+    def __init__(self, client: KubeClient, node_name: str) -> None:
+        self.client = client
+        self.node_name = node_name
+        #: every informer, once `open` made them
+        self.informers: list[Informer] = []
+
+    def open(self) -> None:
+        """Make the informers (not started: the agent adds its handlers and starts them)."""
+        node = self.node_name
+        self.pods = Informer(self.client, PODS, field_selector=f"spec.nodeName={node}", name="pods")
+        self.nodes = Informer(
+            self.client, NODES, field_selector=f"metadata.name={node}", name="node"
+        )
+        self.bindings = Informer(self.client, PCB, name="bindings")
+        self.informers = [self.pods, self.nodes, self.bindings]
+
+    # ------------------------------------------------------------------ reads
+    def pod(self, name: str, namespace: str) -> Obj | None:
+        return self.pods.cache.get(name, namespace)
+
+    def pod_list(self) -> list[Obj]:
+        return self.pods.cache.list()
+
+    def live_uids(self) -> set[str]:
+        """The uids of the pods on the node now (as the pod informer has them)."""
+        return {str((p.get("metadata") or {}).get("uid")) for p in self.pods.cache.list()}
+
+    def is_live(self, plan: PodPlan) -> bool:
+        """Whether the pod of `plan` is on the node now (as the pod informer has it)."""
+        pod = self.pods.cache.get(plan.name, plan.namespace)
+        return pod is not None and (pod.get("metadata") or {}).get("uid") == plan.uid
+
+    def node(self) -> Obj | None:
+        return self.nodes.cache.get(self.node_name)
+
+    def binding_list(self) -> list[Obj]:
+        return self.bindings.cache.list()
+
+
+__all__ = ["Watches", "pod_uid"]
