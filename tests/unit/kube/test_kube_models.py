@@ -18,9 +18,10 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from corepin.allocation.pools import Reservation
+from corepin.allocation.pools import KOORDINATOR_RESERVATION, Reservation
 from corepin.core.cpuset import CPUSet
 from corepin.core.errors import InputError
+from corepin.core.quantity import parse_quantity
 from corepin.kube import models as m
 from corepin.testing.machines import NAMED
 from support.crd_schema import SHARED, crd, errors, load_yaml_docs, version_schema
@@ -739,7 +740,7 @@ def test_bad_node_reservation_names_the_annotation(key: str, value: str) -> None
      ("1E", 10**18), (4, 4), (2.5, Fraction(5, 2))],
 )  # fmt: skip
 def test_quantities(text: str | int | float, value: Fraction | int) -> None:
-    assert m.parse_quantity(text) == value
+    assert parse_quantity(text) == value
 
 
 @pytest.mark.parametrize(
@@ -748,7 +749,7 @@ def test_quantities(text: str | int | float, value: Fraction | int) -> None:
 )
 def test_bad_quantities(text: Any) -> None:
     with pytest.raises(m.FieldError, match=r"^limits\.cpu: "):
-        m.parse_quantity(text, "limits.cpu")
+        m.read_quantity(text, "limits.cpu")
 
 
 def _container(limit: Any = None, request: Any = None) -> dict[str, Any]:
@@ -808,7 +809,7 @@ def test_arbitrary_json_raises_only_input_errors(value: Any) -> None:
         m.aliases_to_copy,
         m.parse_node_reservation,
         m.container_eligibility,
-        m.parse_quantity,
+        parse_quantity,
         m.parse_cpus_annotation,
         m.corepin_level,
     ):
@@ -850,7 +851,7 @@ def test_valid_objects_with_one_part_replaced_raise_only_input_errors(
 annotation_keys = st.sampled_from(
     [m.ANN_CPU_POLICY, m.ANN_CPU_POLICY_PREFIX + "app", m.ANN_LEVEL, m.ANN_WORKLOAD,
      m.CRANE_CPU_MANAGER, m.ACTIMANAGER_LEVEL, m.ACTIMANAGER_WORKLOAD, m.ANN_RESERVATION,
-     m.KOORDINATOR_RESERVATION, m.ANN_CPU_POLICY_PREFIX]
+     KOORDINATOR_RESERVATION, m.ANN_CPU_POLICY_PREFIX]
 ) | st.text(max_size=20)  # fmt: skip
 
 

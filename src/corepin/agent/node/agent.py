@@ -1157,7 +1157,7 @@ class NodeAgent:
         """CFS quota per cgroup: none for exclusive containers (and their pod when every app
         container is exclusive), the kubelet's limit x period for the others."""
         from corepin.enforcement.cgroups import CpuQuota
-        from corepin.kube.models import parse_quantity
+        from corepin.core.quantity import parse_quantity
 
         if not self.cgroups.driver.has_cpu_controller():
             return {}  # (said once at start-up)
@@ -1688,7 +1688,7 @@ def _cpu_quantities(pod: Mapping[str, Any]) -> dict[str, list[tuple[str, Any]]]:
 def absurd_cpu(raw: Any) -> bool:
     """Whether a CPU quantity is beyond anything a node can give: negative, or more than
     `MAX_CPU_QUANTITY` CPUs (unparseable ones are the eligibility check's business)."""
-    from corepin.kube.models import parse_quantity
+    from corepin.core.quantity import parse_quantity
 
     try:
         value = parse_quantity(raw)
