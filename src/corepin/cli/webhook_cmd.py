@@ -70,7 +70,7 @@ def add_arguments(parser: argparse.ArgumentParser, name: str) -> None:
 
 def config_from(args: Any) -> Any:
     """The WebhookConfig of the parsed arguments (InputError, exit 2, for a bad flag)."""
-    from corepin.api.webhook.admission import (
+    from corepin.api.webhook.config import (
         WebhookConfig,
         parse_node_selector,
         parse_toleration,
