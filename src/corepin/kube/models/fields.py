@@ -85,20 +85,24 @@ def list_field(data: Mapping[str, Any], key: str, path: str) -> list[Any]:
     return list_or_empty(data.get(key), f"{path}.{key}")
 
 
+def string(value: object, path: str, *, required: bool = False, default: str = "") -> str:
+    """`value` as a string; `default` when it is None, unless `required` (then non-empty)."""
+    if value is None:
+        if required:
+            raise FieldError(path, MISSING, "is required")
+        return default
+    if not isinstance(value, str):
+        raise FieldError(path, value, "must be a string")
+    if required and not value:
+        raise FieldError(path, value, "must not be empty")
+    return value
+
+
 def string_field(
     data: Mapping[str, Any], key: str, path: str, *, required: bool = False, default: str = ""
 ) -> str:
-    """The string `data[key]`; `default` when missing, unless `required` (then also non-empty)."""
-    value = data.get(key)
-    if value is None:
-        if required:
-            raise FieldError(f"{path}.{key}", MISSING, "is required")
-        return default
-    if not isinstance(value, str):
-        raise FieldError(f"{path}.{key}", value, "must be a string")
-    if required and not value:
-        raise FieldError(f"{path}.{key}", value, "must not be empty")
-    return value
+    """The string `data[key]` (field `path.key`), as `string` reads it."""
+    return string(data.get(key), f"{path}.{key}", required=required, default=default)
 
 
 def optional_string_field(data: Mapping[str, Any], key: str, path: str) -> str | None:
