@@ -23,7 +23,9 @@ from __future__ import annotations
 
 from typing import Final
 
-from corepin.allocation.pools import NodePools
+from corepin.allocation.levels import withheld_for
+from corepin.allocation.pools import NodePools, decide
+from corepin.allocation.types import Request
 from corepin.core.cpuset import CPUSet
 from corepin.core.errors import AllocationError, CorepinError
 from corepin.core.record import record
@@ -114,10 +116,6 @@ def _what(c: ContainerAsk) -> str:
 
 def fit(view: NodeView, request: PodRequest, pools: NodePools | None = None) -> Fit:
     """Place every container of `request` on the node (see the module docstring)."""
-    from corepin.allocation.levels import withheld_for
-    from corepin.allocation.pools import decide
-    from corepin.allocation.types import Request
-
     current = view.pools if pools is None else pools
     if not request.holds:
         return Fit(view.name, True, pools=current)
