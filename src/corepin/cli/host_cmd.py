@@ -549,15 +549,16 @@ def _read_node(name: str, kubeconfig: str | None) -> tuple[NodeReport, Topology]
     from corepin.kube.client import KubeClient
     from corepin.kube.config import load_config
     from corepin.kube.models import NodeCPUTopology
-    from corepin.kube.nodestate import NODE_CPU_TOPOLOGIES, node_state
+    from corepin.kube.nodestate import node_state
+    from corepin.kube.resources import NCPT
 
     client = KubeClient.from_config(load_config(kubeconfig, env=os.environ), timeout=15)
     try:
-        obj = client.get(NODE_CPU_TOPOLOGIES, name)
+        obj = client.get(NCPT, name)
     except ApiNotFound as exc:
         if exc.details.get("name") != name:  # the type itself is not served
             raise EnvironmentProblem(
-                f"the API server does not serve {NODE_CPU_TOPOLOGIES} ({exc.api_message}): "
+                f"the API server does not serve {NCPT} ({exc.api_message}): "
                 "are corepin's CRDs installed (deploy/crd)?",
                 reason="no_crd",
             ) from None

@@ -147,9 +147,9 @@ def run(args: Any) -> int:
     informer = None
     if client is not None:
         from corepin.kube.informer import Informer
-        from corepin.kube.nodestate import NODE_CPU_TOPOLOGIES
+        from corepin.kube.resources import NCPT
 
-        informer = Informer(client, NODE_CPU_TOPOLOGIES, name="webhook-ncpt")
+        informer = Informer(client, NCPT, name="webhook-ncpt")
         informer.add_handlers(
             on_add=catalog.on_add, on_update=catalog.on_update, on_delete=catalog.on_delete
         )

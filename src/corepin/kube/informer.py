@@ -57,8 +57,9 @@ from corepin.kube.client import (
     WATCH_READ_MARGIN,
     KubeClient,
     Resource,
-    too_large_resource_version,
 )
+from corepin.kube.errors import too_large_resource_version
+from corepin.kube.models import ObjectView
 from corepin.kube.transport import Cancel, Cancelled
 
 Obj = dict[str, Any]
@@ -87,12 +88,12 @@ def older_version(theirs: str, ours: str) -> bool:
 
 
 def object_key(obj: Obj) -> Key:
-    meta = obj.get("metadata") or {}
-    return (str(meta.get("namespace") or ""), str(meta.get("name") or ""))
+    view = ObjectView(obj)
+    return (view.namespace, view.name)
 
 
 def resource_version(obj: Obj) -> str:
-    return str((obj.get("metadata") or {}).get("resourceVersion") or "")
+    return ObjectView(obj).resource_version
 
 
 class Cache:

@@ -35,6 +35,7 @@ from corepin.core.errors import (
     RequestError,
 )
 from corepin.kube.client import KubeClient
+from corepin.kube.models import ObjectView
 from corepin.kube.resources import LEASES
 
 Obj = dict[str, Any]
@@ -56,7 +57,7 @@ class LeaseRecord:
 
     @classmethod
     def of(cls, lease: Obj) -> LeaseRecord:
-        spec = lease.get("spec") or {}
+        spec = ObjectView(lease).spec
         return cls(
             str(spec.get("holderIdentity") or ""),
             int(spec.get("leaseDurationSeconds") or 0),
@@ -155,7 +156,7 @@ class LeaderElector:
         else:
             spec["acquireTime"] = micro_time(now)
             spec["leaseTransitions"] = record.transitions + (1 if record.holder else 0)
-        lease["spec"] = {**(lease.get("spec") or {}), **spec}
+        lease["spec"] = {**ObjectView(lease).spec, **spec}
         try:
             written = self.client.replace(LEASES, lease, self.namespace)
         except ApiConflict:
@@ -215,7 +216,7 @@ class LeaderElector:
             return False
         now = micro_time(self._wall())
         lease["spec"] = {
-            **(lease.get("spec") or {}),
+            **ObjectView(lease).spec,
             "holderIdentity": "",
             "leaseDurationSeconds": 1,
             "renewTime": now,

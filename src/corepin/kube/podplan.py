@@ -34,6 +34,7 @@ from corepin.core.errors import CorepinError
 from corepin.core.ids import validate_container_id
 from corepin.core.record import record
 from corepin.kube.models import (
+    ObjectView,
     PodCPUBindingSpec,
     PodView,
     container_eligibility,
@@ -158,7 +159,7 @@ def plan_pod(pod: Mapping[str, Any], binding: Mapping[str, Any] | None = None) -
     explicit: dict[str, CPUSet] = {}
     binding_level = None
     if binding is not None:
-        bspec = loose_object(binding.get("spec"))
+        bspec = ObjectView(binding).spec
         try:
             binding_level = corepin_level(bspec.get("exclusivenessLevel", "cpu"))
         except CorepinError:

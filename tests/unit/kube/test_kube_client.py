@@ -27,7 +27,8 @@ from corepin.core.errors import (
     EnvironmentProblem,
     KubeConfigError,
 )
-from corepin.kube.client import KubeClient, api_error
+from corepin.kube.client import KubeClient
+from corepin.kube.errors import api_error
 from corepin.kube.config import load_config
 from corepin.kube.resources import CONFIGMAPS, CRDS, LEASES, NODES, PODS
 from corepin.kube.transport import Cancel, Cancelled
@@ -662,7 +663,7 @@ def test_missing_kubeconfig_is_a_config_error(tmp_path: Path) -> None:
 
 
 def test_retry_after_is_read_from_the_header_or_the_status() -> None:
-    from corepin.kube.client import api_error, too_large_resource_version
+    from corepin.kube.errors import api_error, too_large_resource_version
 
     status = {"kind": "Status", "code": 429, "reason": "TooManyRequests", "message": "slow down"}
     assert (
@@ -690,7 +691,7 @@ def test_retry_after_is_read_from_the_header_or_the_status() -> None:
 
 @given(st.text(max_size=40), st.dictionaries(st.text(max_size=20), st.text(max_size=20)))
 def test_retry_after_parsing_never_raises(header: str, details: dict[str, str]) -> None:
-    from corepin.kube.client import retry_after_of
+    from corepin.kube.errors import retry_after_of
 
     found = retry_after_of({"Retry-After": header}, details)
     assert found is None or found >= 0
