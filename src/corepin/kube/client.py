@@ -401,9 +401,6 @@ class KubeClient:
         return self._call("DELETE", path, verb="delete", body=options)
 
     # ------------------------------------------------------------------ status subresource
-    def get_status(self, resource: Resource, name: str, namespace: str | None = None) -> Obj:
-        return self.get(resource, name, namespace, subresource="status")
-
     def replace_status(
         self,
         resource: Resource,

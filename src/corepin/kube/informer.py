@@ -251,12 +251,6 @@ class Informer:
         bound = self.idle_timeout if within is None else within
         return self.synced and contact is not None and time.monotonic() - contact <= bound
 
-    @property
-    def silent_for(self) -> float | None:
-        """Seconds since the API last answered a list or watch (None: never)."""
-        contact = self._contact
-        return None if contact is None else time.monotonic() - contact
-
     def _touch(self) -> None:
         self._contact = time.monotonic()
 

@@ -110,7 +110,6 @@ class LeaderElector:
         self._rng = rng or random.Random()
         self._observed: LeaseRecord | None = None
         self._observed_at = 0.0
-        self._observed_rv = ""
         self._reported_leader = ""
         self._leading = threading.Event()
         self._stop = threading.Event()

@@ -120,7 +120,6 @@ class Cluster:
         self._oldest = float("inf")  # no later than the oldest heartbeat of any usable node
         self._unreadable: dict[str, Fit] = {}  # nodes whose NodeCPUTopology cannot be read
         self._next_expiry = 0.0
-        self.evaluations = 0
 
     # ------------------------------------------------------------------ feeding
     def _invalidate(self, name: str) -> None:
@@ -262,7 +261,6 @@ class Cluster:
         out: list[Answer] = []
         append = out.append
         with self._lock:
-            self.evaluations += 1
             if now >= self._next_expiry:
                 self.expire(now)
             if holds and self._oldest < stale_before:  # maybe a node is stale: look again

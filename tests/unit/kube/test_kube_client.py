@@ -28,8 +28,8 @@ from corepin.core.errors import (
     KubeConfigError,
 )
 from corepin.kube.client import KubeClient
-from corepin.kube.errors import api_error
 from corepin.kube.config import load_config
+from corepin.kube.errors import api_error
 from corepin.kube.resources import CONFIGMAPS, CRDS, LEASES, NODES, PODS
 from corepin.kube.transport import Cancel, Cancelled
 from fakeapi import FakeApiServer, TLSMaterial
@@ -278,7 +278,8 @@ def test_status_subresource_and_main_endpoint_ignore_each_others_fields(kube: Ku
     assert "activeDeadlineSeconds" not in after_status["spec"]
     patched = kube.patch_status(PODS, "web", {"status": {"phase": "Succeeded"}}, "default")
     assert patched["status"]["phase"] == "Succeeded"
-    assert kube.get_status(PODS, "web", "default")["status"]["phase"] == "Succeeded"
+    status = kube.get(PODS, "web", "default", subresource="status")
+    assert status["status"]["phase"] == "Succeeded"
 
 
 def test_custom_resource_generation_moves_with_spec_only(kube: KubeClient) -> None:

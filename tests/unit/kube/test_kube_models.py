@@ -255,15 +255,6 @@ def test_an_empty_cpu_list_is_the_same_as_none() -> None:
     assert "cpuSet" not in spec.to_dict()
 
 
-def test_container_cpus_win_over_the_pods() -> None:
-    spec = m.PodCPUBindingSpec(
-        "p", cpus=CPUSet.parse("0-1"), containers=(m.ContainerCPUSet("a", CPUSet.of(4)),)
-    )
-    assert spec.cpus_for("a") == CPUSet.of(4)
-    assert spec.cpus_for("b") == CPUSet.parse("0-1")
-    assert m.PodCPUBindingSpec("p").cpus_for("a") is None
-
-
 # ---------------------------------------------------------------------- the models match the CRDs
 def _enum(schema: dict[str, Any], *path: str) -> list[str]:
     node = schema

@@ -128,13 +128,6 @@ class PodCPUBindingSpec:
         set_frozen(self, "containers", tuple(self.containers))
         unique([c.name for c in self.containers], "spec.containers", "container name")
 
-    def cpus_for(self, container: str) -> CPUSet | None:
-        """The explicit CPUs of `container`: its own row, else the pod's, else None."""
-        for row in self.containers:
-            if row.name == container:
-                return row.cpus
-        return self.cpus
-
     @classmethod
     def from_dict(cls, data: object, path: str = "spec") -> PodCPUBindingSpec:
         d = object_at(data, path)
