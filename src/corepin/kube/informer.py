@@ -61,6 +61,7 @@ from corepin.kube.client import (
 from corepin.kube.errors import too_large_resource_version
 from corepin.kube.models import ObjectView
 from corepin.kube.transport import Cancel, Cancelled
+from corepin.kube.watch import Watch, WatchEvent
 
 Obj = dict[str, Any]
 Key = tuple[str, str]  # (namespace, name); namespace "" for cluster-scoped objects
@@ -420,7 +421,7 @@ class Informer:
             # the server has nothing at or after our version (it is behind us)
             raise ServerBehind(f"a {timeout} s watch from {self._last_rv} brought no bookmark")
 
-    def _events(self, watch: Any) -> Iterator[Any]:
+    def _events(self, watch: Watch) -> Iterator[WatchEvent]:
         try:
             yield from watch
         except (ApiError, ApiUnreachable):
