@@ -1156,8 +1156,8 @@ class NodeAgent:
     ) -> dict[str, CpuQuota | None]:
         """CFS quota per cgroup: none for exclusive containers (and their pod when every app
         container is exclusive), the kubelet's limit x period for the others."""
-        from corepin.enforcement.cgroups import CpuQuota
         from corepin.core.quantity import parse_quantity
+        from corepin.enforcement.cgroups import CpuQuota
 
         if not self.cgroups.driver.has_cpu_controller():
             return {}  # (said once at start-up)
