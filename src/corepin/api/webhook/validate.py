@@ -87,7 +87,7 @@ def validate_pod(request: Mapping[str, Any], capacity: ClusterCapacity | None) -
             old = None
         if old is not None and _request_keys(old) == _request_keys(pod):
             return Outcome(True)  # the update does not touch what the pod asks corepin for
-    annotations = pod.annotations
+    annotations, containers = pod.annotations, pod.containers
     try:
         wanted = parse_pod_annotations(annotations, pod.labels)
     except FieldError as exc:
@@ -98,9 +98,9 @@ def validate_pod(request: Mapping[str, Any], capacity: ClusterCapacity | None) -
             parse_cpus_annotation(annotations[ANN_CPUS])
         except FieldError as exc:
             problems.append(f"{exc.message} (the agent writes this one; leave it out)")
-    warnings = _warnings(pod, wanted, operation == "CREATE")
+    warnings = _warnings(pod, containers, annotations, wanted, operation == "CREATE")
     holds: list[Hold] = []
-    for i, c in enumerate(pod.containers):
+    for i, c in enumerate(containers):
         name = c["name"]
         policy = wanted.policy_for(name)
         if policy == "none":
@@ -131,8 +131,14 @@ def validate_pod(request: Mapping[str, Any], capacity: ClusterCapacity | None) -
     return Outcome(True, warnings=tuple(warnings))
 
 
-def _warnings(pod: PodView, wanted: PodCPUPolicy, creating: bool) -> list[str]:
-    names = {c["name"] for c in pod.containers}
+def _warnings(
+    pod: PodView,
+    containers: tuple[Mapping[str, Any], ...],
+    annotations: Mapping[str, str],
+    wanted: PodCPUPolicy,
+    creating: bool,
+) -> list[str]:
+    names = {c["name"] for c in containers}
     inits = {c["name"] for c in pod.checked_containers("initContainers")}
     out: list[str] = []
     for name in wanted.containers:
@@ -143,7 +149,7 @@ def _warnings(pod: PodView, wanted: PodCPUPolicy, creating: bool) -> list[str]:
             listed = ", ".join(sorted(names)) or "none"
             out.append(f"{key} names no container of this pod (containers: {listed})")
     if creating:
-        for key in pod.annotations:
+        for key in annotations:
             if (
                 key.startswith("corepin.io/")
                 and key not in _KNOWN_COREPIN

@@ -38,14 +38,20 @@ def _text(value: object) -> str:
 class ObjectView:
     """A read-only view of one API object of any kind (see the module docstring)."""
 
-    __slots__ = ("metadata", "raw", "spec", "status")
+    __slots__ = ("metadata", "raw")
 
     def __init__(self, raw: object) -> None:
         #: the object as it was sent (`{}` when it is not an object)
         self.raw: Mapping[str, Any] = loose_object(raw)
         self.metadata: Mapping[str, Any] = loose_object(self.raw.get("metadata"))
-        self.spec: Mapping[str, Any] = loose_object(self.raw.get("spec"))
-        self.status: Mapping[str, Any] = loose_object(self.raw.get("status"))
+
+    @property
+    def spec(self) -> Mapping[str, Any]:
+        return loose_object(self.raw.get("spec"))
+
+    @property
+    def status(self) -> Mapping[str, Any]:
+        return loose_object(self.raw.get("status"))
 
     @property
     def name(self) -> str:
