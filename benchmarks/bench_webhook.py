@@ -43,9 +43,9 @@ EXCLUSIVE = {"corepin.io/cpu-policy": "exclusive", "corepin.io/exclusiveness-lev
 # ---------------------------------------------------------------------- the server process
 def serve(cert: str, key: str) -> None:
     from corepin.api.http import OpsServer
-    from corepin.api.webhook.admission import Toleration, WebhookConfig
     from corepin.api.webhook.app import AdmissionApp
     from corepin.api.webhook.capacity import Catalog
+    from corepin.api.webhook.config import Toleration, WebhookConfig
     from corepin.api.webhook.metrics import WebhookMetrics
     from corepin.api.webhook.server import HttpsServer
     from corepin.api.webhook.tls import ServingCertificate

@@ -23,9 +23,9 @@ import pytest
 
 from corepin.core.cpuset import CPUSet
 from corepin.core.errors import ApiInvalid
+from corepin.core.quantity import parse_quantity as corepin_parse_quantity
 from corepin.enforcement.layout import container_cgroup_path, pod_cgroup_path
 from corepin.kube.client import KubeClient
-from corepin.kube.models import parse_quantity as corepin_parse_quantity
 from corepin.kube.resources import NODES, PODS
 from fakeapi import FakeApiServer
 from support.containerd_harness import CGROUP, CPUSET, NEEDS_CONTAINERS, Containerd

@@ -24,8 +24,8 @@ from pathlib import Path
 import pytest
 
 from corepin.api.http import OpsServer
-from corepin.api.webhook.admission import WebhookConfig
 from corepin.api.webhook.app import AdmissionApp
+from corepin.api.webhook.config import WebhookConfig
 from corepin.api.webhook.server import HttpsServer
 from corepin.api.webhook.tls import ServingCertificate
 from fakeapi import TLSMaterial, make_tls

@@ -20,8 +20,8 @@ from corepin.core.cpuset import CPUSet
 from corepin.core.errors import InputError
 from corepin.kube.client import KubeClient
 from corepin.kube.models import NodeCPUTopology
-from corepin.kube.nodestate import NODE_CPU_TOPOLOGIES, node_state
-from corepin.kube.resources import CRDS
+from corepin.kube.nodestate import node_state
+from corepin.kube.resources import CRDS, NCPT
 from corepin.state.owners import ContainerOwner
 from support.crd_schema import DEPLOY, crd, load_yaml_docs
 from support.helpers import run_corepin
@@ -37,10 +37,10 @@ def example() -> dict[str, Any]:
 def publish(kube: KubeClient, obj: dict[str, Any]) -> None:
     """What an agent does: create the object, then write its status subresource."""
     status = obj.get("status")
-    created = kube.create(NODE_CPU_TOPOLOGIES, {k: v for k, v in obj.items() if k != "status"})
+    created = kube.create(NCPT, {k: v for k, v in obj.items() if k != "status"})
     if status is not None:
         created["status"] = status
-        kube.replace_status(NODE_CPU_TOPOLOGIES, created)
+        kube.replace_status(NCPT, created)
 
 
 @pytest.fixture

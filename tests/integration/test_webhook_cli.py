@@ -20,15 +20,14 @@ from typing import Any
 import pytest
 import yaml
 
-from corepin.kube.client import KubeClient, Resource
-from corepin.kube.resources import CRDS
+from corepin.kube.client import KubeClient
+from corepin.kube.resources import CRDS, NCPT
 from corepin.testing.machines import named
 from fakeapi import TLSMaterial
 from support.helpers import corepin_argv, run_corepin, wait_for
 from support.webhook_helpers import container, ncpt, pod, review
 
 REPO = Path(__file__).resolve().parents[2]
-NCPT = Resource("corepin.io", "v1alpha1", "nodecputopologies", False, "NodeCPUTopology")
 EXCLUSIVE = {"corepin.io/cpu-policy": "exclusive"}
 
 

@@ -27,8 +27,8 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from corepin.api.http import OpsServer
-from corepin.api.webhook.admission import WebhookConfig
 from corepin.api.webhook.app import AdmissionApp
+from corepin.api.webhook.config import WebhookConfig
 from corepin.api.webhook.metrics import WebhookMetrics
 from corepin.api.webhook.server import HttpsServer
 from corepin.api.webhook.tls import ServingCertificate, TLSFilesError

@@ -34,11 +34,13 @@ value and costs a few integer operations (the simulator does it once per trace e
 from __future__ import annotations
 
 import json
+import math
 from collections.abc import Iterable, Mapping
 from typing import Any, Final
 
 from corepin.core.cpuset import CPUSet
 from corepin.core.errors import AllocationError, CPUSetParseError, RequestError
+from corepin.core.quantity import QuantityError, parse_quantity
 from corepin.core.record import record
 from corepin.topology.model import Topology
 
@@ -57,25 +59,15 @@ HOLDING_KINDS: Final = frozenset({"exclusive", "mixed", "share"})
 # ---------------------------------------------------------------------- reserved CPUs
 def parse_cpu_quantity(text: object) -> int:
     """A Kubernetes CPU quantity as whole CPUs: "2" -> 2, "1500m" -> 2 (rounded up), 3 -> 3."""
-    if isinstance(text, bool):
+    if isinstance(text, bool) or not isinstance(text, int | str):
         raise RequestError(f"invalid CPU quantity {text!r}", reason="bad_reservation")
-    if isinstance(text, int):
-        value = text
-    elif isinstance(text, str):
-        body = text.strip()
-        try:
-            if body.endswith("m"):
-                milli = int(body[:-1])
-                value = -(-milli // 1000)
-            else:
-                value = int(body)
-        except ValueError:
-            raise RequestError(
-                f'invalid CPU quantity {text!r} (expected e.g. "2" or "1500m")',
-                reason="bad_reservation",
-            ) from None
-    else:
-        raise RequestError(f"invalid CPU quantity {text!r}", reason="bad_reservation")
+    try:
+        value = math.ceil(parse_quantity(text.strip() if isinstance(text, str) else text))
+    except QuantityError:
+        raise RequestError(
+            f'invalid CPU quantity {text!r} (expected e.g. "2" or "1500m")',
+            reason="bad_reservation",
+        ) from None
     if value < 0:
         raise RequestError(f"CPU quantity cannot be negative: {text!r}", reason="bad_reservation")
     return value

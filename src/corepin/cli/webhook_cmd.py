@@ -7,13 +7,23 @@ The API is optional. With `--kubeconfig` (or `$KUBECONFIG`) it must answer at st
 otherwise); in a cluster the service account is used and the API may come later; with neither,
 the webhook runs without it. Through the API it watches NodeCPUTopologies for the rule "no
 node could ever hold this pod"; without them that rule is skipped.
+
+(The webhook's own modules are imported in the functions that use them: `corepin --help`
+loads this module, and must not load the API, the kube client or TLS.)
 """
 
 from __future__ import annotations
 
 import argparse
 import os
-from typing import Any
+from typing import TYPE_CHECKING
+
+from corepin.cli.common import stop_on_signals
+from corepin.core.errors import InputError, KubeConfigError
+
+if TYPE_CHECKING:
+    from corepin.api.webhook.config import WebhookConfig
+    from corepin.kube.client import KubeClient
 
 
 def add_arguments(parser: argparse.ArgumentParser, name: str) -> None:
@@ -68,9 +78,9 @@ def add_arguments(parser: argparse.ArgumentParser, name: str) -> None:
     )
 
 
-def config_from(args: Any) -> Any:
+def config_from(args: argparse.Namespace) -> WebhookConfig:
     """The WebhookConfig of the parsed arguments (InputError, exit 2, for a bad flag)."""
-    from corepin.api.webhook.admission import (
+    from corepin.api.webhook.config import (
         WebhookConfig,
         parse_node_selector,
         parse_toleration,
@@ -80,8 +90,6 @@ def config_from(args: Any) -> Any:
     seen: dict[str, str] = {}
     for key, value in selector:
         if seen.setdefault(key, value) != value:
-            from corepin.core.errors import InputError
-
             raise InputError(
                 f"--node-selector {key} is given twice with different values",
                 reason="bad_flag",
@@ -94,13 +102,12 @@ def config_from(args: Any) -> Any:
     )
 
 
-def connect(kubeconfig: str | None, environ: dict[str, str]) -> Any:
+def connect(kubeconfig: str | None, environ: dict[str, str]) -> KubeClient | None:
     """A KubeClient, or None when there is no kubeconfig and no in-cluster account. A given
     kubeconfig (flag or $KUBECONFIG) must work now: KubeConfigError / ApiUnreachable /
     ApiError (exit 4) otherwise."""
     import logging
 
-    from corepin.core.errors import KubeConfigError
     from corepin.kube.client import KubeClient
     from corepin.kube.config import load_config
 
@@ -124,14 +131,15 @@ def connect(kubeconfig: str | None, environ: dict[str, str]) -> Any:
     return client
 
 
-def run(args: Any) -> int:
+def run(args: argparse.Namespace) -> int:
     from corepin.api.http import OpsServer
     from corepin.api.webhook.app import AdmissionApp
     from corepin.api.webhook.capacity import Catalog
     from corepin.api.webhook.metrics import WebhookMetrics
     from corepin.api.webhook.server import HttpsServer
     from corepin.api.webhook.tls import ServingCertificate
-    from corepin.cli.common import stop_on_signals
+    from corepin.kube.informer import Informer
+    from corepin.kube.resources import NCPT
 
     environ = dict(os.environ)
     config = config_from(args)
@@ -146,10 +154,7 @@ def run(args: Any) -> int:
     client = connect(args.kubeconfig, environ)
     informer = None
     if client is not None:
-        from corepin.kube.informer import Informer
-        from corepin.kube.nodestate import NODE_CPU_TOPOLOGIES
-
-        informer = Informer(client, NODE_CPU_TOPOLOGIES, name="webhook-ncpt")
+        informer = Informer(client, NCPT, name="webhook-ncpt")
         informer.add_handlers(
             on_add=catalog.on_add, on_update=catalog.on_update, on_delete=catalog.on_delete
         )

@@ -6,10 +6,14 @@ http, ssl or json parsing of API objects):
 - `config`    where the API is: --kubeconfig, $KUBECONFIG, or the in-cluster service account
 - `transport` HTTP(S) over `http.client` + `ssl`, keep-alive pool, cancellation
 - `client`    `KubeClient`: generic get/list/create/replace/patch/delete/status/bind/watch on
-              any `Resource(group, version, plural, namespaced)`; `api_error` maps every
-              failed answer to the typed errors of `corepin.core.errors` (ApiError and its
-              subclasses; ApiUnreachable for socket/TLS failures) - the one mapping place
-- `resources` the built-in resources corepin touches (pods, nodes, events, leases, ...)
+              any `Resource(group, version, plural, namespaced)`
+- `errors`    `api_error` maps every failed answer to the typed errors of
+              `corepin.core.errors` (ApiError and its subclasses; the transport raises
+              ApiUnreachable for socket/TLS failures) - the one mapping place
+- `watch`     an open watch and its events
+- `resources` every resource corepin touches (pods, nodes, events, leases, its CRDs, ...)
+- `models`    the wire format: corepin's CRDs and annotations, typed views of API objects
+- `podplan`   what a pod asks of corepin, read once for the agent and the placement core
 - `informer`  list + watch into a cache, handlers, relist on 410, backoff, counters
 - `events`    core/v1 Event recorder with count aggregation
 - `leader`    Lease-based leader election

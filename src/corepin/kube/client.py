@@ -11,24 +11,16 @@ from __future__ import annotations
 
 import builtins
 import json
-from collections.abc import Iterator, Mapping
+from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any, Literal
 
-from corepin.core.errors import (
-    ApiAlreadyExists,
-    ApiConflict,
-    ApiError,
-    ApiForbidden,
-    ApiGone,
-    ApiInvalid,
-    ApiNotFound,
-    ApiUnauthorized,
-    ApiUnreachable,
-    RequestError,
-)
+from corepin.core.errors import ApiGone, ApiUnreachable, RequestError
 from corepin.kube.config import ClusterConfig
-from corepin.kube.transport import Cancel, Stream, Transport
+from corepin.kube.errors import api_error
+from corepin.kube.models import ObjectView
+from corepin.kube.transport import Cancel, Response, Transport
+from corepin.kube.watch import Watch
 
 Obj = dict[str, Any]
 PatchType = Literal["merge", "json", "strategic", "apply"]
@@ -79,131 +71,50 @@ class Resource:
         return f"{self.plural}.{self.group}" if self.group else self.plural
 
 
-_BY_CODE: dict[int, type[ApiError]] = {
-    401: ApiUnauthorized,
-    403: ApiForbidden,
-    404: ApiNotFound,
-    410: ApiGone,
-    422: ApiInvalid,
-}
+def _namespace_of(
+    resource: Resource, namespace: str | None, obj: Mapping[str, Any] | None = None
+) -> str | None:
+    """The namespace of a single-object call: None for a cluster-scoped resource, else the
+    one given, else the object's (RequestError when there is none)."""
+    if not resource.namespaced:
+        return None
+    found = namespace or ObjectView(obj).metadata.get("namespace")
+    if not found:
+        raise RequestError(f"{resource} is namespaced: a namespace is needed")
+    return str(found)
 
 
-def api_error(
-    code: int,
-    body: bytes | Mapping[str, Any],
-    *,
-    http_reason: str = "",
-    verb: str = "",
-    target: str = "",
-    headers: Mapping[str, str] | None = None,
-) -> ApiError:
-    """The typed error for a failed answer (HTTP status + body, or a watch ERROR Status).
-    A `Retry-After` header (or the Status's `details.retryAfterSeconds`, which the API server
-    sets on 429s) lands in the error's `retry_after`."""
-    status: Mapping[str, Any] = {}
-    if isinstance(body, Mapping):
-        status = body
-    else:
-        try:
-            decoded = json.loads(body or b"{}")
-            if isinstance(decoded, dict):
-                status = decoded
-        except ValueError:
-            status = {}
-    if status.get("kind") == "Status":
-        code = int(status.get("code") or code)
-        reason = str(status.get("reason") or http_reason or "Unknown")
-        message = str(status.get("message") or reason)
-        details = status.get("details")
-    else:
-        reason = http_reason or "Unknown"
-        text = body.decode("utf-8", "replace").strip() if isinstance(body, bytes) else ""
-        message = text[:200] or reason
-        details = None
-    if code == 409:
-        cls: type[ApiError] = ApiAlreadyExists if reason == "AlreadyExists" else ApiConflict
-    else:
-        cls = _BY_CODE.get(code, ApiError)
-    error = cls(
-        code,
-        reason,
-        message,
-        details=dict(details) if isinstance(details, dict) else None,
-        verb=verb,
-        target=target,
-    )
-    error.retry_after = retry_after_of(headers or {}, error.details)
-    return error
+def _name_of(obj: Mapping[str, Any]) -> str:
+    name = ObjectView(obj).metadata.get("name")
+    if not name:
+        raise RequestError("the object has no metadata.name")
+    return str(name)
 
 
-def retry_after_of(headers: Mapping[str, str], details: Mapping[str, object]) -> float | None:
-    """Seconds from `Retry-After` (delta-seconds, the form the API server and proxies in front
-    of it send; an HTTP date is ignored) or `details.retryAfterSeconds`; None when neither."""
-    for name, value in headers.items():
-        if name.lower() == "retry-after":
-            try:
-                seconds = float(str(value).strip())
-            except ValueError:
-                break
-            if seconds >= 0 and seconds == seconds and seconds != float("inf"):
-                return seconds
-            break
-    found = details.get("retryAfterSeconds")
-    if isinstance(found, int | float) and not isinstance(found, bool) and found >= 0:
-        return float(found)
-    return None
+def _query(**params: str | int | None) -> dict[str, str]:
+    """The query parameters that are set (by their API names), as text."""
+    return {key: str(value) for key, value in params.items() if value}
 
 
-def too_large_resource_version(exc: ApiError) -> bool:
-    """The server does not have the resource version asked for yet (504, cause
-    ResourceVersionTooLarge): it is behind us, e.g. restored from an older etcd state."""
-    if exc.code != 504:
-        return False
-    if any(c.get("reason") == "ResourceVersionTooLarge" for c in exc.causes):
-        return True
-    return "too large resource version" in exc.api_message.lower()
-
-
-@dataclass(frozen=True)
-class WatchEvent:
-    """One watch event: ADDED, MODIFIED, DELETED or BOOKMARK (ERROR events are raised)."""
-
-    type: str
-    object: Obj
-
-    @property
-    def resource_version(self) -> str:
-        return str((self.object.get("metadata") or {}).get("resourceVersion") or "")
-
-
-class Watch:
-    """An open watch: iterate for events; ends when the server ends it (timeout). Raises
-    ApiGone on a 410 ERROR event, ApiError for other ERROR events, ApiUnreachable when the
-    connection is cut. `close()` (from any thread via the Cancel token) stops it."""
-
-    def __init__(self, stream: Stream, target: str) -> None:
-        self._stream = stream
-        self._target = target
-
-    def __iter__(self) -> Iterator[WatchEvent]:
-        try:
-            for line in self._stream.lines():
-                try:
-                    event = json.loads(line)
-                    kind = str(event["type"])
-                    obj = event["object"]
-                except (ValueError, KeyError, TypeError) as exc:
-                    raise ApiUnreachable(self._target, f"malformed watch event: {exc}") from exc
-                if kind == "ERROR":
-                    raise api_error(
-                        int(obj.get("code") or 500), obj, verb="watch", target=self._target
-                    )
-                yield WatchEvent(kind, obj)
-        finally:
-            self.close()
-
-    def close(self) -> None:
-        self._stream.close()
+def _object_of(answer: Response, verb: str, path: str, server: str) -> Obj:
+    """The JSON object the server answered `verb` on `path` with; the typed error of a failed
+    answer, ApiUnreachable for one that is not a JSON object."""
+    if answer.status >= 400:
+        raise api_error(
+            answer.status,
+            answer.body,
+            http_reason=answer.reason,
+            verb=verb,
+            target=path,
+            headers=answer.headers,
+        )
+    try:
+        decoded = json.loads(answer.body or b"{}")
+    except ValueError as exc:
+        raise ApiUnreachable(server, f"{verb} {path}: answer is not JSON") from exc
+    if not isinstance(decoded, dict):
+        raise ApiUnreachable(server, f"{verb} {path}: answer is not a JSON object")
+    return decoded
 
 
 class KubeClient:
@@ -252,7 +163,7 @@ class KubeClient:
         *,
         verb: str,
         query: Mapping[str, str] | None = None,
-        body: Any = None,
+        body: object = None,
         content_type: str | None = None,
         raw: bytes | None = None,
         cancel: Cancel | None = None,
@@ -268,36 +179,7 @@ class KubeClient:
             cancel=cancel,
             timeout=timeout,
         )
-        if answer.status >= 400:
-            raise api_error(
-                answer.status,
-                answer.body,
-                http_reason=answer.reason,
-                verb=verb,
-                target=path,
-                headers=answer.headers,
-            )
-        try:
-            decoded = json.loads(answer.body or b"{}")
-        except ValueError as exc:
-            raise ApiUnreachable(
-                self.transport.config.server, f"{verb} {path}: answer is not JSON"
-            ) from exc
-        if not isinstance(decoded, dict):
-            raise ApiUnreachable(
-                self.transport.config.server, f"{verb} {path}: answer is not a JSON object"
-            )
-        return decoded
-
-    def _ns(
-        self, resource: Resource, namespace: str | None, obj: Mapping[str, Any] | None = None
-    ) -> str | None:
-        if not resource.namespaced:
-            return None
-        found = namespace or ((obj or {}).get("metadata") or {}).get("namespace")
-        if not found:
-            raise RequestError(f"{resource} is namespaced: a namespace is needed")
-        return str(found)
+        return _object_of(answer, verb, path, self.transport.config.server)
 
     def _write_query(
         self, field_manager: str | None, dry_run: bool, extra: Mapping[str, str] | None = None
@@ -307,13 +189,6 @@ class KubeClient:
             query["dryRun"] = "All"
         query.update(extra or {})
         return query
-
-    @staticmethod
-    def _name(obj: Mapping[str, Any]) -> str:
-        name = (obj.get("metadata") or {}).get("name")
-        if not name:
-            raise RequestError("the object has no metadata.name")
-        return str(name)
 
     # ------------------------------------------------------------------ server
     def version(self) -> Obj:
@@ -336,7 +211,7 @@ class KubeClient:
         *,
         subresource: str | None = None,
     ) -> Obj:
-        path = resource.path(self._ns(resource, namespace), name, subresource)
+        path = resource.path(_namespace_of(resource, namespace), name, subresource)
         return self._call("GET", path, verb="get")
 
     def list(
@@ -355,13 +230,7 @@ class KubeClient:
     ) -> Obj:
         """One list call (one page when `limit` is given): the List object. `timeout` bounds
         each wait for the server (default: the transport's)."""
-        query: dict[str, str] = {}
-        if label_selector:
-            query["labelSelector"] = label_selector
-        if field_selector:
-            query["fieldSelector"] = field_selector
-        if limit:
-            query["limit"] = str(limit)
+        query = _query(labelSelector=label_selector, fieldSelector=field_selector, limit=limit)
         if continue_token:
             query["continue"] = continue_token
         if resource_version is not None:
@@ -400,10 +269,10 @@ class KubeClient:
                         cancel=cancel,
                         timeout=timeout,
                     )
-                    meta = page.get("metadata") or {}
-                    version = version or str(meta.get("resourceVersion") or "")
+                    listed = ObjectView(page)
+                    version = version or listed.resource_version
                     items.extend(page.get("items") or [])
-                    token = meta.get("continue") or None
+                    token = listed.metadata.get("continue") or None
                     if not token:
                         break
             except ApiGone:
@@ -427,7 +296,7 @@ class KubeClient:
         field_manager: str | None = None,
         dry_run: bool = False,
     ) -> Obj:
-        path = resource.path(self._ns(resource, namespace, obj))
+        path = resource.path(_namespace_of(resource, namespace, obj))
         return self._call(
             "POST", path, verb="create", body=obj, query=self._write_query(field_manager, dry_run)
         )
@@ -442,7 +311,7 @@ class KubeClient:
         dry_run: bool = False,
     ) -> Obj:
         """PUT the whole object; with metadata.resourceVersion set, a stale one is ApiConflict."""
-        path = resource.path(self._ns(resource, namespace, obj), self._name(obj))
+        path = resource.path(_namespace_of(resource, namespace, obj), _name_of(obj))
         return self._call(
             "PUT", path, verb="update", body=obj, query=self._write_query(field_manager, dry_run)
         )
@@ -451,7 +320,7 @@ class KubeClient:
         self,
         resource: Resource,
         name: str,
-        patch: Any,
+        patch: object,
         namespace: str | None = None,
         *,
         patch_type: PatchType = "merge",
@@ -467,7 +336,7 @@ class KubeClient:
             raise RequestError(f"unknown patch type {patch_type!r}")
         extra = {"force": "true"} if force and patch_type == "apply" else None
         path = resource.path(
-            self._ns(resource, namespace, patch if isinstance(patch, dict) else None),
+            _namespace_of(resource, namespace, patch if isinstance(patch, dict) else None),
             name,
             subresource,
         )
@@ -493,7 +362,7 @@ class KubeClient:
         """Server-side apply of a whole applied configuration (creates when missing)."""
         return self.patch(
             resource,
-            self._name(obj),
+            _name_of(obj),
             dict(obj),
             namespace,
             patch_type="apply",
@@ -528,13 +397,10 @@ class KubeClient:
             options["preconditions"] = preconditions
         if dry_run:
             options["dryRun"] = ["All"]
-        path = resource.path(self._ns(resource, namespace), name)
+        path = resource.path(_namespace_of(resource, namespace), name)
         return self._call("DELETE", path, verb="delete", body=options)
 
     # ------------------------------------------------------------------ status subresource
-    def get_status(self, resource: Resource, name: str, namespace: str | None = None) -> Obj:
-        return self.get(resource, name, namespace, subresource="status")
-
     def replace_status(
         self,
         resource: Resource,
@@ -543,7 +409,7 @@ class KubeClient:
         *,
         field_manager: str | None = None,
     ) -> Obj:
-        path = resource.path(self._ns(resource, namespace, obj), self._name(obj), "status")
+        path = resource.path(_namespace_of(resource, namespace, obj), _name_of(obj), "status")
         return self._call(
             "PUT", path, verb="update", body=obj, query=self._write_query(field_manager, False)
         )
@@ -552,7 +418,7 @@ class KubeClient:
         self,
         resource: Resource,
         name: str,
-        patch: Any,
+        patch: object,
         namespace: str | None = None,
         *,
         patch_type: PatchType = "merge",
@@ -605,17 +471,17 @@ class KubeClient:
         dead (ApiUnreachable "timed out"). By default: the longest a healthy watch stays
         silent, plus a margin: the API server sends a bookmark every minute and one about 2 s
         before `timeout_seconds` runs out, then ends the watch."""
-        query: dict[str, str] = {"watch": "1"}
+        query = {"watch": "1"}
         if resource_version is not None:
             query["resourceVersion"] = resource_version
-        if label_selector:
-            query["labelSelector"] = label_selector
-        if field_selector:
-            query["fieldSelector"] = field_selector
-        if timeout_seconds:
-            query["timeoutSeconds"] = str(timeout_seconds)
-        if allow_bookmarks:
-            query["allowWatchBookmarks"] = "true"
+        query.update(
+            _query(
+                labelSelector=label_selector,
+                fieldSelector=field_selector,
+                timeoutSeconds=timeout_seconds,
+                allowWatchBookmarks="true" if allow_bookmarks else None,
+            )
+        )
         path = resource.path(namespace if resource.namespaced else None)
         if read_timeout is None:
             read_timeout = min(float(timeout_seconds or BOOKMARK_INTERVAL), BOOKMARK_INTERVAL)

@@ -20,6 +20,8 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+import yaml
+
 from corepin.core.errors import KubeConfigError
 
 #: Where a pod finds its service account credentials.
@@ -62,8 +64,6 @@ class ClusterConfig:
 
 
 def _load_yaml(path: Path) -> dict[str, Any]:
-    import yaml
-
     try:
         text = path.read_text()
     except OSError as exc:
@@ -97,14 +97,14 @@ def _named(
     return out
 
 
-def _decode(value: Any, what: str, source: str) -> bytes:
+def _decode(value: object, what: str, source: str) -> bytes:
     try:
         return base64.b64decode(str(value), validate=True)
     except (binascii.Error, ValueError) as exc:
         raise KubeConfigError(source, f"{what} is not valid base64") from exc
 
 
-def _path(value: Any, base: Path) -> Path:
+def _path(value: object, base: Path) -> Path:
     path = Path(os.path.expanduser(str(value)))
     return path if path.is_absolute() else base / path
 

@@ -33,6 +33,7 @@ from typing import Any
 
 from corepin.core.errors import ApiError, ApiNotFound, ApiUnreachable
 from corepin.kube.client import KubeClient
+from corepin.kube.models import ObjectView
 from corepin.kube.resources import EVENTS
 
 Obj = dict[str, Any]
@@ -65,14 +66,14 @@ class ObjectReference:
     def of(
         cls, obj: Mapping[str, Any], *, kind: str = "", api_version: str = ""
     ) -> ObjectReference:
-        meta = obj.get("metadata") or {}
+        view = ObjectView(obj)
         return cls(
             kind=str(obj.get("kind") or kind),
-            name=str(meta.get("name") or ""),
-            namespace=str(meta.get("namespace") or ""),
-            uid=str(meta.get("uid") or ""),
+            name=view.name,
+            namespace=view.namespace,
+            uid=view.uid,
             api_version=str(obj.get("apiVersion") or api_version or "v1"),
-            resource_version=str(meta.get("resourceVersion") or ""),
+            resource_version=view.resource_version,
         )
 
     def to_json(self) -> Obj:
@@ -262,7 +263,7 @@ class EventRecorder:
                     self.stats.aggregated += 1
                 else:
                     written = self._create(ref, event_type, reason, shown, stamp, 1, stamp)
-                    meta = written.get("metadata") or {}
+                    meta = ObjectView(written).metadata
                     logged = _Logged(
                         str(meta.get("name")),
                         str(meta.get("namespace")),

@@ -57,9 +57,11 @@ from corepin.kube.client import (
     WATCH_READ_MARGIN,
     KubeClient,
     Resource,
-    too_large_resource_version,
 )
+from corepin.kube.errors import too_large_resource_version
+from corepin.kube.models import ObjectView
 from corepin.kube.transport import Cancel, Cancelled
+from corepin.kube.watch import Watch, WatchEvent
 
 Obj = dict[str, Any]
 Key = tuple[str, str]  # (namespace, name); namespace "" for cluster-scoped objects
@@ -87,12 +89,12 @@ def older_version(theirs: str, ours: str) -> bool:
 
 
 def object_key(obj: Obj) -> Key:
-    meta = obj.get("metadata") or {}
-    return (str(meta.get("namespace") or ""), str(meta.get("name") or ""))
+    view = ObjectView(obj)
+    return (view.namespace, view.name)
 
 
 def resource_version(obj: Obj) -> str:
-    return str((obj.get("metadata") or {}).get("resourceVersion") or "")
+    return ObjectView(obj).resource_version
 
 
 class Cache:
@@ -249,12 +251,6 @@ class Informer:
         contact = self._contact
         bound = self.idle_timeout if within is None else within
         return self.synced and contact is not None and time.monotonic() - contact <= bound
-
-    @property
-    def silent_for(self) -> float | None:
-        """Seconds since the API last answered a list or watch (None: never)."""
-        contact = self._contact
-        return None if contact is None else time.monotonic() - contact
 
     def _touch(self) -> None:
         self._contact = time.monotonic()
@@ -425,7 +421,7 @@ class Informer:
             # the server has nothing at or after our version (it is behind us)
             raise ServerBehind(f"a {timeout} s watch from {self._last_rv} brought no bookmark")
 
-    def _events(self, watch: Any) -> Iterator[Any]:
+    def _events(self, watch: Watch) -> Iterator[WatchEvent]:
         try:
             yield from watch
         except (ApiError, ApiUnreachable):

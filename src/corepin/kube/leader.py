@@ -35,6 +35,7 @@ from corepin.core.errors import (
     RequestError,
 )
 from corepin.kube.client import KubeClient
+from corepin.kube.models import ObjectView
 from corepin.kube.resources import LEASES
 
 Obj = dict[str, Any]
@@ -56,7 +57,7 @@ class LeaseRecord:
 
     @classmethod
     def of(cls, lease: Obj) -> LeaseRecord:
-        spec = lease.get("spec") or {}
+        spec = ObjectView(lease).spec
         return cls(
             str(spec.get("holderIdentity") or ""),
             int(spec.get("leaseDurationSeconds") or 0),
@@ -109,7 +110,6 @@ class LeaderElector:
         self._rng = rng or random.Random()
         self._observed: LeaseRecord | None = None
         self._observed_at = 0.0
-        self._observed_rv = ""
         self._reported_leader = ""
         self._leading = threading.Event()
         self._stop = threading.Event()
@@ -155,7 +155,7 @@ class LeaderElector:
         else:
             spec["acquireTime"] = micro_time(now)
             spec["leaseTransitions"] = record.transitions + (1 if record.holder else 0)
-        lease["spec"] = {**(lease.get("spec") or {}), **spec}
+        lease["spec"] = {**ObjectView(lease).spec, **spec}
         try:
             written = self.client.replace(LEASES, lease, self.namespace)
         except ApiConflict:
@@ -215,7 +215,7 @@ class LeaderElector:
             return False
         now = micro_time(self._wall())
         lease["spec"] = {
-            **(lease.get("spec") or {}),
+            **ObjectView(lease).spec,
             "holderIdentity": "",
             "leaseDurationSeconds": 1,
             "renewTime": now,

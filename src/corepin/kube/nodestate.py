@@ -11,17 +11,12 @@ so a report shows what the agent says even where it would be derived differently
 
 from __future__ import annotations
 
-from typing import Final
-
 from corepin.allocation.levels import withheld_for
 from corepin.core.errors import CorepinError, InputError
 from corepin.core.record import record
-from corepin.kube.client import Resource
-from corepin.kube.models import GROUP, NCPT_KIND, NCPT_PLURAL, VERSION, NodeCPUTopology
+from corepin.kube.models import NodeCPUTopology
 from corepin.state.model import Assignment, HostState, fingerprint
 from corepin.state.owners import ContainerOwner
-
-NODE_CPU_TOPOLOGIES: Final = Resource(GROUP, VERSION, NCPT_PLURAL, False, NCPT_KIND)
 
 
 @record

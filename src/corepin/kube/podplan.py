@@ -31,7 +31,17 @@ from typing import Any, Final
 
 from corepin.core.cpuset import CPUSet
 from corepin.core.errors import CorepinError
+from corepin.core.ids import validate_container_id
 from corepin.core.record import record
+from corepin.kube.models import (
+    ObjectView,
+    PodCPUBindingSpec,
+    PodView,
+    container_eligibility,
+    corepin_level,
+    parse_pod_annotations,
+)
+from corepin.kube.models.fields import loose_list, loose_object
 
 #: container runtimes by the scheme of `containerID`
 RUNTIMES: Final = {"containerd": "containerd", "cri-o": "cri-o", "docker": "docker"}
@@ -86,42 +96,23 @@ class PodPlan:
         return None
 
 
-def _meta(pod: Mapping[str, Any]) -> Mapping[str, Any]:
-    meta = pod.get("metadata")
-    return meta if isinstance(meta, Mapping) else {}
-
-
-def _strings(value: object) -> dict[str, str]:
-    if not isinstance(value, Mapping):
-        return {}
-    return {str(k): v for k, v in value.items() if isinstance(v, str)}
-
-
 def qos_class(pod: Mapping[str, Any]) -> str:
     """The pod's QoS class as the kubelet's cgroup layout names it: `status.qosClass` when the
     API server set it, else computed from requests and limits as Kubernetes does."""
-    status = pod.get("status")
-    if isinstance(status, Mapping):
-        given = status.get("qosClass")
-        if isinstance(given, str) and given in QOS:
-            return QOS[given]
-    spec = pod.get("spec")
-    containers: list[Any] = []
-    if isinstance(spec, Mapping):
-        for key in ("initContainers", "containers"):
-            value = spec.get(key)
-            if isinstance(value, list):
-                containers.extend(value)
+    view = PodView(pod)
+    given = view.status.get("qosClass")
+    if isinstance(given, str) and given in QOS:
+        return QOS[given]
+    containers = [
+        *loose_list(view.spec.get("initContainers")),
+        *loose_list(view.spec.get("containers")),
+    ]
     any_set = False
     guaranteed = bool(containers)
     for c in containers:
-        resources = c.get("resources") if isinstance(c, Mapping) else None
-        resources = resources if isinstance(resources, Mapping) else {}
-        limits = resources.get("limits") if isinstance(resources.get("limits"), Mapping) else {}
-        requests = (
-            resources.get("requests") if isinstance(resources.get("requests"), Mapping) else {}
-        )
-        assert isinstance(limits, Mapping) and isinstance(requests, Mapping)
+        resources = loose_object(c.get("resources") if isinstance(c, Mapping) else None)
+        limits = loose_object(resources.get("limits"))
+        requests = loose_object(resources.get("requests"))
         for res in ("cpu", "memory"):
             if res in limits or res in requests:
                 any_set = True
@@ -134,23 +125,11 @@ def qos_class(pod: Mapping[str, Any]) -> str:
     return "guaranteed" if guaranteed else "burstable"
 
 
-def _statuses(pod: Mapping[str, Any], key: str) -> dict[str, Mapping[str, Any]]:
-    status = pod.get("status")
-    rows = status.get(key) if isinstance(status, Mapping) else None
-    out: dict[str, Mapping[str, Any]] = {}
-    if isinstance(rows, list):
-        for row in rows:
-            if isinstance(row, Mapping) and isinstance(row.get("name"), str):
-                out[row["name"]] = row
-    return out
-
-
 def _live_state(row: Mapping[str, Any] | None) -> tuple[str, str, bool, bool, str]:
     """(runtime, container id, running, terminated, problem) of one container status."""
     if row is None:
         return "", "", False, False, ""
-    state = row.get("state")
-    state = state if isinstance(state, Mapping) else {}
+    state = loose_object(row.get("state"))
     running = isinstance(state.get("running"), Mapping)
     terminated = isinstance(state.get("terminated"), Mapping)
     raw = row.get("containerID")
@@ -160,8 +139,6 @@ def _live_state(row: Mapping[str, Any] | None) -> tuple[str, str, bool, bool, st
     runtime = RUNTIMES.get(scheme) if sep else None
     if runtime is None:
         return "", "", False, terminated, f"container id {raw!r} names no known runtime"
-    from corepin.core.ids import validate_container_id
-
     try:
         ident = validate_container_id(ident, runtime)
     except CorepinError as exc:
@@ -172,40 +149,26 @@ def _live_state(row: Mapping[str, Any] | None) -> tuple[str, str, bool, bool, st
 def plan_pod(pod: Mapping[str, Any], binding: Mapping[str, Any] | None = None) -> PodPlan:
     """The plan of one pod (see the module docstring). Never raises for a malformed pod: what
     cannot be read becomes `none` with the reason."""
-    from corepin.kube.models import container_eligibility, corepin_level, parse_pod_annotations
-
-    meta = _meta(pod)
-    namespace = str(meta.get("namespace") or "default")
-    name = str(meta.get("name") or "")
-    uid = str(meta.get("uid") or "")
-    spec = pod.get("spec") if isinstance(pod.get("spec"), Mapping) else {}
-    assert isinstance(spec, Mapping)
-    deleting = bool(meta.get("deletionTimestamp"))
+    view = PodView(pod)
     problem = ""
     try:
-        wanted = parse_pod_annotations(
-            _strings(meta.get("annotations")), _strings(meta.get("labels"))
-        )
+        wanted = parse_pod_annotations(view.annotations, view.labels)
     except CorepinError as exc:
         problem = exc.message
         wanted = parse_pod_annotations({})
     explicit: dict[str, CPUSet] = {}
     binding_level = None
     if binding is not None:
-        bspec = binding.get("spec") if isinstance(binding.get("spec"), Mapping) else {}
-        assert isinstance(bspec, Mapping)
+        bspec = ObjectView(binding).spec
         try:
             binding_level = corepin_level(bspec.get("exclusivenessLevel", "cpu"))
         except CorepinError:
             binding_level = None
         explicit = binding_cpus(bspec)
-    statuses = _statuses(pod, "containerStatuses")
+    statuses = view.container_statuses
     plans: list[ContainerPlan] = []
-    containers = spec.get("containers") if isinstance(spec.get("containers"), list) else []
-    assert isinstance(containers, list)
+    containers = view.containers
     for i, c in enumerate(containers):
-        if not isinstance(c, Mapping) or not isinstance(c.get("name"), str):
-            continue
         cname = c["name"]
         runtime, ident, running, terminated, id_problem = _live_state(statuses.get(cname))
         asked = wanted.policy_for(cname)
@@ -252,30 +215,27 @@ def plan_pod(pod: Mapping[str, Any], binding: Mapping[str, Any] | None = None) -
             )
         )
     inits: list[ContainerPlan] = []
-    init_statuses = _statuses(pod, "initContainerStatuses")
-    init_specs = spec.get("initContainers") if isinstance(spec.get("initContainers"), list) else []
-    assert isinstance(init_specs, list)
-    for c in init_specs:
-        if isinstance(c, Mapping) and isinstance(c.get("name"), str):
-            runtime, ident, running, terminated, _ = _live_state(init_statuses.get(c["name"]))
-            inits.append(
-                ContainerPlan(
-                    name=c["name"],
-                    runtime=runtime,
-                    container_id=ident,
-                    running=running,
-                    terminated=terminated,
-                )
+    init_statuses = view.init_container_statuses
+    for c in view.init_containers:
+        runtime, ident, running, terminated, _ = _live_state(init_statuses.get(c["name"]))
+        inits.append(
+            ContainerPlan(
+                name=c["name"],
+                runtime=runtime,
+                container_id=ident,
+                running=running,
+                terminated=terminated,
             )
+        )
     return PodPlan(
-        namespace=namespace,
-        name=name,
-        uid=uid,
+        namespace=view.namespace or "default",
+        name=view.name,
+        uid=view.uid,
         qos=qos_class(pod),
         containers=tuple(plans),
         init_containers=tuple(inits),
         problem=problem,
-        deleting=deleting,
+        deleting=view.deleting,
     )
 
 
@@ -293,8 +253,6 @@ def _sized(
 def container_size(sized: Mapping[str, Any], where: str) -> tuple[int, str]:
     """(whole CPUs, "") of a container eligible for CPUs of its own (a whole CPU limit >= 1
     equal to the request), else (0, why not)."""
-    from corepin.kube.models import container_eligibility
-
     try:
         eligible = container_eligibility(sized, where)
     except CorepinError as exc:
@@ -304,15 +262,11 @@ def container_size(sized: Mapping[str, Any], where: str) -> tuple[int, str]:
 
 def container_sizes(pod: Mapping[str, Any]) -> dict[str, tuple[int, str]]:
     """`container_size` of every app container of `pod`, by name."""
-    spec = pod.get("spec") if isinstance(pod.get("spec"), Mapping) else {}
-    assert isinstance(spec, Mapping)
-    containers = spec.get("containers") if isinstance(spec.get("containers"), list) else []
-    assert isinstance(containers, list)
-    statuses = _statuses(pod, "containerStatuses")
+    view = PodView(pod)
+    statuses = view.container_statuses
     out: dict[str, tuple[int, str]] = {}
-    for i, c in enumerate(containers):
-        if isinstance(c, Mapping) and isinstance(c.get("name"), str):
-            out[c["name"]] = container_size(*_sized(c, statuses.get(c["name"]), i))
+    for i, c in enumerate(view.containers):
+        out[c["name"]] = container_size(*_sized(c, statuses.get(c["name"]), i))
     return out
 
 
@@ -358,8 +312,6 @@ def binding_refusals(pod: Mapping[str, Any], spec: Mapping[str, Any]) -> dict[st
 
 def binding_cpus(spec: Mapping[str, Any]) -> dict[str, CPUSet]:
     """Explicit CPUs per container of a binding ("" for the pod-wide set)."""
-    from corepin.kube.models import PodCPUBindingSpec
-
     try:
         parsed = PodCPUBindingSpec.from_dict(spec)
     except CorepinError:

@@ -20,7 +20,7 @@ import urllib.parse
 from collections.abc import Iterator, Mapping
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import BinaryIO
 
 from corepin.core.errors import ApiUnreachable, CorepinError, KubeConfigError
 from corepin.kube.config import ClusterConfig
@@ -401,7 +401,7 @@ class Stream:
             raise Cancelled("watch cancelled")
 
     @staticmethod
-    def _chunked_lines(fp: Any) -> Iterator[bytes]:
+    def _chunked_lines(fp: BinaryIO) -> Iterator[bytes]:
         pending = b""
         while True:
             size_line = fp.readline(_MAX_LINE)

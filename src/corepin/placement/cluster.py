@@ -26,6 +26,9 @@ from collections import OrderedDict
 from collections.abc import Callable, Iterable, Mapping
 from typing import Any, Final, NamedTuple
 
+from corepin.allocation.levels import withheld_for
+from corepin.kube.models import PodView
+from corepin.kube.models.fields import loose_object
 from corepin.placement.fit import (
     NO_TOPOLOGY,
     UNUSABLE,
@@ -36,7 +39,7 @@ from corepin.placement.fit import (
 )
 from corepin.placement.ledger import Assumption, Effective, Ledger, effective_pools
 from corepin.placement.node import NodeView
-from corepin.placement.request import PodRequest
+from corepin.placement.request import PodRequest, Signature
 from corepin.placement.score import MAXIMUM_UTILIZATION, check_profile, extender_score, score
 
 #: how often, at most, `evaluate` looks for expired assumptions (seconds)
@@ -74,8 +77,8 @@ class _Entry:
         self.generation = -1
         self.beat = view.heartbeat if view.heartbeat is not None else float("-inf")
         self.effective: Effective = Effective(view.pools)
-        self.fits: dict[Any, Fit] = {}
-        self.answers: dict[Any, Answer] = {}  # (signature, workload, profile) -> answer
+        self.fits: dict[Signature, Fit] = {}
+        self.answers: dict[ScoreKey, Answer] = {}
         self.static: Answer | None = None  # unusable or not ready: the same answer every time
         if view.problem or not view.ready:
             problem = node_problem(view, 0.0, float("inf"))
@@ -83,12 +86,15 @@ class _Entry:
             self.static = Answer(view.name, False, 0, problem.reason, problem.code, problem)
 
 
-def _running(pod: Mapping[str, Any], names: Iterable[str]) -> bool:
-    rows = (pod.get("status") or {}).get("containerStatuses") or []
+#: What a cached answer is for: the pod's signature, its workload family, the score profile.
+ScoreKey = tuple[Signature, str | None, str]
+
+
+def _running(pod: PodView, names: Iterable[str]) -> bool:
     up = {
-        r.get("name")
-        for r in rows
-        if isinstance(r, Mapping) and isinstance((r.get("state") or {}).get("running"), Mapping)
+        name
+        for name, row in pod.container_statuses.items()
+        if isinstance(loose_object(row.get("state")).get("running"), Mapping)
     }
     return all(n in up for n in names)
 
@@ -110,11 +116,10 @@ class Cluster:
         self._entries: dict[str, _Entry] = {}
         #: (pod signature, workload, profile) -> node -> answer, for the nodes whose answer is
         #: known and still true (dropped per node when it publishes or its placements change)
-        self._index: OrderedDict[Any, dict[str, Answer]] = OrderedDict()
+        self._index: OrderedDict[ScoreKey, dict[str, Answer]] = OrderedDict()
         self._oldest = float("inf")  # no later than the oldest heartbeat of any usable node
         self._unreadable: dict[str, Fit] = {}  # nodes whose NodeCPUTopology cannot be read
         self._next_expiry = 0.0
-        self.evaluations = 0
 
     # ------------------------------------------------------------------ feeding
     def _invalidate(self, name: str) -> None:
@@ -169,15 +174,14 @@ class Cluster:
     ) -> None:
         """What the API shows of a pod: bound pods the nodes do not show yet are counted (once),
         deleted, finished or moved ones are not."""
-        meta = pod.get("metadata") or {}
-        uid = str(meta.get("uid") or "")
+        view = PodView(pod)
+        uid = view.uid
         if not uid:
             return
-        phase = (pod.get("status") or {}).get("phase")
-        if meta.get("deletionTimestamp") or phase in ("Succeeded", "Failed"):
+        if view.deleting or view.phase in ("Succeeded", "Failed"):
             self.forget_pod(uid)
             return
-        node = (pod.get("spec") or {}).get("nodeName")
+        node = view.node_name
         if not node:
             return
         with self._lock:
@@ -187,7 +191,7 @@ class Cluster:
                 known = None
             if known is not None:
                 names = [p.container for p in known.placed]
-                self.ledger.observe(uid, bound=True, running=_running(pod, names), now=now)
+                self.ledger.observe(uid, bound=True, running=_running(view, names), now=now)
                 return
             entry = self._entries.get(node)
             if entry is None or entry.view.policy is None:
@@ -210,7 +214,7 @@ class Cluster:
                     unconfirmed,
                     now,
                     bound=True,
-                    running=_running(pod, holding),
+                    running=_running(view, holding),
                 )
             )
 
@@ -257,7 +261,6 @@ class Cluster:
         out: list[Answer] = []
         append = out.append
         with self._lock:
-            self.evaluations += 1
             if now >= self._next_expiry:
                 self.expire(now)
             if holds and self._oldest < stale_before:  # maybe a node is stale: look again
@@ -299,7 +302,7 @@ class Cluster:
         return out
 
     def _lookup(
-        self, name: str, request: PodRequest, signature: Any, profile: str, holds: bool
+        self, name: str, request: PodRequest, signature: Signature, profile: str, holds: bool
     ) -> Answer:
         """The answer of one node, worked out (the caller keeps it in the index)."""
         entry = self._entries.get(name)
@@ -314,7 +317,9 @@ class Cluster:
             self._refresh(name, entry)
         return self._answer(entry, request, signature, profile)
 
-    def _answer(self, entry: _Entry, request: PodRequest, signature: Any, profile: str) -> Answer:
+    def _answer(
+        self, entry: _Entry, request: PodRequest, signature: Signature, profile: str
+    ) -> Answer:
         name = entry.view.name
         result = entry.fits.get(signature)
         if result is None:
@@ -349,8 +354,6 @@ class Cluster:
     ) -> Answer:
         """Whether the pod would fit the node once the pods with uids `victims` are gone
         (their published and in-flight CPUs released): the extender's preemption check."""
-        from corepin.allocation.levels import withheld_for
-
         gone = set(victims)
         with self._lock:
             entry = self._entries.get(name)

@@ -23,7 +23,10 @@ from __future__ import annotations
 
 from typing import Final
 
+from corepin.allocation.decide import decide
+from corepin.allocation.levels import withheld_for
 from corepin.allocation.pools import NodePools
+from corepin.allocation.types import Request
 from corepin.core.cpuset import CPUSet
 from corepin.core.errors import AllocationError, CorepinError
 from corepin.core.record import record
@@ -114,10 +117,6 @@ def _what(c: ContainerAsk) -> str:
 
 def fit(view: NodeView, request: PodRequest, pools: NodePools | None = None) -> Fit:
     """Place every container of `request` on the node (see the module docstring)."""
-    from corepin.allocation.decide import decide
-    from corepin.allocation.levels import withheld_for
-    from corepin.allocation.types import Request
-
     current = view.pools if pools is None else pools
     if not request.holds:
         return Fit(view.name, True, pools=current)

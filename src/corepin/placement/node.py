@@ -12,10 +12,11 @@ withholds beyond its level, such as the idle siblings of a cpu-bound workload). 
 so `NodePools.free` and `NodePools.shared_pool` of the view are exactly the published sets, and
 `corepin.allocation.decide.decide` sees the node as the agent's own state does.
 
-A view is unusable (its `problem` says why, in a sentence) when the agent runs a policy this
-build does not know, or when it has not published its CPUs yet. `ready` is the `Ready`
-condition; `heartbeat` the agent's last heartbeat in seconds since the epoch (staleness is
-judged by the caller, who knows the time).
+`empty_view(ncpt)` is the node with nothing held (what it could ever take: the webhook's
+question). A view is unusable (its `problem` says why, in a sentence) when the agent runs a
+policy this build does not know, or when it has not published its CPUs yet. `ready` is the
+`Ready` condition; `heartbeat` the agent's last heartbeat in seconds since the epoch
+(staleness is judged by the caller, who knows the time).
 """
 
 from __future__ import annotations
@@ -23,11 +24,18 @@ from __future__ import annotations
 from collections.abc import Mapping
 from typing import Final
 
+from corepin.allocation.policies import get_policy
 from corepin.allocation.pools import NodePools
 from corepin.allocation.types import Policy
 from corepin.core.errors import CorepinError
 from corepin.core.record import field, record
-from corepin.kube.models import READY, Allocation, NodeCPUTopology, find_condition
+from corepin.kube.models import (
+    READY,
+    Allocation,
+    NodeCPUTopology,
+    NodeCPUTopologySpec,
+    find_condition,
+)
 from corepin.topology.model import Topology
 
 STRICT_RESERVATION: Final = "strict-cpu-reservation"
@@ -65,8 +73,6 @@ class NodeView:
 
 def node_view(ncpt: NodeCPUTopology, *, version: str = "") -> NodeView:
     """The view of a published node (never raises: a problem is recorded on the view)."""
-    from corepin.allocation.policies import get_policy
-
     spec, status = ncpt.spec, ncpt.status
     topology = spec.topology
     online = topology.online_cpus
@@ -79,8 +85,7 @@ def node_view(ncpt: NodeCPUTopology, *, version: str = "") -> NodeView:
             f"its agent runs CPU policy {spec.policy!r}, which this placement build does not "
             "know: run the same corepin version for the agent and the scheduler"
         )
-    flag = spec.options.get(STRICT_RESERVATION)
-    strict = flag is not None and flag.strip().lower() in _TRUE  # (as the agent's state reads it)
+    strict = strict_reservation(spec)
     if status is None:
         pools = NodePools.build(online, reserved=spec.reserved_cpus, strict=strict)
         return NodeView(
@@ -140,4 +145,27 @@ def node_view(ncpt: NodeCPUTopology, *, version: str = "") -> NodeView:
     )
 
 
-__all__ = ["NodeView", "node_view"]
+def strict_reservation(spec: NodeCPUTopologySpec) -> bool:
+    """Whether the node keeps its reserved CPUs out of the shared pool too (the option
+    `strict-cpu-reservation`, read as the agent's state reads it)."""
+    flag = spec.options.get(STRICT_RESERVATION)
+    return flag is not None and flag.strip().lower() in _TRUE
+
+
+def empty_view(ncpt: NodeCPUTopology) -> NodeView:
+    """The node with nothing held: what it could ever give, whatever runs there now (its
+    online CPUs less its reserved ones, the status's when it has one, else the spec's).
+    RequestError when the node runs a policy this build does not know."""
+    spec = ncpt.spec
+    topology = spec.topology
+    reserved = ncpt.status.reserved_cpus if ncpt.status is not None else spec.reserved_cpus
+    policy = get_policy(spec.policy)
+    pools = NodePools.for_topology(
+        topology, reserved=reserved & topology.online_cpus, strict=strict_reservation(spec)
+    )
+    return NodeView(
+        name=ncpt.name, topology=topology, pools=pools, policy=policy, policy_name=spec.policy
+    )
+
+
+__all__ = ["NodeView", "empty_view", "node_view", "strict_reservation"]

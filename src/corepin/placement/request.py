@@ -23,8 +23,14 @@ from corepin.kube.podplan import plan_pod
 
 #: the agent's assignment kind per effective container policy
 KIND_OF: Final = {"none": "shared", "share": "share", "exclusive": "exclusive"}
+
+#: What decides a container's fit: kind, count, level, workload, explicit CPUs.
+AskKey = tuple[str, int, str, str | None, CPUSet | None]
+#: What decides a pod's fit: (name, *key) of each container that holds CPUs, in order.
+Signature = tuple[tuple[str, str, int, str, str | None, CPUSet | None], ...]
+
 #: what a pod without any corepin request fits with
-NOTHING: Final[tuple[tuple[Any, ...], ...]] = ()
+NOTHING: Final[Signature] = ()
 
 
 @record
@@ -44,7 +50,7 @@ class ContainerAsk:
         return self.kind != "shared"
 
     @property
-    def key(self) -> tuple[Any, ...]:
+    def key(self) -> AskKey:
         return (self.kind, self.count, self.level, self.workload, self.cpus)
 
 
@@ -74,7 +80,7 @@ class PodRequest:
         return sum(c.count for c in self.containers if c.holds)
 
     @property
-    def signature(self) -> tuple[tuple[Any, ...], ...]:
+    def signature(self) -> Signature:
         """What decides fit: the holding containers' asks, in order."""
         return tuple((c.name, *c.key) for c in self.containers if c.holds) or NOTHING
 

@@ -8,6 +8,9 @@ from __future__ import annotations
 from collections.abc import Mapping
 from typing import Any, Final
 
+from corepin.kube.models import ObjectView, PodView
+from corepin.kube.models.fields import loose_list
+
 UNSCHEDULABLE_TAINT: Final = "node.kubernetes.io/unschedulable"
 #: longest event / condition message (kube-scheduler's are short; the API takes more)
 MESSAGE_LIMIT: Final = 1024
@@ -45,17 +48,15 @@ def _tolerates(tolerations: list[Any], taint: Mapping[str, Any]) -> bool:
 
 def node_refusal(node: Mapping[str, Any], pod: Mapping[str, Any]) -> tuple[str, str] | None:
     """(reason code, sentence) when the pod may not go to the node; None when it may."""
-    name = str((node.get("metadata") or {}).get("name") or "")
-    spec = node.get("spec") or {}
-    pod_spec = pod.get("spec") or {}
-    tolerations = pod_spec.get("tolerations") or []
-    if not isinstance(tolerations, list):
-        tolerations = []
+    node_view = ObjectView(node)
+    name, spec = node_view.name, node_view.spec
+    pod_spec = PodView(pod).spec
+    tolerations = loose_list(pod_spec.get("tolerations"))
     if spec.get("unschedulable") and not _tolerates(
         tolerations, {"key": UNSCHEDULABLE_TAINT, "effect": "NoSchedule"}
     ):
         return "cordoned", f"node {name}: it is cordoned (spec.unschedulable); uncordon it"
-    for taint in spec.get("taints") or []:
+    for taint in loose_list(spec.get("taints")):
         if not isinstance(taint, Mapping):
             continue
         if taint.get("effect") not in ("NoSchedule", "NoExecute"):
@@ -69,7 +70,7 @@ def node_refusal(node: Mapping[str, Any], pod: Mapping[str, Any]) -> tuple[str, 
             )
     selector = pod_spec.get("nodeSelector") or {}
     if isinstance(selector, Mapping) and selector:
-        labels = (node.get("metadata") or {}).get("labels") or {}
+        labels = node_view.labels
         missing = sorted(k for k, v in selector.items() if labels.get(k) != v)
         if missing:
             wanted = ", ".join(f"{k}={selector[k]}" for k in missing)

@@ -18,16 +18,15 @@ import yaml
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from corepin.api.webhook.admission import (
-    ReviewError,
+from corepin.api.webhook.admission import admit
+from corepin.api.webhook.config import (
     Toleration,
     WebhookConfig,
-    admit,
-    decode_body,
     parse_node_selector,
     parse_toleration,
-    pointer,
 )
+from corepin.api.webhook.patch import pointer
+from corepin.api.webhook.review import ReviewError, decode_body
 from corepin.core.errors import InputError
 from support.webhook_helpers import (
     ADMISSION_FIXTURE,

@@ -14,8 +14,9 @@ from corepin.allocation.decide import decide
 from corepin.allocation.policies import get_policy
 from corepin.allocation.pools import NodePools
 from corepin.allocation.types import Request
-from corepin.api.webhook.admission import WebhookConfig, admit
+from corepin.api.webhook.admission import admit
 from corepin.api.webhook.capacity import Catalog, ClusterCapacity, Hold
+from corepin.api.webhook.config import WebhookConfig
 from corepin.testing.machines import SyntheticSpec, named, synthetic
 from support.webhook_helpers import container, ncpt, pod, review
 

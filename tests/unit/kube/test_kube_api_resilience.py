@@ -22,9 +22,9 @@ from pathlib import Path
 import pytest
 
 from corepin.core.cpuset import CPUSet
-from corepin.kube.client import KubeClient, Resource
+from corepin.kube.client import KubeClient
 from corepin.kube.models import ANN_CPUS
-from corepin.kube.resources import PODS
+from corepin.kube.resources import NCPT, PODS
 from corepin.topology.discover import discover
 from fakeapi import FakeApiServer
 from fakeapi.kubeconfig import write_kubeconfig
@@ -34,7 +34,6 @@ from support.node_harness import FakeNode, container
 
 NODE = "n1"
 EXCLUSIVE = {"corepin.io/cpu-policy": "exclusive"}
-NCPT = Resource("corepin.io", "v1alpha1", "nodecputopologies", False, "NodeCPUTopology")
 IDLE = 6.0  # the agent's --api-idle-timeout in these tests
 
 pytestmark = pytest.mark.skipif(

@@ -27,8 +27,9 @@ from corepin.core.errors import (
     EnvironmentProblem,
     KubeConfigError,
 )
-from corepin.kube.client import KubeClient, api_error
+from corepin.kube.client import KubeClient
 from corepin.kube.config import load_config
+from corepin.kube.errors import api_error
 from corepin.kube.resources import CONFIGMAPS, CRDS, LEASES, NODES, PODS
 from corepin.kube.transport import Cancel, Cancelled
 from fakeapi import FakeApiServer, TLSMaterial
@@ -277,7 +278,8 @@ def test_status_subresource_and_main_endpoint_ignore_each_others_fields(kube: Ku
     assert "activeDeadlineSeconds" not in after_status["spec"]
     patched = kube.patch_status(PODS, "web", {"status": {"phase": "Succeeded"}}, "default")
     assert patched["status"]["phase"] == "Succeeded"
-    assert kube.get_status(PODS, "web", "default")["status"]["phase"] == "Succeeded"
+    status = kube.get(PODS, "web", "default", subresource="status")
+    assert status["status"]["phase"] == "Succeeded"
 
 
 def test_custom_resource_generation_moves_with_spec_only(kube: KubeClient) -> None:
@@ -662,7 +664,7 @@ def test_missing_kubeconfig_is_a_config_error(tmp_path: Path) -> None:
 
 
 def test_retry_after_is_read_from_the_header_or_the_status() -> None:
-    from corepin.kube.client import api_error, too_large_resource_version
+    from corepin.kube.errors import api_error, too_large_resource_version
 
     status = {"kind": "Status", "code": 429, "reason": "TooManyRequests", "message": "slow down"}
     assert (
@@ -690,7 +692,7 @@ def test_retry_after_is_read_from_the_header_or_the_status() -> None:
 
 @given(st.text(max_size=40), st.dictionaries(st.text(max_size=20), st.text(max_size=20)))
 def test_retry_after_parsing_never_raises(header: str, details: dict[str, str]) -> None:
-    from corepin.kube.client import retry_after_of
+    from corepin.kube.errors import retry_after_of
 
     found = retry_after_of({"Retry-After": header}, details)
     assert found is None or found >= 0

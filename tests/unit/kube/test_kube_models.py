@@ -18,9 +18,10 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from corepin.allocation.pools import Reservation
+from corepin.allocation.pools import KOORDINATOR_RESERVATION, Reservation
 from corepin.core.cpuset import CPUSet
 from corepin.core.errors import InputError
+from corepin.core.quantity import parse_quantity
 from corepin.kube import models as m
 from corepin.testing.machines import NAMED
 from support.crd_schema import SHARED, crd, errors, load_yaml_docs, version_schema
@@ -252,15 +253,6 @@ def test_an_empty_cpu_list_is_the_same_as_none() -> None:
     assert spec.cpus is None
     assert m.PodCPUBindingSpec("p", cpus=CPUSet()) == m.PodCPUBindingSpec("p")
     assert "cpuSet" not in spec.to_dict()
-
-
-def test_container_cpus_win_over_the_pods() -> None:
-    spec = m.PodCPUBindingSpec(
-        "p", cpus=CPUSet.parse("0-1"), containers=(m.ContainerCPUSet("a", CPUSet.of(4)),)
-    )
-    assert spec.cpus_for("a") == CPUSet.of(4)
-    assert spec.cpus_for("b") == CPUSet.parse("0-1")
-    assert m.PodCPUBindingSpec("p").cpus_for("a") is None
 
 
 # ---------------------------------------------------------------------- the models match the CRDs
@@ -717,6 +709,17 @@ def test_node_reservation(annotations: dict[str, str], expected: Reservation | N
 
 
 @pytest.mark.parametrize(
+    ("cpu", "count"),
+    [("1.5", 2), ("1500m", 2), ("2k", 2000), ("1e1", 10), (" 3 ", 3), (3, 3), ("-500m", 0)],
+)
+def test_a_reserved_cpu_count_is_any_kubernetes_quantity_rounded_up(
+    cpu: str | int, count: int
+) -> None:
+    value = json.dumps({"resources": {"cpu": cpu}})
+    assert m.parse_node_reservation({"corepin.io/reservation": value}) == Reservation(count)
+
+
+@pytest.mark.parametrize(
     ("key", "value"),
     [("corepin.io/reservation", "two"), ("corepin.io/reservation", "[]"),
      ("node.koordinator.sh/reservation", '{"reservedCPUs": "0-"}'),
@@ -739,7 +742,7 @@ def test_bad_node_reservation_names_the_annotation(key: str, value: str) -> None
      ("1E", 10**18), (4, 4), (2.5, Fraction(5, 2))],
 )  # fmt: skip
 def test_quantities(text: str | int | float, value: Fraction | int) -> None:
-    assert m.parse_quantity(text) == value
+    assert parse_quantity(text) == value
 
 
 @pytest.mark.parametrize(
@@ -748,7 +751,7 @@ def test_quantities(text: str | int | float, value: Fraction | int) -> None:
 )
 def test_bad_quantities(text: Any) -> None:
     with pytest.raises(m.FieldError, match=r"^limits\.cpu: "):
-        m.parse_quantity(text, "limits.cpu")
+        m.read_quantity(text, "limits.cpu")
 
 
 def _container(limit: Any = None, request: Any = None) -> dict[str, Any]:
@@ -808,7 +811,7 @@ def test_arbitrary_json_raises_only_input_errors(value: Any) -> None:
         m.aliases_to_copy,
         m.parse_node_reservation,
         m.container_eligibility,
-        m.parse_quantity,
+        parse_quantity,
         m.parse_cpus_annotation,
         m.corepin_level,
     ):
@@ -850,7 +853,7 @@ def test_valid_objects_with_one_part_replaced_raise_only_input_errors(
 annotation_keys = st.sampled_from(
     [m.ANN_CPU_POLICY, m.ANN_CPU_POLICY_PREFIX + "app", m.ANN_LEVEL, m.ANN_WORKLOAD,
      m.CRANE_CPU_MANAGER, m.ACTIMANAGER_LEVEL, m.ACTIMANAGER_WORKLOAD, m.ANN_RESERVATION,
-     m.KOORDINATOR_RESERVATION, m.ANN_CPU_POLICY_PREFIX]
+     KOORDINATOR_RESERVATION, m.ANN_CPU_POLICY_PREFIX]
 ) | st.text(max_size=20)  # fmt: skip
 
 
@@ -866,3 +869,50 @@ def test_arbitrary_annotations_raise_only_input_errors(
     _only_input_errors(m.parse_node_reservation, annotations)
     if m.ANN_CPUS in annotations:
         _only_input_errors(m.parse_cpus_annotation, annotations[m.ANN_CPUS])
+
+
+# ---------------------------------------------------------------------- views of API objects
+def test_a_view_reads_what_is_malformed_as_empty_and_never_raises() -> None:
+    for raw in (None, [], "pod", {"metadata": [], "spec": 3, "status": "x"}):
+        view = m.PodView(raw)
+        assert (view.name, view.namespace, view.uid, view.resource_version) == ("", "", "", "")
+        assert view.labels == {} and view.annotations == {} and not view.deleting
+        assert view.containers == () and view.container_statuses == {}
+        assert (view.phase, view.node_name) == ("", "")
+
+
+def test_a_pod_view_reads_containers_statuses_and_string_metadata() -> None:
+    raw = {
+        "metadata": {"name": "web", "namespace": "shop", "uid": "u1", "resourceVersion": "7",
+                     "labels": {"app": "web", "n": 3}, "annotations": {"a": "b"},
+                     "deletionTimestamp": "2025-01-01T00:00:00Z"},
+        "spec": {"nodeName": "node-a", "containers": [{"name": "app"}, 5, {"image": "x"}],
+                 "initContainers": [{"name": "init"}]},
+        "status": {"phase": "Running", "containerStatuses": [{"name": "app", "ready": True}, 1]},
+    }  # fmt: skip
+    view = m.PodView(raw)
+    assert (view.name, view.namespace, view.uid, view.resource_version) == (
+        "web",
+        "shop",
+        "u1",
+        "7",
+    )
+    assert view.labels == {"app": "web"} and view.annotations == {"a": "b"} and view.deleting
+    assert [c["name"] for c in view.containers] == ["app"]
+    assert [c["name"] for c in view.init_containers] == ["init"]
+    assert view.container_statuses == {"app": {"name": "app", "ready": True}}
+    assert (view.phase, view.node_name) == ("Running", "node-a")
+
+
+@pytest.mark.parametrize(
+    ("raw", "path"),
+    [([], "request.object"), ({"metadata": []}, "metadata"), ({"spec": "x"}, "spec"),
+     ({"metadata": {"labels": {"a": 1}}}, "metadata.labels['a']"),
+     ({"spec": {"containers": {}}}, "spec.containers"),
+     ({"spec": {"containers": [{"name": "a"}, 3]}}, "spec.containers[1]"),
+     ({"spec": {"containers": [{"image": "x"}]}}, "spec.containers[0].name")],
+)  # fmt: skip
+def test_a_checked_pod_view_names_the_first_malformed_field(raw: Any, path: str) -> None:
+    with pytest.raises(m.FieldError) as caught:
+        m.PodView.checked(raw, "request.object")
+    assert caught.value.path == path

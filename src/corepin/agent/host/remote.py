@@ -13,7 +13,8 @@ from corepin.core.errors import ApiNotFound, EnvironmentProblem, InputError
 from corepin.kube.client import KubeClient
 from corepin.kube.config import load_config
 from corepin.kube.models import NodeCPUTopology
-from corepin.kube.nodestate import NODE_CPU_TOPOLOGIES, NodeReport, node_state
+from corepin.kube.nodestate import NodeReport, node_state
+from corepin.kube.resources import NCPT
 
 if TYPE_CHECKING:
     from corepin.topology.model import Topology
@@ -26,11 +27,11 @@ def read_node(
     `environ` names: $KUBECONFIG, the in-cluster service account)."""
     client = KubeClient.from_config(load_config(kubeconfig, env=environ), timeout=15)
     try:
-        obj = client.get(NODE_CPU_TOPOLOGIES, name)
+        obj = client.get(NCPT, name)
     except ApiNotFound as exc:
         if exc.details.get("name") != name:  # the type itself is not served
             raise EnvironmentProblem(
-                f"the API server does not serve {NODE_CPU_TOPOLOGIES} ({exc.api_message}): "
+                f"the API server does not serve {NCPT} ({exc.api_message}): "
                 "are corepin's CRDs installed (deploy/crd)?",
                 reason="no_crd",
             ) from None

@@ -27,6 +27,7 @@ from corepin.agent.node.sync import pod_assignments
 from corepin.core.cpuset import CPUSet
 from corepin.core.errors import CgroupError, CorepinError
 from corepin.core.ids import split_cgroup_path
+from corepin.core.quantity import parse_quantity
 from corepin.core.record import replace
 from corepin.enforcement.cgroups import CgroupDriver, CpuQuota, open_cpuset_hierarchy
 from corepin.enforcement.layout import (
@@ -35,7 +36,6 @@ from corepin.enforcement.layout import (
     pod_cgroup_path,
 )
 from corepin.enforcement.reconcile import CgroupTarget, Reconciler, ReconcileReport
-from corepin.kube.models import parse_quantity
 from corepin.kube.podplan import PodPlan
 from corepin.state.kubelet import KUBELET_POLICY
 from corepin.state.model import Assignment, HostState

@@ -10,8 +10,8 @@ from collections.abc import Mapping
 from typing import Any, Final
 
 from corepin.core.errors import CorepinError
+from corepin.core.quantity import parse_quantity
 from corepin.core.record import replace
-from corepin.kube.models import parse_quantity
 from corepin.kube.podplan import PodPlan
 
 #: the largest CPU quantity (limit or request) the agent acts on

@@ -32,6 +32,7 @@ from typing import Any, Final
 import orjson
 
 from corepin.core.errors import InputError
+from corepin.kube.models.fields import FieldError, list_or_empty, loose_object, object_at, string
 
 _NAME: Final = re.compile(r"[a-z0-9]([-a-z0-9.]*[a-z0-9])?\Z")
 #: deepest nesting a request may have (a Pod is about 10 deep; Go's own limit is 10,000)
@@ -245,21 +246,29 @@ def encode(value: Any) -> bytes:
 
 
 # ---------------------------------------------------------------------- readers
-def _object(value: Any, what: str) -> dict[str, Any]:
-    if not isinstance(value, dict):
-        raise WireError(f"{what} must be a JSON object, got {type(value).__name__}")
-    return value
+# (the shared field readers of `corepin.kube.models.fields`, their errors in the extender's words)
+def _object(value: object, what: str) -> Mapping[str, Any]:
+    try:
+        return object_at(value, what)
+    except FieldError:
+        raise WireError(f"{what} must be a JSON object, got {type(value).__name__}") from None
 
 
-def _string(value: Any, what: str, *, required: bool = True) -> str:
-    if value is None and not required:
-        return ""
-    if not isinstance(value, str) or (required and not value):
-        raise WireError(f"{what} must be a non-empty string")
-    return value
+def _list(value: object, what: str, problem: str = "must be a list") -> list[Any]:
+    try:
+        return list_or_empty(value, what)
+    except FieldError:
+        raise WireError(f"{what} {problem}") from None
 
 
-def pod_of(args: dict[str, Any]) -> dict[str, Any]:
+def _string(value: object, what: str, *, required: bool = True) -> str:
+    try:
+        return string(value, what, required=required)
+    except FieldError:
+        raise WireError(f"{what} must be a non-empty string") from None
+
+
+def pod_of(args: Mapping[str, Any]) -> Mapping[str, Any]:
     """The `Pod` of ExtenderArgs or ExtenderPreemptionArgs (checked where corepin reads it)."""
     pod = _object(args.get("Pod"), "Pod")
     meta = _object(pod.get("metadata") or {}, "Pod.metadata")
@@ -269,10 +278,7 @@ def pod_of(args: dict[str, Any]) -> dict[str, Any]:
             _string(meta[key], f"Pod.metadata.{key}")
     spec = pod.get("spec")
     if spec is not None:
-        _object(spec, "Pod.spec")
-        containers = spec.get("containers")
-        if containers is not None and not isinstance(containers, list):
-            raise WireError("Pod.spec.containers must be a list")
+        _list(_object(spec, "Pod.spec").get("containers"), "Pod.spec.containers")
     return pod
 
 
@@ -287,9 +293,7 @@ def node_names_of(args: dict[str, Any]) -> tuple[list[str], list[dict[str, Any]]
     nodes = args.get("Nodes")
     if nodes is None:
         raise WireError("the request names no nodes: send NodeNames or Nodes")
-    items = _object(nodes, "Nodes").get("items") or []
-    if not isinstance(items, list):
-        raise WireError("Nodes.items must be a list")
+    items = _list(_object(nodes, "Nodes").get("items") or [], "Nodes.items")
     out: list[str] = []
     for i, node in enumerate(items):
         meta = _object(_object(node, f"Nodes.items[{i}]").get("metadata"), f"Nodes.items[{i}]")
@@ -325,13 +329,11 @@ def victims_of(args: dict[str, Any]) -> dict[str, tuple[list[str], int]]:
         return out
     for node, victims in _object(source, "NodeNameToVictims").items():
         v = _object(victims, f"victims of {node}")
-        pods = v.get("Pods") or []
-        if not isinstance(pods, list):
-            raise WireError(f"victims of {node}: Pods must be a list")
+        pods = _list(v.get("Pods") or [], f"victims of {node}:", "Pods must be a list")
         uids = []
         for p in pods:
-            p = _object(p, f"a victim of {node}")
-            uid = p.get(key) if key else (p.get("metadata") or {}).get("uid")
+            victim = _object(p, f"a victim of {node}")
+            uid = victim.get(key) if key else loose_object(victim.get("metadata")).get("uid")
             uids.append(_string(uid, f"the uid of a victim of {node}"))
         count = v.get("NumPDBViolations") or 0
         if isinstance(count, bool) or not isinstance(count, int):

@@ -19,16 +19,11 @@ import time
 from collections.abc import Callable, Mapping
 from typing import Final
 
-from corepin.api.webhook.admission import (
-    Endpoint,
-    ReviewError,
-    WebhookConfig,
-    admit,
-    decode_body,
-    encode,
-)
+from corepin.api.webhook.admission import Endpoint, admit
 from corepin.api.webhook.capacity import ClusterCapacity
+from corepin.api.webhook.config import WebhookConfig
 from corepin.api.webhook.metrics import WebhookMetrics
+from corepin.api.webhook.review import ReviewError, decode_body, encode
 
 log = logging.getLogger("corepin.api.webhook")
 

@@ -1,13 +1,14 @@
 """Could any node of the cluster ever hold a pod's CPUs? (issue 9 item 6: "levels or counts no
 node in the cluster could ever satisfy").
 
-The answer comes from the `NodeCPUTopology` objects the agents publish and from the node agent's
-own allocator: a pod fits a node when `corepin.allocation.decide.decide` - the call the agent
-makes for every exclusive or share container - succeeds for each of its containers in turn on
-that node's *empty* pools (online CPUs, less its reserved CPUs, the shared pool kept non-empty,
-the node's policy). So "64 exclusive CPUs" is refused when the biggest node has 32 online, and
-"20 CPUs at level socket" when withholding the sockets they need would leave nothing for the
-shared pool on every node. Current occupancy does not matter: CPUs free up, topology does not.
+The answer comes from the `NodeCPUTopology` objects the agents publish and from the placement
+core, which decides as the node agent's own allocator does: a pod fits a node when
+`corepin.placement.fit` places each of its containers in turn on that node's *empty* pools
+(`corepin.placement.node.empty_view`: online CPUs, less its reserved CPUs, the shared pool
+kept non-empty, the node's policy). So "64 exclusive CPUs" is refused when the biggest node has
+32 online, and "20 CPUs at level socket" when withholding the sockets they need would leave
+nothing for the shared pool on every node. Current occupancy does not matter: CPUs free up,
+topology does not.
 
 - `NodeShape`: one node, parsed once from its NodeCPUTopology.
 - `ClusterCapacity`: an immutable snapshot of every known node; `check(holds, level, workload)`
@@ -30,23 +31,17 @@ from collections import OrderedDict
 from collections.abc import Iterable, Mapping, Sequence
 from typing import Any, Final
 
-from corepin.allocation.decide import decide
 from corepin.allocation.levels import units_of
-from corepin.allocation.policies import get_policy
-from corepin.allocation.pools import NodePools
-from corepin.allocation.types import Policy, Request
 from corepin.core.cpuset import CPUSet
 from corepin.core.errors import CorepinError
 from corepin.core.record import record
-from corepin.kube.models import NodeCPUTopology
-from corepin.topology.model import Topology
+from corepin.kube.models import NodeCPUTopology, ObjectView
+from corepin.placement.fit import fit
+from corepin.placement.node import NodeView, empty_view
+from corepin.placement.request import ContainerAsk, PodRequest
 
 log = logging.getLogger("corepin.api.webhook.capacity")
 
-#: What an exclusive or share container holds (`NodePools` kinds).
-HOLD_KINDS: Final = ("exclusive", "share")
-#: The NodeCPUTopology option that keeps reserved CPUs out of the shared pool too.
-STRICT_RESERVATION: Final = "strict-cpu-reservation"
 #: Answers remembered per snapshot.
 ANSWER_CACHE: Final = 1024
 
@@ -62,55 +57,40 @@ class Hold:
     count: int
 
 
-def _truthy(value: str | None) -> bool:
-    # the same spelling HostState reads its options with (corepin.state.model)
-    return value is not None and value.strip().lower() in ("", "1", "true", "yes", "on")
+#: What decides an answer: the holds (container, kind, count), the level, the workload.
+AnswerKey = tuple[tuple[tuple[str, str, int], ...], str, str | None]
 
 
 class NodeShape:
-    """One node as the capacity rule sees it: topology, empty pools, policy (read-only)."""
+    """One node as the capacity rule sees it: its empty view (read-only)."""
 
-    __slots__ = ("empty", "name", "online", "policy", "reserved", "shape", "topology")
+    __slots__ = ("name", "online", "reserved", "shape", "topology", "view")
 
-    def __init__(
-        self, name: str, topology: Topology, policy: Policy, reserved: CPUSet, strict: bool
-    ) -> None:
-        self.name = name
-        self.topology = topology
-        self.policy = policy
-        self.reserved = reserved & topology.online_cpus
-        self.online = len(topology.online_cpus)
-        self.empty = NodePools.for_topology(topology, reserved=self.reserved, strict=strict)
-        self.shape = ""  # set by from_object: equal shapes decide alike
+    def __init__(self, view: NodeView, shape: str = "") -> None:
+        self.view = view
+        self.name = view.name
+        self.topology = view.topology
+        self.reserved = CPUSet.from_bits(view.pools.reserved)
+        self.online = len(view.topology.online_cpus)
+        self.shape = shape  # equal shapes decide alike
 
     @classmethod
     def from_object(cls, obj: Mapping[str, Any]) -> NodeShape:
         """From a NodeCPUTopology dict; FieldError (or RequestError for an unknown policy)
         when it cannot be read."""
-        ncpt = NodeCPUTopology.from_dict(obj)
-        spec = ncpt.spec
-        reserved = ncpt.status.reserved_cpus if ncpt.status is not None else spec.reserved_cpus
-        strict = _truthy(spec.options.get(STRICT_RESERVATION))
-        node = cls(ncpt.name, spec.topology, get_policy(spec.policy), reserved, strict)
-        node.shape = json.dumps(
-            [obj.get("spec"), str(node.reserved)], sort_keys=True, separators=(",", ":")
+        view = empty_view(NodeCPUTopology.from_dict(obj))
+        shape = json.dumps(
+            [obj.get("spec"), str(CPUSet.from_bits(view.pools.reserved))],
+            sort_keys=True,
+            separators=(",", ":"),
         )
-        return node
+        return cls(view, shape)
 
     def fits(self, holds: Sequence[Hold], level: str, workload: str | None) -> bool:
-        """Whether the agent's allocator gives every hold its CPUs, one after the other, on
+        """Whether the placement core gives every hold its CPUs, one after the other, on
         this node when nothing else runs there."""
-        pools = self.empty
-        for hold in holds:
-            try:
-                request = Request(hold.count, level=level, workload=workload)
-                decision = decide(
-                    pools, self.topology, request, self.policy, kind=hold.kind, keep_shared=True
-                )
-                pools = pools.hold(hold.kind, decision.withheld | decision.cpus)
-            except CorepinError:
-                return False
-        return True
+        asks = tuple(ContainerAsk(h.container, h.kind, h.count, level, workload) for h in holds)
+        return fit(self.view, PodRequest("", "", "", asks)).ok
 
     def most(self, kind: str, level: str, workload: str | None) -> int:
         """The largest count (searched by halving, each answer verified by the allocator) that
@@ -150,7 +130,7 @@ class ClusterCapacity:
         self.distinct: tuple[NodeShape, ...] = tuple(
             sorted(shapes.values(), key=lambda n: (-n.online, n.name))
         )
-        self._answers: OrderedDict[tuple[Any, ...], str | None] = OrderedDict()
+        self._answers: OrderedDict[AnswerKey, str | None] = OrderedDict()
         self._lock = threading.Lock()
 
     def __len__(self) -> int:
@@ -163,7 +143,7 @@ class ClusterCapacity:
         if not holds or not self.distinct or workload == "best-effort":
             # a best-effort workload runs on the shared pool whatever its policy says
             return None
-        key = (tuple((h.container, h.kind, h.count) for h in holds), level, workload)
+        key: AnswerKey = (tuple((h.container, h.kind, h.count) for h in holds), level, workload)
         with self._lock:
             if key in self._answers:
                 self._answers.move_to_end(key)
@@ -231,7 +211,7 @@ class Catalog:
 
     def __init__(self) -> None:
         self._lock = threading.Lock()
-        self._specs: dict[str, tuple[Any, str]] = {}
+        self._specs: dict[str, tuple[object, str]] = {}
         self._nodes: dict[str, NodeShape] = {}
         self._snapshot: ClusterCapacity | None = None
         self._dirty = True
@@ -246,7 +226,7 @@ class Catalog:
         self._put(new)
 
     def on_delete(self, obj: Mapping[str, Any]) -> None:
-        name = _name(obj)
+        name = _name(ObjectView(obj))
         with self._lock:
             self._specs.pop(name, None)
             self.unreadable.pop(name, None)
@@ -254,10 +234,9 @@ class Catalog:
                 self._dirty = True
 
     def _put(self, obj: Mapping[str, Any]) -> None:
-        name = _name(obj)
-        status = obj.get("status")
-        reserved = status.get("reservedCPUs") if isinstance(status, Mapping) else None
-        key = (obj.get("spec"), str(reserved))
+        view = ObjectView(obj)
+        name = _name(view)
+        key = (obj.get("spec"), str(view.status.get("reservedCPUs")))
         with self._lock:
             if self._specs.get(name) == key:
                 return  # a heartbeat or a change of free CPUs: the node's shape is the same
@@ -292,7 +271,6 @@ class Catalog:
             return len(self._nodes)
 
 
-def _name(obj: Mapping[str, Any]) -> str:
-    meta = obj.get("metadata")
-    name = meta.get("name") if isinstance(meta, Mapping) else None
+def _name(view: ObjectView) -> str:
+    name = view.metadata.get("name")
     return name if isinstance(name, str) else ""
