@@ -34,7 +34,7 @@ from typing import Final
 
 from corepin.core.errors import EnvironmentProblem, InputError
 from corepin.core.ids import IdError, validate_component, validate_pid
-from corepin.enforcement.reconcile import Change
+from corepin.enforcement.note import Change
 
 __all__ = [
     "ResctrlError",

@@ -81,9 +81,9 @@ def test_every_thread_of_parent_and_child_gets_the_cpus(tree: tuple[int, int]) -
     assert len(threads) >= 7, "parent: main + 3 threads, child: main + 2 threads"
     for pid, tid in threads:
         assert cpus_allowed_list(pid, tid=tid) == want, f"thread {tid} of {pid} in /proc"
-    assert len(result.changed) >= 7 and result.writes == len(result.changed)
+    assert len(result.changes) >= 7 and result.writes == len(result.changes)
     again = pin_process_tree(parent, want)
-    assert again.writes == 0 and again.changed == [], "a second pass is a no-op"
+    assert again.writes == 0 and again.changes == [], "a second pass is a no-op"
     assert again.checked >= 7
 
 
