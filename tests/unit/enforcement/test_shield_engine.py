@@ -14,18 +14,13 @@ from pathlib import Path
 import pytest
 
 from corepin.core.cpuset import CPUSet
+from corepin.enforcement.affinity import KernelAffinity, StandInAffinity, kernel_proc
 from corepin.enforcement.cgroups import CgroupDriver, CgroupV1
 from corepin.enforcement.faketree import make_fake_v1, make_fake_v2
-from corepin.enforcement.shield.engine import (
-    KernelAffinity,
-    ShieldEngine,
-    StandInAffinity,
-    confine,
-    kernel_proc,
-    plan_irqs,
-    plan_kernel_threads,
-    read_irqs,
-)
+from corepin.enforcement.shield.engine import ShieldEngine
+from corepin.enforcement.shield.irqs import plan_irqs, read_irqs
+from corepin.enforcement.shield.kthreads import plan_kernel_threads
+from corepin.enforcement.shield.scope import confine
 from corepin.state.shield import RestrictedGroup, ShieldRecord
 from corepin.sysfs.procfs import read_stat
 from corepin.testing.proc_tree import PF_KTHREAD, PF_NO_SETAFFINITY, ProcTree
@@ -114,13 +109,13 @@ def test_on_moves_the_unmanaged_tasks_of_the_scope_and_leaves_managed_ones(host:
 def test_a_pid_that_was_recycled_between_scan_and_move_is_not_moved(host: Host) -> None:
     host.task(100, "scope")
     host.task(101, "scope")
-    scanned = host.engine._table()
+    scanned = host.engine.tree.table()
     # 101 exits and its pid comes back with another start time before the move
     host.proc.add(101, "other", start=99999, cpus=ALL, cgroup="/scope")
-    assert not host.engine._move("scope/other", 101, scanned[101].start_time, [])
+    assert not host.engine.tree.move("scope/other", 101, scanned[101].start_time, [])
     host.driver.create("scope/other")
-    assert not host.engine._move("scope/other", 101, scanned[101].start_time, [])
-    assert host.engine._move("scope/other", 100, scanned[100].start_time, [])
+    assert not host.engine.tree.move("scope/other", 101, scanned[101].start_time, [])
+    assert host.engine.tree.move("scope/other", 100, scanned[100].start_time, [])
     assert host.procs("scope/other") == [100]
 
 
@@ -246,7 +241,7 @@ def test_cgroup_v2_enables_cpuset_for_the_scope_and_restores_inheritance(tmp_pat
     host = Host(tmp_path, 2)
     # a service's group; cpuset is not on for the scope's children yet (no +cpuset), so its
     # cpuset.cpus is empty: it inherits the scope's CPUs
-    host.engine._make_v2_group("scope/svc")
+    host.engine.tree.make_v2_group("scope/svc")
     host.task(100, "scope/svc")
     rec = host.engine.on(record(version=2), C("0-1"), {}).record
     assert rec is not None

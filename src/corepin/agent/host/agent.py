@@ -809,7 +809,7 @@ class HostAgent:
         exclusive: int | None,
         runtime: str | None = None,
         options: Mapping[str, str] | None = None,
-        kubepods: str = "kubepods",
+        kubepods: str | None = None,
     ) -> Assignment:
         """Find a running container's cgroup in the kubelet layouts (below `kubepods`), allocate
         for it and write its cpuset: exclusive CPUs, or the shared pool when `exclusive` is None.
@@ -819,10 +819,11 @@ class HostAgent:
         """
         from corepin.core.errors import EnvironmentProblem
         from corepin.core.ids import validate_container_id
-        from corepin.enforcement.layout import find_container_cgroup
+        from corepin.enforcement.layout import KUBEPODS, find_container_cgroup
         from corepin.state.model import Assignment
         from corepin.state.owners import ContainerOwner
 
+        kubepods = KUBEPODS if kubepods is None else kubepods
         ident = validate_container_id(container_id, runtime or "generic")
         driver = self.pinner.driver
         if driver is None:

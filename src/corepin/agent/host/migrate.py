@@ -37,6 +37,7 @@ from corepin.core.errors import (
     StateError,
     StateFormatError,
 )
+from corepin.core.ids import QOS_CLASSES
 from corepin.core.record import replace
 
 if TYPE_CHECKING:
@@ -49,7 +50,6 @@ if TYPE_CHECKING:
 #: policies whose checkpoints can be imported
 STATIC_POLICY: Final = "static"
 NONE_POLICY: Final = "none"
-_QOS: Final = ("guaranteed", "burstable", "besteffort")
 
 
 @dataclass(frozen=True, slots=True)
@@ -180,7 +180,7 @@ def _pod_cgroups(driver: CgroupDriver, pod_uid: str) -> list[str]:
 
     found = []
     for layout in Layout:
-        for qos in _QOS:
+        for qos in QOS_CLASSES:
             path = pod_cgroup_path(layout, qos, pod_uid)
             if driver.exists(path):
                 found.append(path)
@@ -189,16 +189,14 @@ def _pod_cgroups(driver: CgroupDriver, pod_uid: str) -> list[str]:
 
 def find_cgroup(driver: CgroupDriver, a: Assignment) -> str | None:
     """The cgroup of the container an imported assignment belongs to, or None."""
-    from corepin.enforcement.layout import find_container_cgroup
+    from corepin.enforcement.layout import KUBELET_PARENTS, find_container_cgroup
 
     owner = a.container
     if owner is None:
         return None
     try:
         if owner.container_id:
-            return find_container_cgroup(
-                driver.root, owner.container_id, under=("kubepods", "kubepods.slice")
-            )
+            return find_container_cgroup(driver.root, owner.container_id, under=KUBELET_PARENTS)
         if not owner.container:
             return None  # pod-level CPUs: no single container cgroup holds them
         matches = []

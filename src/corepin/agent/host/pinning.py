@@ -48,9 +48,6 @@ if TYPE_CHECKING:
     from corepin.state.model import Assignment
     from corepin.topology.model import Topology
 
-#: first path components of the kubelet's pod cgroups (cgroupfs and systemd drivers)
-KUBELET_PARENTS = ("kubepods", "kubepods.slice")
-
 
 def usable_hierarchy(driver: CgroupDriver) -> CgroupDriver:
     """`driver` when its hierarchy is there and carries the cpuset controller; CgroupError
@@ -180,8 +177,10 @@ class Pinner:
             except IdError:
                 return None
             return rel if rel in own else None
-        if a.container is not None and parts and parts[0] in KUBELET_PARENTS and len(parts) > 1:
-            return rel
+        if a.container is not None and parts and len(parts) > 1:
+            from corepin.enforcement.layout import KUBELET_PARENTS  # (not on a run's way)
+
+            return rel if parts[0] in KUBELET_PARENTS else None
         return None
 
     @property

@@ -56,6 +56,7 @@ from corepin.agent.node.sync import (
 from corepin.agent.ports import StateFeed
 from corepin.core.cpuset import CPUSet
 from corepin.core.errors import CorepinError, EnvironmentProblem
+from corepin.core.ids import QOS_CLASSES
 from corepin.core.record import record
 from corepin.kube.models import LABEL_MANAGED_BY
 
@@ -629,6 +630,7 @@ class NodeAgent:
 
     def _system_shield(self) -> Any:
         from corepin.enforcement.cgroups import CgroupV1
+        from corepin.enforcement.layout import KUBELET_PARENTS
         from corepin.enforcement.shield.control import HOST_EXCLUDED, Shield
 
         if self._shield_engine is None:
@@ -636,7 +638,7 @@ class NodeAgent:
             if isinstance(driver, CgroupV1):  # the cpuset hierarchy alone, not the cpu one
                 driver = CgroupV1(driver.root, None, fake_tree=driver.fake_tree)
             root = self.cgroups.kubelet_root
-            kube = tuple(f"{root}/{k}" if root else k for k in ("kubepods", "kubepods.slice"))
+            kube = tuple(f"{root}/{k}" if root else k for k in KUBELET_PARENTS)
             self._shield_engine = Shield(
                 cgroup_root=self.settings.cgroup_root,
                 proc_root=self.settings.proc_root,
@@ -1084,7 +1086,7 @@ class NodeAgent:
             self._told.pop(told, None)
         for seen in [k for k in self._seen_running if k[0] == uid]:
             self._seen_running.pop(seen, None)
-        for qos in ("guaranteed", "burstable", "besteffort"):
+        for qos in QOS_CLASSES:
             try:
                 self.cgroups.driver.forget(self.cgroups.pod_path(qos, uid))
             except CorepinError:

@@ -23,6 +23,7 @@ from typing import TYPE_CHECKING
 
 from corepin.core.cpuset import CPUSet
 from corepin.core.errors import CorepinError
+from corepin.enforcement.layout import KUBEPODS, KUBEPODS_SLICE
 
 if TYPE_CHECKING:
     from corepin.enforcement.cgroups import CgroupDriver, CpuQuota
@@ -62,7 +63,7 @@ class ContainerCgroups:
     def layout(self) -> str:
         """cgroupfs or systemd: as configured, else what exists below the kubelet root."""
         if self._layout == "auto":
-            systemd = self._join("kubepods.slice")
+            systemd = self._join(KUBEPODS_SLICE)
             self._layout = "systemd" if self.driver.exists(systemd) else "cgroupfs"
         return self._layout
 
@@ -71,7 +72,7 @@ class ContainerCgroups:
 
     @property
     def kubepods(self) -> str:
-        return self._join("kubepods.slice" if self.layout == "systemd" else "kubepods")
+        return self._join(KUBEPODS_SLICE if self.layout == "systemd" else KUBEPODS)
 
     def pod_path(self, qos: str, pod_uid: str) -> str:
         from corepin.enforcement.layout import pod_cgroup_path
