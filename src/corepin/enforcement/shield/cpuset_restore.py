@@ -246,7 +246,7 @@ class CpusetRestore:
                         except ProcessGone:
                             continue
                     origin = record.origin_of(pid, st.start_time)
-                    home = origin if origin is not None and self._home_ok(origin) else None
+                    home = origin if origin is not None and drv.exists(origin) else None
                     if home is None:
                         home = record.scope
                     if home == record.scope and not scope_too:
@@ -256,10 +256,6 @@ class CpusetRestore:
                 if not scope_too:
                     break
         return back
-
-    def _home_ok(self, path: str) -> bool:
-        drv = self.tree.drv
-        return drv.exists(path)
 
     def _unrestrict(self, record: ShieldRecord, system: CPUSet, notes: list[Note]) -> ShieldRecord:
         """Put back the original CPUs of the groups narrowed in place, parents first; a group
