@@ -24,6 +24,7 @@ from typing import TYPE_CHECKING
 from corepin.core.cpuset import CPUSet
 from corepin.core.errors import CorepinError
 from corepin.enforcement.layout import KUBEPODS, KUBEPODS_SLICE
+from corepin.enforcement.wanted import cpus_and_mems
 
 if TYPE_CHECKING:
     from corepin.enforcement.cgroups import CgroupDriver, CpuQuota
@@ -99,13 +100,6 @@ class ContainerCgroups:
             return None
 
     # ------------------------------------------------------------------ targets
-    def wanted(self, a: Assignment, pool: CPUSet) -> tuple[CPUSet, CPUSet]:
-        """(cpuset.cpus, cpuset.mems) of a container assignment given the shared pool."""
-        cpus = a.affinity(pool)
-        if a.kind in ("exclusive", "share"):
-            return cpus, a.mems or self.topology.mems_of(cpus)
-        return cpus, self._all_mems
-
     def targets(
         self,
         state: HostState,
@@ -125,7 +119,7 @@ class ContainerCgroups:
             if a.container is None or path is None or path in seen:
                 continue
             seen.add(path)
-            cpus, mems = self.wanted(a, pool)
+            cpus, mems = cpus_and_mems(a, pool, self.topology, pool_mems=self._all_mems)
             if not cpus:
                 continue
             out.append(
