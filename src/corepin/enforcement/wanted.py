@@ -17,7 +17,7 @@ from typing import TYPE_CHECKING
 
 from corepin.core.cpuset import CPUSet
 
-if TYPE_CHECKING:  # (values passed in: nothing to load on `corepin run`'s way)
+if TYPE_CHECKING:
     from corepin.state.model import Assignment
     from corepin.topology.model import Topology
 

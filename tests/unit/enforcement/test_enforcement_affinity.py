@@ -17,7 +17,12 @@ import pytest
 
 from corepin.core.cpuset import CPUSet
 from corepin.core.errors import InputError
-from corepin.enforcement.affinity import get_affinity, pin_process_tree, set_affinity
+from corepin.enforcement.affinity import (
+    AffinityError,
+    get_affinity,
+    pin_process_tree,
+    set_affinity,
+)
 from corepin.enforcement.reconcile import ProcessTarget, reconcile
 from corepin.sysfs.procfs import (
     ProcessGone,
@@ -168,8 +173,6 @@ def test_empty_cpus_are_an_input_error() -> None:
 
 
 def test_cpus_the_machine_lacks_are_refused_with_a_clear_reason() -> None:
-    from corepin.enforcement.affinity import AffinityError
-
     proc = subprocess.Popen(["sleep", "30"])
     try:
         with pytest.raises(AffinityError) as info:

@@ -14,7 +14,13 @@ from pathlib import Path
 import pytest
 
 from corepin.core.cpuset import CPUSet
-from corepin.enforcement.affinity import KernelAffinity, StandInAffinity, kernel_proc
+from corepin.core.errors import EnvironmentProblem
+from corepin.enforcement.affinity import (
+    AffinityError,
+    KernelAffinity,
+    StandInAffinity,
+    kernel_proc,
+)
 from corepin.enforcement.cgroups import CgroupDriver, CgroupV1
 from corepin.enforcement.faketree import make_fake_v1, make_fake_v2
 from corepin.enforcement.shield.engine import ShieldEngine
@@ -22,8 +28,8 @@ from corepin.enforcement.shield.irqs import plan_irqs, read_irqs
 from corepin.enforcement.shield.kthreads import plan_kernel_threads
 from corepin.enforcement.shield.scope import confine
 from corepin.state.shield import RestrictedGroup, ShieldRecord
-from corepin.sysfs.procfs import read_stat
-from corepin.testing.proc_tree import PF_KTHREAD, PF_NO_SETAFFINITY, ProcTree
+from corepin.sysfs.procfs import parse_stat, read_stat
+from corepin.testing.proc_tree import PF_KTHREAD, PF_NO_SETAFFINITY, ProcTree, stat_line
 
 C = CPUSet.parse
 ALL = C("0-3")
@@ -220,8 +226,6 @@ def test_off_puts_everything_back_and_keeps_what_someone_changed_since(host: Hos
 
 
 def test_a_second_shield_on_the_same_scope_is_refused(host: Host) -> None:
-    from corepin.core.errors import EnvironmentProblem
-
     host.engine.on(record(version=host.version), C("0-1"), {})
     with pytest.raises(EnvironmentProblem) as info:
         host.engine.on(record(version=host.version), C("0-1"), {})
@@ -229,8 +233,6 @@ def test_a_second_shield_on_the_same_scope_is_refused(host: Host) -> None:
 
 
 def test_an_empty_system_set_is_refused(host: Host) -> None:
-    from corepin.core.errors import EnvironmentProblem
-
     with pytest.raises(EnvironmentProblem) as info:
         host.engine.on(record(version=host.version), CPUSet(), {})
     assert info.value.reason == "system_set_empty"
@@ -313,9 +315,6 @@ def kthreads(tree: ProcTree) -> None:
 
 
 def test_kernel_thread_plan_skips_per_cpu_and_irq_threads() -> None:
-    from corepin.sysfs.procfs import parse_stat
-    from corepin.testing.proc_tree import stat_line
-
     def st(pid: int, comm: str, flags: int) -> object:
         return parse_stat(stat_line(pid, comm, start=pid, flags=flags))
 
@@ -414,8 +413,6 @@ def test_irqs_move_refusals_are_reported_and_off_restores(tmp_path: Path) -> Non
 
 
 def test_the_stand_in_refuses_per_cpu_threads_as_the_kernel_does(tmp_path: Path) -> None:
-    from corepin.enforcement.affinity import AffinityError
-
     tree = ProcTree(tmp_path / "proc")
     kthreads(tree)
     stand_in = StandInAffinity(str(tree.root))
