@@ -160,7 +160,7 @@ class KernelAffinity:
 
     def get(self, pid: int, tid: int) -> CPUSet:
         try:
-            return CPUSet(os.sched_getaffinity(tid))
+            return get_affinity(tid)
         except ProcessLookupError:
             raise ProcessGone(tid, f"{os.fspath(self.proc_root)}/{pid}/task/{tid}") from None
 
