@@ -44,6 +44,9 @@ from corepin.core.ids import (
 )
 
 __all__ = [
+    "KUBELET_PARENTS",
+    "KUBEPODS",
+    "KUBEPODS_SLICE",
     "Layout",
     "container_cgroup_path",
     "container_dir_name",
@@ -54,6 +57,14 @@ __all__ = [
     "pod_cgroup_path",
     "qos_cgroup_path",
 ]
+
+
+#: The kubelet's parent group of every pod with the cgroupfs driver (QoS groups below it).
+KUBEPODS: Final = "kubepods"
+#: The same with the systemd driver.
+KUBEPODS_SLICE: Final = "kubepods.slice"
+#: Both: the first component of every pod's cgroup, whichever driver made it.
+KUBELET_PARENTS: Final = (KUBEPODS, KUBEPODS_SLICE)
 
 
 class Layout(StrEnum):
@@ -88,7 +99,7 @@ def _cgroup_root(cgroup_root: str) -> list[str]:
 
 
 def qos_cgroup_path(
-    layout: Layout | str, qos: str, *, cgroup_root: str = "", kubepods: str = "kubepods"
+    layout: Layout | str, qos: str, *, cgroup_root: str = "", kubepods: str = KUBEPODS
 ) -> str:
     """The QoS-level cgroup (`kubepods` itself for Guaranteed pods)."""
     kind = Layout.parse(layout)
@@ -108,7 +119,7 @@ def pod_cgroup_path(
     pod_uid: str,
     *,
     cgroup_root: str = "",
-    kubepods: str = "kubepods",
+    kubepods: str = KUBEPODS,
 ) -> str:
     """The pod-level cgroup of a pod, relative to the hierarchy root."""
     kind = Layout.parse(layout)
@@ -157,7 +168,7 @@ def container_cgroup_path(
     container_id: str,
     *,
     cgroup_root: str = "",
-    kubepods: str = "kubepods",
+    kubepods: str = KUBEPODS,
 ) -> str:
     """A container's cgroup, relative to the hierarchy root; every component validated.
 

@@ -33,14 +33,14 @@ from typing import Any
 from corepin.core.cpuset import CPUSet
 from corepin.core.errors import CgroupError, CorepinError, InputError
 from corepin.core.ids import split_cgroup_path, validate_pid
-from corepin.core.record import field, record
+from corepin.core.record import field, record, replace
 from corepin.enforcement.cgroups import CgroupDriver, CpuQuota
+from corepin.enforcement.note import Change
 from corepin.sysfs.procfs import ProcessGone, ProcessGroup, process_table
 from corepin.topology.model import Topology
 
 __all__ = [
     "CgroupTarget",
-    "Change",
     "ProcessTarget",
     "ReconcileReport",
     "Reconciler",
@@ -79,29 +79,14 @@ class ProcessTarget:
         return ProcessGroup(self.pid, self.start_time, self.session, self.members)
 
 
-@record
-class Change:
-    """One write (or, in a dry run, one write that would happen)."""
-
-    what: str  # mkdir | cpuset.cpus | cpuset.mems | cpu.max | cpu.cfs_quota_us | affinity
-    path: str  # relative cgroup path, or "pid <pid> tid <tid>"
-    old: str
-    new: str
-    why: str = "target"  # target | widen-ancestor | widen-first | shrink-child | create
-    owner: str = ""  # the target's owner, for affinity changes
-
-    def to_json(self) -> dict[str, str]:
-        return {
-            "what": self.what,
-            "path": self.path,
-            "old": self.old,
-            "new": self.new,
-            "why": self.why,
-        }
-
-
 @record(frozen=False, slots=False)
 class ReconcileReport:
+    """What one reconcile pass did: every write as a `Change`, how many writes and targets, the
+    targets whose group is missing or whose processes are gone, the errors. Not a list of
+    `Note`s: the changes keep their old and new values and the order's reason, which the
+    callers (host pinning, the node agent, the shield on cgroup v1) put into words of their
+    own; not a `ShieldResult`: there is no record to carry."""
+
     changes: list[Change] = field(default_factory=list)
     writes: int = 0
     checked: int = 0
@@ -211,7 +196,7 @@ class Reconciler:
             self._reconcile_cgroups(self.cgroups, cgroup_targets, report)
             report.writes += self.cgroups.writes - start
         if process_targets:
-            self._reconcile_processes(process_targets, report)
+            _pin_processes(process_targets, report, self.proc_root)
         return report
 
     # ------------------------------------------------------------------ validation
@@ -496,67 +481,46 @@ class Reconciler:
             except CorepinError as err:
                 report.errors.append(err)
 
-    # ------------------------------------------------------------------ processes
-    def _reconcile_processes(
-        self, targets: Sequence[ProcessTarget], report: ReconcileReport
-    ) -> None:
-        # loaded here: `corepin run` reconciles only its new cgroup on its way to CMD
-        from corepin.enforcement.affinity import (
-            AffinityError,
-            pin_process_group,
-            pin_process_tree,
-        )
 
-        table = process_table(self.proc_root)
-        for target in targets:
-            report.checked += 1
-            try:
-                if target.include_descendants:
-                    result = pin_process_group(
-                        target.group,
-                        target.cpus,
-                        proc_root=self.proc_root,
-                        allow_within=target.allow_within,
-                        table=table,
-                        dry_run=report.dry_run,
-                    )
-                else:
-                    result = pin_process_tree(
-                        target.pid,
-                        target.cpus,
-                        start_time=target.start_time,
-                        proc_root=self.proc_root,
-                        include_descendants=False,
-                        dry_run=report.dry_run,
-                    )
-            except ProcessGone:
-                report.gone.append(target)
-                continue
-            except AffinityError as err:
-                report.errors.append(err)
-                continue
-            report.writes += result.writes
-            for change in result.changed:
-                report.changes.append(
-                    Change(
-                        "affinity",
-                        f"pid {change.pid} tid {change.tid}",
-                        str(change.old),
-                        str(change.new),
-                        owner=target.owner,
-                    )
+def _pin_processes(
+    targets: Sequence[ProcessTarget], report: ReconcileReport, proc_root: str | os.PathLike[str]
+) -> None:
+    """Pin the process targets through the thread-affinity seam; their changes and errors go
+    into `report`, the targets whose processes are all gone into `report.gone`."""
+    # loaded here: `corepin run` reconciles only its new cgroup on its way to CMD
+    from corepin.enforcement.affinity import AffinityError, pin_process_group, pin_process_tree
+
+    table = process_table(proc_root)
+    for target in targets:
+        report.checked += 1
+        try:
+            if target.include_descendants:
+                result = pin_process_group(
+                    target.group,
+                    target.cpus,
+                    proc_root=proc_root,
+                    allow_within=target.allow_within,
+                    table=table,
+                    dry_run=report.dry_run,
                 )
-            for narrowed in result.restricted:
-                report.errors.append(
-                    AffinityError(
-                        narrowed.pid,
-                        narrowed.tid,
-                        narrowed.old,
-                        f"the kernel narrowed it to {narrowed.new}: the thread's cpuset cgroup "
-                        "does not allow all of these CPUs",
-                        reason="affinity_restricted",
-                    )
+            else:
+                result = pin_process_tree(
+                    target.pid,
+                    target.cpus,
+                    start_time=target.start_time,
+                    proc_root=proc_root,
+                    include_descendants=False,
+                    dry_run=report.dry_run,
                 )
+        except ProcessGone:
+            report.gone.append(target)
+            continue
+        except AffinityError as err:
+            report.errors.append(err)
+            continue
+        report.writes += result.writes
+        report.changes.extend(replace(c, owner=target.owner) for c in result.changes)
+        report.errors.extend(result.restricted)
 
 
 def reconcile(

@@ -20,7 +20,13 @@ group's schemata and never assumed contiguous. A bit mask must be non-zero, with
 `info/L3/sparse_masks` is 1.
 
 Idempotent like the cgroup drivers: read the class's schemata, write only the domains that
-differ; tasks already in the class are not written again.
+differ; tasks already in the class are not written again. Every write is reported as a
+`corepin.enforcement.note.Change` (`mkdir`, `schemata`, `tasks`), as the reconcile engine
+reports its own.
+
+Reached only from its tests for now: it is kept because node QoS (cache and memory-bandwidth
+classes per QoS class, on a host and on a node) builds on it; what nothing was going to use
+(an L2 comparison for lines it never writes, an unused return value) is gone.
 """
 
 from __future__ import annotations
@@ -34,7 +40,7 @@ from typing import Final
 
 from corepin.core.errors import EnvironmentProblem, InputError
 from corepin.core.ids import IdError, validate_component, validate_pid
-from corepin.enforcement.reconcile import Change
+from corepin.enforcement.note import Change
 
 __all__ = [
     "ResctrlError",
@@ -298,10 +304,9 @@ class ResctrlWriter:
             ) from err
         self.writes += 1
 
-    def _mkdir(self, name: str) -> bool:
+    def _mkdir(self, name: str) -> None:
+        """Create class `name` (ResctrlError naming the limit when no CLOSID is free)."""
         path = self._group(name)
-        if path.is_dir():
-            return False
         info = self.info
         try:
             if self.fake_tree and info.num_closids and len(self.classes()) + 1 >= info.num_closids:
@@ -320,7 +325,6 @@ class ResctrlWriter:
             # the kernel gives a new group the default (root) schemata and an empty task list
             (path / "schemata").write_text(_read(self.root / "schemata") + "\n")
             (path / "tasks").write_text("")
-        return True
 
     def ensure_class(
         self,
@@ -426,7 +430,7 @@ class ResctrlWriter:
 def _same(resource: str, have: str | None, want: str) -> bool:
     if have is None:
         return False
-    if resource.startswith("L3") or resource.startswith("L2"):
+    if resource.startswith("L3"):
         try:
             return int(have, 16) == int(want, 16)
         except ValueError:

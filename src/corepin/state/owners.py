@@ -24,13 +24,12 @@ characters; the labels `name` and `command` may, and every output escapes them.
 from __future__ import annotations
 
 from collections.abc import Mapping
-from typing import Any, ClassVar, Final
+from typing import Any, ClassVar
 
 from corepin.core.errors import RequestError
+from corepin.core.ids import QOS_CLASSES
 from corepin.core.record import fields as record_fields
 from corepin.core.record import record
-
-QOS_CLASSES: Final = ("guaranteed", "burstable", "besteffort")
 
 
 def _check_text(

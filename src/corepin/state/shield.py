@@ -184,7 +184,7 @@ class ShieldRecord:
                 return task.origin
         return None
 
-    def evolve(self, **changes: Any) -> ShieldRecord:
+    def evolve(self, **changes: object) -> ShieldRecord:
         return replace(self, **changes)
 
     # ------------------------------------------------------------------ checkpoint form

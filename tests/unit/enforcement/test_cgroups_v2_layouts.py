@@ -15,7 +15,8 @@ import pytest
 
 from corepin.core.cpuset import CPUSet
 from corepin.core.errors import CgroupError
-from corepin.enforcement.cgroups import CgroupV2, _processes_of
+from corepin.enforcement.cgroups import CgroupV2
+from corepin.enforcement.cgroups.driver import processes_of
 from corepin.enforcement.faketree import make_fake_v2
 from corepin.enforcement.reconcile import CgroupTarget, Reconciler
 
@@ -76,7 +77,7 @@ def test_the_processes_of_threads_are_their_thread_groups() -> None:
     try:
         started.wait(10)
         me = str(threading.get_native_id())
-        got = _processes_of([str(tids[0]), me, "999999999"])
+        got = processes_of([str(tids[0]), me, "999999999"])
     finally:
         stop.set()
         worker.join()

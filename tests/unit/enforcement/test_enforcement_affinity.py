@@ -17,7 +17,12 @@ import pytest
 
 from corepin.core.cpuset import CPUSet
 from corepin.core.errors import InputError
-from corepin.enforcement.affinity import get_affinity, pin_process_tree, set_affinity
+from corepin.enforcement.affinity import (
+    AffinityError,
+    get_affinity,
+    pin_process_tree,
+    set_affinity,
+)
 from corepin.enforcement.reconcile import ProcessTarget, reconcile
 from corepin.sysfs.procfs import (
     ProcessGone,
@@ -81,9 +86,9 @@ def test_every_thread_of_parent_and_child_gets_the_cpus(tree: tuple[int, int]) -
     assert len(threads) >= 7, "parent: main + 3 threads, child: main + 2 threads"
     for pid, tid in threads:
         assert cpus_allowed_list(pid, tid=tid) == want, f"thread {tid} of {pid} in /proc"
-    assert len(result.changed) >= 7 and result.writes == len(result.changed)
+    assert len(result.changes) >= 7 and result.writes == len(result.changes)
     again = pin_process_tree(parent, want)
-    assert again.writes == 0 and again.changed == [], "a second pass is a no-op"
+    assert again.writes == 0 and again.changes == [], "a second pass is a no-op"
     assert again.checked >= 7
 
 
@@ -168,8 +173,6 @@ def test_empty_cpus_are_an_input_error() -> None:
 
 
 def test_cpus_the_machine_lacks_are_refused_with_a_clear_reason() -> None:
-    from corepin.enforcement.affinity import AffinityError
-
     proc = subprocess.Popen(["sleep", "30"])
     try:
         with pytest.raises(AffinityError) as info:

@@ -14,10 +14,10 @@ from corepin.enforcement.cgroups import (
     CgroupV1,
     CgroupV2,
     CpuQuota,
-    _write_error,
     detect_mounts,
     open_cgroups,
 )
+from corepin.enforcement.cgroups.driver import write_error
 from corepin.enforcement.faketree import make_fake_v1, make_fake_v2
 
 ALL = CPUSet.parse("0-7")
@@ -112,7 +112,7 @@ def test_v1_refuses_cpus_the_machine_does_not_have(v1: CgroupV1) -> None:
     ],
 )
 def test_errno_mapping(code: int, at_open: bool, reason: str) -> None:
-    err = _write_error("/x/cpuset.cpus", "3", OSError(code, "boom"), at_open=at_open)
+    err = write_error("/x/cpuset.cpus", "3", OSError(code, "boom"), at_open=at_open)
     assert err.reason == reason
     assert "/x/cpuset.cpus" in str(err)
 

@@ -14,21 +14,22 @@ from pathlib import Path
 import pytest
 
 from corepin.core.cpuset import CPUSet
+from corepin.core.errors import EnvironmentProblem
+from corepin.enforcement.affinity import (
+    AffinityError,
+    KernelAffinity,
+    StandInAffinity,
+    kernel_proc,
+)
 from corepin.enforcement.cgroups import CgroupDriver, CgroupV1
 from corepin.enforcement.faketree import make_fake_v1, make_fake_v2
-from corepin.enforcement.shield.engine import (
-    KernelAffinity,
-    ShieldEngine,
-    StandInAffinity,
-    confine,
-    kernel_proc,
-    plan_irqs,
-    plan_kernel_threads,
-    read_irqs,
-)
+from corepin.enforcement.shield.engine import ShieldEngine
+from corepin.enforcement.shield.irqs import plan_irqs, read_irqs
+from corepin.enforcement.shield.kthreads import plan_kernel_threads
+from corepin.enforcement.shield.scope import confine
 from corepin.state.shield import RestrictedGroup, ShieldRecord
-from corepin.sysfs.procfs import read_stat
-from corepin.testing.proc_tree import PF_KTHREAD, PF_NO_SETAFFINITY, ProcTree
+from corepin.sysfs.procfs import parse_stat, read_stat
+from corepin.testing.proc_tree import PF_KTHREAD, PF_NO_SETAFFINITY, ProcTree, stat_line
 
 C = CPUSet.parse
 ALL = C("0-3")
@@ -114,13 +115,13 @@ def test_on_moves_the_unmanaged_tasks_of_the_scope_and_leaves_managed_ones(host:
 def test_a_pid_that_was_recycled_between_scan_and_move_is_not_moved(host: Host) -> None:
     host.task(100, "scope")
     host.task(101, "scope")
-    scanned = host.engine._table()
+    scanned = host.engine.tree.table()
     # 101 exits and its pid comes back with another start time before the move
     host.proc.add(101, "other", start=99999, cpus=ALL, cgroup="/scope")
-    assert not host.engine._move("scope/other", 101, scanned[101].start_time, [])
+    assert not host.engine.tree.move("scope/other", 101, scanned[101].start_time, [])
     host.driver.create("scope/other")
-    assert not host.engine._move("scope/other", 101, scanned[101].start_time, [])
-    assert host.engine._move("scope/other", 100, scanned[100].start_time, [])
+    assert not host.engine.tree.move("scope/other", 101, scanned[101].start_time, [])
+    assert host.engine.tree.move("scope/other", 100, scanned[100].start_time, [])
     assert host.procs("scope/other") == [100]
 
 
@@ -225,8 +226,6 @@ def test_off_puts_everything_back_and_keeps_what_someone_changed_since(host: Hos
 
 
 def test_a_second_shield_on_the_same_scope_is_refused(host: Host) -> None:
-    from corepin.core.errors import EnvironmentProblem
-
     host.engine.on(record(version=host.version), C("0-1"), {})
     with pytest.raises(EnvironmentProblem) as info:
         host.engine.on(record(version=host.version), C("0-1"), {})
@@ -234,8 +233,6 @@ def test_a_second_shield_on_the_same_scope_is_refused(host: Host) -> None:
 
 
 def test_an_empty_system_set_is_refused(host: Host) -> None:
-    from corepin.core.errors import EnvironmentProblem
-
     with pytest.raises(EnvironmentProblem) as info:
         host.engine.on(record(version=host.version), CPUSet(), {})
     assert info.value.reason == "system_set_empty"
@@ -246,7 +243,7 @@ def test_cgroup_v2_enables_cpuset_for_the_scope_and_restores_inheritance(tmp_pat
     host = Host(tmp_path, 2)
     # a service's group; cpuset is not on for the scope's children yet (no +cpuset), so its
     # cpuset.cpus is empty: it inherits the scope's CPUs
-    host.engine._make_v2_group("scope/svc")
+    host.engine.tree.make_v2_group("scope/svc")
     host.task(100, "scope/svc")
     rec = host.engine.on(record(version=2), C("0-1"), {}).record
     assert rec is not None
@@ -318,9 +315,6 @@ def kthreads(tree: ProcTree) -> None:
 
 
 def test_kernel_thread_plan_skips_per_cpu_and_irq_threads() -> None:
-    from corepin.sysfs.procfs import parse_stat
-    from corepin.testing.proc_tree import stat_line
-
     def st(pid: int, comm: str, flags: int) -> object:
         return parse_stat(stat_line(pid, comm, start=pid, flags=flags))
 
@@ -419,8 +413,6 @@ def test_irqs_move_refusals_are_reported_and_off_restores(tmp_path: Path) -> Non
 
 
 def test_the_stand_in_refuses_per_cpu_threads_as_the_kernel_does(tmp_path: Path) -> None:
-    from corepin.enforcement.affinity import AffinityError
-
     tree = ProcTree(tmp_path / "proc")
     kthreads(tree)
     stand_in = StandInAffinity(str(tree.root))

@@ -18,7 +18,7 @@ from corepin.core.cpuset import CPUSet
 from corepin.core.errors import EnvironmentProblem, InputError
 from corepin.core.ids import validate_container_id
 from corepin.core.text import printable
-from corepin.enforcement.layout import find_container_cgroup
+from corepin.enforcement.layout import KUBEPODS, find_container_cgroup
 from corepin.enforcement.shield.control import process_owners
 from corepin.state.model import Assignment
 from corepin.state.owners import ContainerOwner, ProcessOwner
@@ -32,7 +32,7 @@ def pin_container(
     exclusive: int | None,
     runtime: str | None = None,
     options: Mapping[str, str] | None = None,
-    kubepods: str = "kubepods",
+    kubepods: str = KUBEPODS,
 ) -> Assignment:
     """Find a running container's cgroup in the kubelet layouts (below `kubepods`), allocate
     for it and write its cpuset: exclusive CPUs, or the shared pool when `exclusive` is None.

@@ -29,7 +29,7 @@ from __future__ import annotations
 
 import time
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING, Any, Final
+from typing import TYPE_CHECKING, Any
 
 from corepin.agent.host.pinning import usable_hierarchy
 from corepin.core.cpuset import CPUSet
@@ -39,9 +39,15 @@ from corepin.core.errors import (
     StateError,
     StateFormatError,
 )
+from corepin.core.ids import QOS_CLASSES
 from corepin.core.record import replace
 from corepin.enforcement.cgroups import open_cpuset_hierarchy
-from corepin.enforcement.layout import Layout, find_container_cgroup, pod_cgroup_path
+from corepin.enforcement.layout import (
+    KUBELET_PARENTS,
+    Layout,
+    find_container_cgroup,
+    pod_cgroup_path,
+)
 from corepin.state.kubelet import convert, read_for_import
 from corepin.state.store import StateStore
 from corepin.state.validate import validate
@@ -52,8 +58,6 @@ if TYPE_CHECKING:
     from corepin.state.kubelet import KubeletCheckpoint
     from corepin.state.model import Assignment, HostState
     from corepin.topology.model import Topology
-
-_QOS: Final = ("guaranteed", "burstable", "besteffort")
 
 
 @dataclass(frozen=True, slots=True)
@@ -122,7 +126,7 @@ def open_cgroup_driver(settings: HostSettings) -> CgroupDriver | None:
 def _pod_cgroups(driver: CgroupDriver, pod_uid: str) -> list[str]:
     found = []
     for layout in Layout:
-        for qos in _QOS:
+        for qos in QOS_CLASSES:
             path = pod_cgroup_path(layout, qos, pod_uid)
             if driver.exists(path):
                 found.append(path)
@@ -136,9 +140,7 @@ def find_cgroup(driver: CgroupDriver, a: Assignment) -> str | None:
         return None
     try:
         if owner.container_id:
-            return find_container_cgroup(
-                driver.root, owner.container_id, under=("kubepods", "kubepods.slice")
-            )
+            return find_container_cgroup(driver.root, owner.container_id, under=KUBELET_PARENTS)
         if not owner.container:
             return None  # pod-level CPUs: no single container cgroup holds them
         matches = []

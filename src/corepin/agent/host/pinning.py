@@ -48,9 +48,6 @@ if TYPE_CHECKING:
     from corepin.state.model import Assignment
     from corepin.topology.model import Topology
 
-#: first path components of the kubelet's pod cgroups (cgroupfs and systemd drivers)
-KUBELET_PARENTS = ("kubepods", "kubepods.slice")
-
 
 def usable_hierarchy(driver: CgroupDriver) -> CgroupDriver:
     """`driver` when its hierarchy is there and carries the cpuset controller; CgroupError
@@ -180,8 +177,10 @@ class Pinner:
             except IdError:
                 return None
             return rel if rel in own else None
-        if a.container is not None and parts and parts[0] in KUBELET_PARENTS and len(parts) > 1:
-            return rel
+        if a.container is not None and parts and len(parts) > 1:
+            from corepin.enforcement.layout import KUBELET_PARENTS  # (not on a run's way)
+
+            return rel if parts[0] in KUBELET_PARENTS else None
         return None
 
     @property
@@ -231,14 +230,6 @@ class Pinner:
             return [] if not view.exists(path) else None
 
     # ------------------------------------------------------------------ assignments
-    def wanted(self, a: Assignment, pool: CPUSet) -> tuple[CPUSet, CPUSet]:
-        """(affinity, mems) an assignment should have with shared pool `pool`."""
-        cpus = a.affinity(pool)
-        if a.kind in ("exclusive", "share") and a.mems:
-            return cpus, a.mems
-        # the nodes of its CPUs, and those of a memory policy it asked for (recorded mems)
-        return cpus, self.topology.mems_of(cpus) | a.mems
-
     def prepare(self, path: str, cpus: CPUSet, mems: CPUSet) -> str:
         """Create a run's cgroup with its CPUs and nodes; the file a new, single-threaded
         process writes to join it (see `corepin.agent.host.launch`): on a cgroup v1 hierarchy its
@@ -329,8 +320,9 @@ class Pinner:
     ) -> tuple[CgroupTarget | None, ProcessTarget | None]:
         """The enforcement targets of one assignment: its trusted cgroup and its processes."""
         from corepin.enforcement.reconcile import CgroupTarget, ProcessTarget
+        from corepin.enforcement.wanted import cpus_and_mems
 
-        cpus, mems = self.wanted(a, pool)
+        cpus, mems = cpus_and_mems(a, pool, self.topology)
         if not cpus:
             return None, None
         cgroup = None

@@ -10,7 +10,7 @@ from typing import TYPE_CHECKING, Any
 from corepin.agent.host.agent import HostAgent
 
 if TYPE_CHECKING:
-    from corepin.enforcement.shield.engine import ShieldResult
+    from corepin.enforcement.shield.result import ShieldResult
 
 
 def shield_on(host: HostAgent, *, scope: str, kthreads: bool, irqs: bool) -> ShieldResult:

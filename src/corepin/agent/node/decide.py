@@ -23,6 +23,7 @@ from corepin.agent.node.tell import Teller
 from corepin.agent.node.watches import Watches, pod_uid
 from corepin.allocation.types import Policy
 from corepin.core.errors import CorepinError
+from corepin.core.ids import QOS_CLASSES
 from corepin.core.record import record
 from corepin.kube.client import Obj
 from corepin.kube.models import ANN_CPU_POLICY_PREFIX
@@ -182,7 +183,7 @@ class Decider:
         self.teller.forget(uid)
         for seen in [k for k in self._seen_running if k[0] == uid]:
             self._seen_running.pop(seen, None)
-        for qos in ("guaranteed", "burstable", "besteffort"):
+        for qos in QOS_CLASSES:
             try:
                 self.cgroups.driver.forget(self.cgroups.pod_path(qos, uid))
             except CorepinError:

@@ -31,11 +31,14 @@ from corepin.core.quantity import parse_quantity
 from corepin.core.record import replace
 from corepin.enforcement.cgroups import CgroupDriver, CpuQuota, open_cpuset_hierarchy
 from corepin.enforcement.layout import (
+    KUBEPODS,
+    KUBEPODS_SLICE,
     container_cgroup_path,
     find_container_cgroup,
     pod_cgroup_path,
 )
 from corepin.enforcement.reconcile import CgroupTarget, Reconciler, ReconcileReport
+from corepin.enforcement.wanted import cpus_and_mems
 from corepin.kube.podplan import PodPlan
 from corepin.state.kubelet import KUBELET_POLICY
 from corepin.state.model import Assignment, HostState
@@ -85,7 +88,7 @@ class ContainerCgroups:
     def layout(self) -> str:
         """cgroupfs or systemd: as configured, else what exists below the kubelet root."""
         if self._layout == "auto":
-            systemd = self._join("kubepods.slice")
+            systemd = self._join(KUBEPODS_SLICE)
             self._layout = "systemd" if self.driver.exists(systemd) else "cgroupfs"
         return self._layout
 
@@ -94,7 +97,7 @@ class ContainerCgroups:
 
     @property
     def kubepods(self) -> str:
-        return self._join("kubepods.slice" if self.layout == "systemd" else "kubepods")
+        return self._join(KUBEPODS_SLICE if self.layout == "systemd" else KUBEPODS)
 
     def pod_path(self, qos: str, pod_uid: str) -> str:
         return pod_cgroup_path(self.layout, qos, pod_uid, cgroup_root=self.kubelet_root)
@@ -117,13 +120,6 @@ class ContainerCgroups:
             return None
 
     # ------------------------------------------------------------------ targets
-    def wanted(self, a: Assignment, pool: CPUSet) -> tuple[CPUSet, CPUSet]:
-        """(cpuset.cpus, cpuset.mems) of a container assignment given the shared pool."""
-        cpus = a.affinity(pool)
-        if a.kind in ("exclusive", "share"):
-            return cpus, a.mems or self.topology.mems_of(cpus)
-        return cpus, self._all_mems
-
     def targets(
         self,
         state: HostState,
@@ -141,7 +137,7 @@ class ContainerCgroups:
             if a.container is None or path is None or path in seen:
                 continue
             seen.add(path)
-            cpus, mems = self.wanted(a, pool)
+            cpus, mems = cpus_and_mems(a, pool, self.topology, pool_mems=self._all_mems)
             if not cpus:
                 continue
             out.append(

@@ -15,6 +15,7 @@ from corepin.agent.node.enforce import ContainerCgroups
 from corepin.agent.node.settings import NodeSettings
 from corepin.core.errors import CorepinError
 from corepin.enforcement.cgroups import CgroupDriver, CgroupV1
+from corepin.enforcement.layout import KUBELET_PARENTS
 from corepin.enforcement.shield.control import HOST_EXCLUDED, Shield
 from corepin.state.model import HostState
 from corepin.sysfs.procfs import process_table
@@ -68,7 +69,7 @@ class SystemShield:
             if isinstance(driver, CgroupV1):  # the cpuset hierarchy alone, not the cpu one
                 driver = CgroupV1(driver.root, None, fake_tree=driver.fake_tree)
             root = self.cgroups.kubelet_root
-            kube = tuple(f"{root}/{k}" if root else k for k in ("kubepods", "kubepods.slice"))
+            kube = tuple(f"{root}/{k}" if root else k for k in KUBELET_PARENTS)
             self._shield = Shield(
                 cgroup_root=self.settings.cgroup_root,
                 proc_root=self.settings.proc_root,

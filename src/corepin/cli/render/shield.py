@@ -11,7 +11,7 @@ from corepin.enforcement.note import Note
 from corepin.enforcement.shield.control import notes_text
 
 if TYPE_CHECKING:
-    from corepin.enforcement.shield.engine import ShieldResult
+    from corepin.enforcement.shield.result import ShieldResult
 
 
 def result_data(result: ShieldResult, why: str) -> dict[str, Any]:

@@ -26,23 +26,44 @@ from __future__ import annotations
 
 import os
 import time
-from collections.abc import Iterable, Mapping
-from typing import TYPE_CHECKING, Any
+from collections.abc import Callable, Iterable, Mapping
+from typing import Any
 
 from corepin.core.cpuset import CPUSet
-from corepin.core.errors import CorepinError, EnvironmentProblem, InputError
-
-if TYPE_CHECKING:
-    from corepin.enforcement.cgroups import CgroupDriver
-    from corepin.enforcement.note import Note
-    from corepin.enforcement.shield.engine import ShieldEngine, ShieldResult
-    from corepin.state.model import HostState
-    from corepin.state.shield import ShieldRecord
-    from corepin.sysfs.procfs import ProcStat
+from corepin.core.errors import CgroupError, CorepinError, EnvironmentProblem, InputError
+from corepin.core.ids import IdError, split_cgroup_path
+from corepin.core.text import printable
+from corepin.enforcement.cgroups import (
+    CgroupDriver,
+    CgroupV1,
+    CgroupV2,
+    detect_mounts,
+    open_cpuset_hierarchy,
+)
+from corepin.enforcement.layout import KUBELET_PARENTS
+from corepin.enforcement.note import Note
+from corepin.enforcement.shield.engine import ShieldEngine
+from corepin.enforcement.shield.irqs import read_irqs
+from corepin.enforcement.shield.result import ShieldResult
+from corepin.enforcement.shield.scope import in_scope
+from corepin.state.model import Assignment, HostState
+from corepin.state.shield import ShieldRecord
+from corepin.sysfs.procfs import (
+    ProcessGone,
+    ProcessGroup,
+    ProcStat,
+    cgroup_of,
+    cpus_allowed_list,
+    list_threads,
+    read_cgroup,
+)
 
 #: Groups below the hierarchy root a host-mode shield never touches: corepin's own runs (every
 #: state directory's) and the kubelet's pods.
-HOST_EXCLUDED = ("corepin", "kubepods", "kubepods.slice")
+HOST_EXCLUDED = ("corepin", *KUBELET_PARENTS)
+
+#: The processes in an assignment's own cgroup (None: it has none), as host mode finds them.
+CgroupPids = Callable[[Assignment], Iterable[int] | None]
 
 
 def system_cpus(state: HostState) -> CPUSet:
@@ -59,8 +80,6 @@ def keep_system(state: HostState) -> bool:
 def normalize_scope(text: str) -> str:
     """A scope given on the command line as a cgroup path relative to the cpuset hierarchy
     (`/` or empty: the whole hierarchy); InputError for a path that is not one."""
-    from corepin.core.ids import IdError, split_cgroup_path
-
     try:
         return "/".join(split_cgroup_path(text.strip("/")))
     except IdError as exc:
@@ -68,12 +87,10 @@ def normalize_scope(text: str) -> str:
 
 
 def process_owners(
-    state: HostState, table: Mapping[int, ProcStat], *, cgroup_pids: Any = None
+    state: HostState, table: Mapping[int, ProcStat], *, cgroup_pids: CgroupPids | None = None
 ) -> dict[int, str]:
     """pid -> assignment id, for every live process of every assignment of `state` (its
     process group; with `cgroup_pids(a)`, the processes in the assignment's own cgroup too)."""
-    from corepin.sysfs.procfs import ProcessGroup
-
     out: dict[int, str] = {}
     procs = dict(table)
     for a in state:
@@ -90,7 +107,7 @@ def process_owners(
 
 
 def managed(
-    state: HostState, table: Mapping[int, ProcStat], *, cgroup_pids: Any = None
+    state: HostState, table: Mapping[int, ProcStat], *, cgroup_pids: CgroupPids | None = None
 ) -> dict[int, CPUSet]:
     """pid -> CPUs it needs, for every live process of every assignment of `state`."""
     pool = state.shared_pool
@@ -133,9 +150,6 @@ class Shield:
         return "cpuset", driver, ""
 
     def _open_driver(self) -> CgroupDriver:
-        from corepin.core.errors import CgroupError
-        from corepin.enforcement.cgroups import CgroupV1, CgroupV2, open_cpuset_hierarchy
-
         found = open_cpuset_hierarchy(self.cgroup_root)
         if not os.path.isdir(found.root):
             raise CgroupError(found.root, "no cpuset hierarchy here", reason="no_cpuset_hierarchy")
@@ -159,8 +173,6 @@ class Shield:
         return CgroupV1(found.root, None, fake_tree=found.fake_tree)
 
     def engine(self, record: ShieldRecord) -> ShieldEngine:
-        from corepin.enforcement.shield.engine import ShieldEngine
-
         driver = None
         if record.mode == "cpuset":
             # the shield's own hierarchy, whatever this command's --cgroups says for its runs
@@ -182,8 +194,6 @@ class Shield:
 
     def _membership(self) -> str | None:
         """Which /proc/PID/cgroup entry names a task's group in affinity mode."""
-        from corepin.enforcement.cgroups import detect_mounts
-
         try:
             mounts = detect_mounts()
         except CorepinError:
@@ -199,11 +209,9 @@ class Shield:
         scope: str,
         kthreads: bool,
         irqs: bool,
-        cgroup_pids: Any = None,
+        cgroup_pids: CgroupPids | None = None,
     ) -> ShieldResult:
         """Raise a shield (none must be up in `state`)."""
-        from corepin.state.shield import ShieldRecord
-
         if state.shield is not None:
             raise InputError(
                 f"a shield is already up on scope {state.shield.scope or '/'} (since "
@@ -236,7 +244,11 @@ class Shield:
         return self._why_affinity
 
     def sync(
-        self, state: HostState, table: Mapping[int, ProcStat], *, cgroup_pids: Any = None
+        self,
+        state: HostState,
+        table: Mapping[int, ProcStat],
+        *,
+        cgroup_pids: CgroupPids | None = None,
     ) -> ShieldResult | None:
         """Make the shield of `state` match its pools (resize, repair, adopt new tasks); None
         when no shield is up."""
@@ -248,7 +260,11 @@ class Shield:
         )
 
     def off(
-        self, state: HostState, table: Mapping[int, ProcStat], *, cgroup_pids: Any = None
+        self,
+        state: HostState,
+        table: Mapping[int, ProcStat],
+        *,
+        cgroup_pids: CgroupPids | None = None,
     ) -> ShieldResult:
         if state.shield is None:
             raise InputError("no shield is up (see `corepin shield status`)", reason="shield_off")
@@ -334,8 +350,6 @@ class Shield:
     def _irqs_kept(self, system: CPUSet) -> list[dict[str, str]]:
         """IRQs that may still fire on a CPU outside the system set: the kernel refused to
         move them, or took the new affinity and kept the old one (the legacy timer, say)."""
-        from corepin.enforcement.shield.engine import read_irqs
-
         try:
             current = read_irqs(self.proc_root)
         except CorepinError:
@@ -351,10 +365,6 @@ class Shield:
     ) -> list[dict[str, Any]]:
         """Unmanaged tasks of the scope (user tasks; kernel threads only with --kthreads) with
         a thread allowed on a CPU outside the system set."""
-        from corepin.enforcement.shield.engine import in_scope
-        from corepin.sysfs.procfs import ProcessGone, cgroup_of, cpus_allowed_list, list_threads
-        from corepin.sysfs.procfs import read_cgroup as read_groups
-
         record = state.shield
         assert record is not None
         mine = managed(state, table)
@@ -366,7 +376,7 @@ class Shield:
             if st.kernel_thread and (not record.kthreads or st.fixed_affinity):
                 continue
             try:
-                path = cgroup_of(read_groups(pid, self.proc_root), membership) or ""
+                path = cgroup_of(read_cgroup(pid, self.proc_root), membership) or ""
             except (ProcessGone, CorepinError):
                 continue
             if not in_scope(record, path):
@@ -413,8 +423,6 @@ class Shield:
 def notes_text(notes: Iterable[Note], *, limit: int = 20) -> list[str]:
     """Lines for people: counts per action, then the notes worth reading one by one (refused,
     failed, left), at most `limit` of them."""
-    from corepin.core.text import printable
-
     notes = list(notes)
     counts: dict[str, int] = {}
     for n in notes:
