@@ -20,7 +20,14 @@ from corepin.core.errors import ApiConflict, ApiNotFound
 from corepin.kube.client import KubeClient
 from corepin.kube.events import EventRecorder
 from corepin.kube.informer import Cache, Obj
-from corepin.kube.models import HEARTBEAT_STALE, READY, Condition, find_condition, set_condition
+from corepin.kube.models import (
+    HEARTBEAT_STALE,
+    READY,
+    Condition,
+    ObjectView,
+    find_condition,
+    set_condition,
+)
 from corepin.kube.resources import NCPT
 from corepin.kube.workqueue import WorkQueue
 
@@ -59,7 +66,7 @@ class Heartbeats:
 
     def observe(self, obj: Obj) -> None:
         """Note the heartbeat of a NodeCPUTopology (the time it changed, when it did)."""
-        name = str(rules.meta_of(obj).get("name") or "")
+        name = ObjectView(obj).name
         status = obj.get("status")
         beat = status.get("heartbeatTime") if isinstance(status, Mapping) else None
         text = str(beat) if beat else None
@@ -97,7 +104,7 @@ class Heartbeats:
         self._mark_stale(obj, beat, quiet)
 
     def _mark_stale(self, obj: Obj, beat: str | None, quiet: float) -> None:
-        name = str(rules.meta_of(obj).get("name") or "")
+        name = ObjectView(obj).name
         timeout = self.timeout
         if beat is None:
             message = (
