@@ -26,8 +26,8 @@ from corepin.core.errors import CorepinError
 from corepin.core.ids import QOS_CLASSES
 from corepin.core.record import record
 from corepin.kube.client import Obj
-from corepin.kube.models import ANN_CPU_POLICY_PREFIX, ObjectView
-from corepin.kube.models.fields import loose_object
+from corepin.kube.models import ANN_CPU_POLICY_PREFIX, ObjectView, PodView
+from corepin.kube.models.fields import loose_list, loose_object
 from corepin.kube.podplan import PodPlan, plan_pod
 from corepin.state.model import Assignment, HostState
 from corepin.topology.model import Topology
@@ -236,7 +236,7 @@ def _uids_gone(state: HostState, namespace: str, name: str, uid: str) -> list[st
 
 def _running_ids(pod: Mapping[str, Any]) -> set[str]:
     out = set()
-    for row in (pod.get("status") or {}).get("containerStatuses") or []:
+    for row in loose_list(PodView(pod).status.get("containerStatuses")):
         if isinstance(row, Mapping) and isinstance(
             (row.get("state") or {}).get("running"), Mapping
         ):

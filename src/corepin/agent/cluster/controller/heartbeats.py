@@ -98,7 +98,7 @@ class Heartbeats:
         if quiet < timeout:
             self.queue.add_after(("topology", name), timeout - quiet + 0.01)
             return
-        ready = find_condition(rules.read_conditions(obj.get("status") or {}), READY)
+        ready = find_condition(rules.read_conditions(ObjectView(obj).status), READY)
         if ready is not None and ready.status == "False":
             return  # not trusted already; the agent sets Ready=True when it is back
         self._mark_stale(obj, beat, quiet)
@@ -119,7 +119,7 @@ class Heartbeats:
                 "trust this topology until it reports again"
             )
         for _ in range(self.conflict_retries):
-            status = dict(obj.get("status") or {})
+            status = dict(ObjectView(obj).status)
             conditions = rules.read_conditions(status)
             condition = Condition(READY, "False", self._clock(), HEARTBEAT_STALE, message)
             status["conditions"] = [c.to_dict() for c in set_condition(conditions, condition)]
@@ -133,7 +133,7 @@ class Heartbeats:
                 if reread is None:
                     return
                 obj = reread
-                fresh = (obj.get("status") or {}).get("heartbeatTime")
+                fresh = ObjectView(obj).status.get("heartbeatTime")
                 if (str(fresh) if fresh else None) != beat:
                     self.observe(obj)
                     return  # the agent is alive: nothing to mark

@@ -247,7 +247,7 @@ def node_facts(ncpt: Mapping[str, Any]) -> NodeFacts:
 
 def status_cpus(binding: Mapping[str, Any]) -> CPUSet:
     """`status.cpus` of a binding object (empty when absent or unreadable)."""
-    text = (binding.get("status") or {}).get("cpus")
+    text = ObjectView(binding).status.get("cpus")
     if not isinstance(text, str):
         return EMPTY
     try:
@@ -257,7 +257,7 @@ def status_cpus(binding: Mapping[str, Any]) -> CPUSet:
 
 
 def status_phase(binding: Mapping[str, Any]) -> str:
-    return str((binding.get("status") or {}).get("phase") or "Pending")
+    return str(ObjectView(binding).status.get("phase") or "Pending")
 
 
 def explicit_cpus(binding: PodCPUBinding) -> CPUSet:

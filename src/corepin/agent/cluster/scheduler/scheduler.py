@@ -40,6 +40,7 @@ from corepin.kube.client import KubeClient
 from corepin.kube.events import EventRecorder
 from corepin.kube.leader import LeaderElector
 from corepin.kube.models import ObjectView, PodView
+from corepin.kube.models.fields import loose_list
 from corepin.kube.resources import PODS
 from corepin.placement.cluster import Cluster
 from corepin.placement.fit import Fit
@@ -309,7 +310,7 @@ class Scheduler:
         current = next(
             (
                 c
-                for c in (pod.get("status") or {}).get("conditions") or []
+                for c in loose_list(PodView(pod).status.get("conditions"))
                 if isinstance(c, Mapping) and c.get("type") == "PodScheduled"
             ),
             None,
