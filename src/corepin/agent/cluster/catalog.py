@@ -31,6 +31,8 @@ from corepin.kube.models import (
     NodeCPUTopology,
     NodeCPUTopologyStatus,
     ObjectMeta,
+    ObjectView,
+    PodView,
     parse_time,
 )
 from corepin.kube.resources import NCPT, NODES, PCB, PODS
@@ -145,12 +147,13 @@ class PlacementFeed:
         """The pod's request, planned with its user binding as the agent plans it (remembered
         per pod uid, resource version and binding version: kube-scheduler sends the same pod
         to filter and to prioritize)."""
-        meta = pod.get("metadata") or {}
-        binding = self.binding_for(str(meta.get("namespace") or "default"), str(meta.get("name")))
+        view = ObjectView(pod)
+        meta = view.metadata  # raw values below, as ever (str() of a missing name is "None")
+        binding = self.binding_for(view.namespace or "default", str(meta.get("name")))
         version = meta.get("resourceVersion")
         key = None
         if isinstance(version, str) and version and isinstance(meta.get("uid"), str):
-            bmeta = (binding or {}).get("metadata") or {}
+            bmeta = ObjectView(binding).metadata
             key = (meta["uid"], version, bmeta.get("uid"), bmeta.get("resourceVersion"))
             with self._lock:
                 known = self._requests.get(key)
@@ -166,8 +169,8 @@ class PlacementFeed:
 
     # ------------------------------------------------------------------ handlers
     def _topology(self, obj: Mapping[str, Any], *, added: bool) -> None:
-        meta = obj.get("metadata") or {}
-        name = str(meta.get("name") or "")
+        view = ObjectView(obj)
+        meta, name = view.metadata, view.name
         if not name:
             return
         status = obj.get("status")
@@ -200,8 +203,7 @@ class PlacementFeed:
             else:
                 ncpt = NodeCPUTopology.from_dict(obj, topologies=self._topologies)
                 self._specs[name] = (raw_spec, ncpt.spec)
-            version = str(meta.get("resourceVersion") or "")
-            self.cluster.set_node(node_view(ncpt, version=version))
+            self.cluster.set_node(node_view(ncpt, version=view.resource_version))
         except CorepinError as exc:
             log.warning("event=topology_unreadable node=%s error=%s", name, exc)
             self.cluster.set_unreadable(name, str(exc))
@@ -209,13 +211,13 @@ class PlacementFeed:
         if added:
             now = self.clock()
             for pod in self.pods.cache.list():
-                if (pod.get("spec") or {}).get("nodeName") == name:
+                if PodView(pod).spec.get("nodeName") == name:  # the raw value, as ever
                     self.cluster.observe_pod(pod, self.request_of, now)
         if self._on_topology is not None:
             self._on_topology(name)
 
     def _topology_gone(self, obj: Mapping[str, Any]) -> None:
-        name = str((obj.get("metadata") or {}).get("name") or "")
+        name = ObjectView(obj).name
         self._specs.pop(name, None)
         self._statuses.pop(name, None)
         self.cluster.remove_node(name)
@@ -224,20 +226,20 @@ class PlacementFeed:
 
     @staticmethod
     def _binding_key(obj: Mapping[str, Any]) -> tuple[str, str] | None:
-        meta = obj.get("metadata") or {}
-        if (meta.get("labels") or {}).get(LABEL_MANAGED_BY) == AGENT:
+        view = ObjectView(obj)
+        if view.labels.get(LABEL_MANAGED_BY) == AGENT:
             return None
-        pod = (obj.get("spec") or {}).get("podName")
+        pod = view.spec.get("podName")
         if not isinstance(pod, str):
             return None
-        return (str(meta.get("namespace") or "default"), pod)
+        return (view.namespace or "default", pod)
 
     def _binding(self, obj: Mapping[str, Any]) -> None:
         key = self._binding_key(obj)
         if key is None:
             return
         with self._lock:
-            if (obj.get("status") or {}).get("phase") == "Failed":
+            if ObjectView(obj).status.get("phase") == "Failed":
                 self._bindings.pop(key, None)
             else:
                 self._bindings[key] = dict(obj)
@@ -247,13 +249,13 @@ class PlacementFeed:
         if key is not None:
             with self._lock:
                 current = self._bindings.get(key)
-                name = (obj.get("metadata") or {}).get("name")
-                if current is not None and (current.get("metadata") or {}).get("name") == name:
+                name = ObjectView(obj).metadata.get("name")  # the raw names, as ever
+                if current is not None and ObjectView(current).metadata.get("name") == name:
                     del self._bindings[key]
 
     def _pod(self, what: str, pod: Mapping[str, Any]) -> None:
         if what == "delete":
-            uid = str((pod.get("metadata") or {}).get("uid") or "")
+            uid = ObjectView(pod).uid
             if uid:
                 self.cluster.forget_pod(uid)
         else:

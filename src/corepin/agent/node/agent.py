@@ -66,7 +66,7 @@ from corepin.core.errors import CorepinError, EnvironmentProblem, InputError
 from corepin.enforcement.cgroups import CpuQuota
 from corepin.kube.client import KubeClient
 from corepin.kube.events import EventRecorder
-from corepin.kube.models import AGENT_MANAGER, LABEL_MANAGED_BY
+from corepin.kube.models import AGENT_MANAGER, LABEL_MANAGED_BY, ObjectView
 from corepin.state.kubelet import KUBELET_POLICY
 from corepin.state.model import Assignment, HostState
 from corepin.topology.model import Topology
@@ -292,19 +292,19 @@ class NodeAgent:
         self._enqueue_pod(new)
 
     def _node_updated(self, old: Mapping[str, Any], new: Mapping[str, Any]) -> None:
-        if (old.get("metadata") or {}).get("annotations") != (new.get("metadata") or {}).get(
+        # the raw annotations, as ever (a node that gains `annotations: {}` is queued too)
+        if ObjectView(old).metadata.get("annotations") != ObjectView(new).metadata.get(
             "annotations"
         ):
             self._enqueue(("node",))
 
     def _binding_changed(self, binding: Mapping[str, Any]) -> None:
-        meta = binding.get("metadata") or {}
-        if (meta.get("labels") or {}).get(LABEL_MANAGED_BY) == AGENT_MANAGER:
+        view = ObjectView(binding)
+        if view.labels.get(LABEL_MANAGED_BY) == AGENT_MANAGER:
             return  # our own record of a pin
-        spec = binding.get("spec") or {}
-        pod = spec.get("podName")
+        pod = view.spec.get("podName")
         if isinstance(pod, str):
-            self._enqueue(("pod", str(meta.get("namespace") or "default"), pod))
+            self._enqueue(("pod", view.namespace or "default", pod))
 
     def _timer(self) -> None:
         next_beat = time.monotonic() + self.settings.heartbeat_period
@@ -461,8 +461,8 @@ class NodeAgent:
 
 
 def _pod_key(pod: Mapping[str, Any]) -> tuple[str, str]:
-    meta = pod.get("metadata") or {}
-    return str(meta.get("namespace") or "default"), str(meta.get("name") or "")
+    view = ObjectView(pod)
+    return view.namespace or "default", view.name
 
 
 def _unique(items: Iterable[Assignment]) -> list[Assignment]:

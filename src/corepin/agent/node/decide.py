@@ -16,7 +16,7 @@ from collections.abc import Callable, Mapping
 from typing import Any
 
 from corepin.agent.node.enforce import ContainerCgroups
-from corepin.agent.node.promises import Promises, resource_version
+from corepin.agent.node.promises import Promises
 from corepin.agent.node.quantities import refuse_absurd
 from corepin.agent.node.sync import PodEvent, SyncContext, forget_pod, pod_assignments, sync_pod
 from corepin.agent.node.tell import Teller
@@ -26,7 +26,8 @@ from corepin.core.errors import CorepinError
 from corepin.core.ids import QOS_CLASSES
 from corepin.core.record import record
 from corepin.kube.client import Obj
-from corepin.kube.models import ANN_CPU_POLICY_PREFIX
+from corepin.kube.models import ANN_CPU_POLICY_PREFIX, ObjectView, PodView
+from corepin.kube.models.fields import loose_list, loose_object
 from corepin.kube.podplan import PodPlan, plan_pod
 from corepin.state.model import Assignment, HostState
 from corepin.topology.model import Topology
@@ -72,9 +73,9 @@ class Decider:
     def seen(self, pod: Mapping[str, Any]) -> tuple[str, str]:
         """(namespace, name) of a pod the watch reported, its uid remembered (so that its
         deletion is known by name)."""
-        meta = pod.get("metadata") or {}
-        ns, name = str(meta.get("namespace") or "default"), str(meta.get("name") or "")
-        uid = meta.get("uid")
+        view = ObjectView(pod)
+        ns, name = view.namespace or "default", view.name
+        uid = view.metadata.get("uid")  # raw: a uid that is not a string is not remembered
         if isinstance(uid, str) and uid:
             self._uids[(ns, name)] = uid
         return ns, name
@@ -123,7 +124,10 @@ class Decider:
     def _plan(self, pod: Obj, binding: Mapping[str, Any] | None) -> PodPlan:
         """`plan_pod`, reused while neither the pod nor its binding changed (their
         resourceVersions), so a resync with nothing to change plans nothing again."""
-        version = (resource_version(pod), None if binding is None else resource_version(binding))
+        version = (
+            ObjectView(pod).resource_version,
+            None if binding is None else ObjectView(binding).resource_version,
+        )
         uid = pod_uid(pod)
         cached = self._plans.get(uid)
         if cached is not None and cached[0] == version and version[0]:
@@ -193,9 +197,8 @@ class Decider:
 def _annotation_events(pod: Mapping[str, Any], plan: PodPlan) -> list[PodEvent]:
     """A Warning for every `corepin.io/cpu-policy.<container>` annotation that names no
     app container of the pod (a typo would otherwise be ignored without a word)."""
-    annotations = (pod.get("metadata") or {}).get("annotations") or {}
-    if not isinstance(annotations, Mapping):
-        return []
+    # every key, whatever its value (`ObjectView.annotations` keeps the strings only)
+    annotations = loose_object(ObjectView(pod).metadata.get("annotations"))
     names = [c.name for c in plan.containers]
     inits = {c.name for c in plan.init_containers}
     events = []
@@ -233,7 +236,7 @@ def _uids_gone(state: HostState, namespace: str, name: str, uid: str) -> list[st
 
 def _running_ids(pod: Mapping[str, Any]) -> set[str]:
     out = set()
-    for row in (pod.get("status") or {}).get("containerStatuses") or []:
+    for row in loose_list(PodView(pod).status.get("containerStatuses")):
         if isinstance(row, Mapping) and isinstance(
             (row.get("state") or {}).get("running"), Mapping
         ):

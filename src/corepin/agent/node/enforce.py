@@ -39,6 +39,7 @@ from corepin.enforcement.layout import (
 )
 from corepin.enforcement.reconcile import CgroupTarget, Reconciler, ReconcileReport
 from corepin.enforcement.wanted import cpus_and_mems
+from corepin.kube.models import PodView
 from corepin.kube.podplan import PodPlan
 from corepin.state.kubelet import KUBELET_POLICY
 from corepin.state.model import Assignment, HostState
@@ -169,7 +170,7 @@ class ContainerCgroups:
         if not self.driver.has_cpu_controller():
             return {}  # (said once at start-up)
         limits: dict[str, float] = {}
-        for c in (pod.get("spec") or {}).get("containers") or []:
+        for c in PodView(pod).spec.get("containers") or []:
             raw = ((c.get("resources") or {}).get("limits") or {}).get("cpu")
             if raw is not None and not absurd_cpu(raw):
                 try:

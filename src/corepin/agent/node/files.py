@@ -31,6 +31,7 @@ from typing import Final
 from corepin.agent.node.sync import pod_assignments, shared_pool_users
 from corepin.agent.node.watches import Watches
 from corepin.core.cpuset import CPUSet
+from corepin.kube.models import ObjectView
 from corepin.kube.podplan import PodPlan, plan_pod
 from corepin.state.model import HostState
 from corepin.topology.model import Topology
@@ -179,15 +180,15 @@ class AssignmentFiles:
         one pod's failure does not stop the others'."""
         uids = {a.container.pod_uid for a in shared_pool_users(state) if a.container is not None}
         for pod in self.watches.pod_list():
-            meta = pod.get("metadata") or {}
-            if meta.get("uid") in uids:
+            view = ObjectView(pod)
+            if view.metadata.get("uid") in uids:  # the raw uid, as ever
                 try:
                     self.write(plan_pod(pod), state)
                 except Exception:
                     log.exception(
                         "event=assignment_files_crashed pod=%s/%s",
-                        str(meta.get("namespace") or "default"),
-                        str(meta.get("name") or ""),
+                        view.namespace or "default",
+                        view.name,
                     )
 
     def remove(self, uid: str) -> None:

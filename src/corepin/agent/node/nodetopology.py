@@ -33,6 +33,7 @@ from corepin.kube.models import (
     NodeCPUTopologySpec,
     NodeCPUTopologyStatus,
     ObjectMeta,
+    ObjectView,
     OwnerReference,
     format_time,
     node_owner,
@@ -167,7 +168,7 @@ class TopologyPublisher:
         )
 
     def _node_owner(self) -> OwnerReference | None:
-        uid = ((self.watches.node() or {}).get("metadata") or {}).get("uid")
+        uid = ObjectView(self.watches.node()).metadata.get("uid")  # raw: node_owner takes it
         return node_owner(self.settings.node_name, uid) if uid else None
 
     def _publish_nrt(self, state: HostState) -> None:
@@ -179,7 +180,8 @@ class TopologyPublisher:
                 self.client.create(NRT, body)
             except ApiAlreadyExists:
                 current = self.client.get(NRT, self.settings.node_name)
-                body["metadata"]["resourceVersion"] = (current.get("metadata") or {}).get(
+                # the raw value (None when it has none), as ever
+                body["metadata"]["resourceVersion"] = ObjectView(current).metadata.get(
                     "resourceVersion"
                 )
                 self.client.replace(NRT, body)

@@ -26,7 +26,14 @@ from corepin.agent.node.watches import Watches
 from corepin.allocation.levels import withheld_for
 from corepin.core.cpuset import CPUSet
 from corepin.core.errors import ApiNotFound, CorepinError
-from corepin.kube.models import ObjectMeta, corepin_level, is_agent_binding, pod_owner_uid
+from corepin.kube.models import (
+    ObjectMeta,
+    ObjectView,
+    PodView,
+    corepin_level,
+    is_agent_binding,
+    pod_owner_uid,
+)
 from corepin.kube.podplan import binding_cpus, binding_refusals
 from corepin.kube.resources import PODS
 from corepin.state.model import HostState
@@ -60,11 +67,12 @@ class Promises:
         says."""
         out: dict[tuple[str, str], Mapping[str, Any]] = {}
         for b in self.watches.binding_list():
-            meta = b.get("metadata") or {}
-            if is_agent_binding(meta.get("labels")):
+            view = ObjectView(b)
+            if is_agent_binding(view.labels):
                 continue
-            if (b.get("status") or {}).get("phase") in ("Validated", "Applied"):
-                key = (str(meta.get("namespace")), str((b.get("spec") or {}).get("podName")))
+            if view.status.get("phase") in ("Validated", "Applied"):
+                # str() of the raw namespace, as ever ("None" when it has none)
+                key = (str(view.metadata.get("namespace")), str(view.spec.get("podName")))
                 pod = self.watches.pod(key[1], key[0])
                 if pod is not None and not owned_by(b, pod):
                     continue
@@ -80,25 +88,25 @@ class Promises:
         now = time.monotonic()
         live: set[str] = set()
         for b in self.watches.binding_list():
-            meta = b.get("metadata") or {}
-            if is_agent_binding(meta.get("labels")):
+            view = ObjectView(b)
+            if is_agent_binding(view.labels):
                 continue
-            status = b.get("status") or {}
+            status = view.status
             if status.get("phase") not in ("Validated", "Applied"):
                 continue
-            spec = b.get("spec") or {}
-            key = (str(meta.get("namespace") or "default"), str(spec.get("podName")))
-            live.add(str(meta.get("uid")))
+            spec = view.spec
+            key = (view.namespace or "default", str(spec.get("podName")))
+            live.add(str(view.metadata.get("uid")))  # str() of the raw uid, as `_incoming` keys
             if key == exclude:
                 continue
             pod = self.watches.pod(key[1], key[0])
             if pod is not None:
-                here = (pod.get("spec") or {}).get("nodeName") == self.node_name
+                here = PodView(pod).spec.get("nodeName") == self.node_name  # the raw value
                 if not here or not owned_by(b, pod) or binding_refusals(pod, spec):
                     continue
             elif status.get("nodeName") != self.node_name or not self._incoming(b, now):
                 continue
-            uid = str(((pod or {}).get("metadata") or {}).get("uid") or "")
+            uid = ObjectView(pod).uid
             held = CPUSet().union(*(a.withheld for a in pod_assignments(state, uid) if a.holds))
             try:
                 level = corepin_level(spec.get("exclusivenessLevel") or "cpu")
@@ -122,12 +130,13 @@ class Promises:
         the binding's incarnation, is bound to no node yet (or to this one: the watch is on
         its way), fits the binding, and the binding was first seen less than `grace` seconds
         ago."""
-        meta = binding.get("metadata") or {}
-        uid, version = str(meta.get("uid")), resource_version(binding)
+        view = ObjectView(binding)
+        meta = view.metadata  # str() of the raw fields, as ever ("None" for one missing)
+        uid, version = str(meta.get("uid")), view.resource_version
         with self._lock:
             seen = self._incoming_seen.get(uid)
         if seen is None or seen[1] != version:
-            spec = binding.get("spec") or {}
+            spec = view.spec
             try:
                 pod = self.watches.client.get(
                     PODS, str(spec.get("podName")), str(meta.get("namespace"))
@@ -137,7 +146,7 @@ class Promises:
             except CorepinError as exc:
                 log.warning("event=promise_check_failed binding=%s error=%s", meta.get("name"), exc)
                 return False
-            node = ((pod or {}).get("spec") or {}).get("nodeName")
+            node = PodView(pod).spec.get("nodeName")  # the raw value
             ok = (
                 pod is not None
                 and node in (None, "", self.node_name)
@@ -155,20 +164,16 @@ class Promises:
 def owned_by(binding: Mapping[str, Any], pod: Mapping[str, Any]) -> bool:
     """Whether `binding` may be `pod`'s: it names the pod and, when it has an owner reference
     to a pod of that name, that reference is this pod's uid (not an earlier incarnation's)."""
-    name = str((pod.get("metadata") or {}).get("name") or "")
-    if (binding.get("spec") or {}).get("podName") != name:
+    pod_view, binding_view = ObjectView(pod), ObjectView(binding)
+    name = pod_view.name
+    if binding_view.spec.get("podName") != name:
         return False
     try:
-        owners = ObjectMeta.from_dict(binding.get("metadata") or {}).owner_references
+        owners = ObjectMeta.from_dict(binding_view.metadata).owner_references
     except CorepinError:
         return False
     owner = pod_owner_uid(owners, name)
-    return owner is None or owner == (pod.get("metadata") or {}).get("uid")
+    return owner is None or owner == pod_view.metadata.get("uid")  # the raw uid, as ever
 
 
-def resource_version(obj: Mapping[str, Any]) -> str:
-    """An object's metadata.resourceVersion ("" when it has none)."""
-    return str((obj.get("metadata") or {}).get("resourceVersion") or "")
-
-
-__all__ = ["PROMISE_GRACE", "Promises", "owned_by", "resource_version"]
+__all__ = ["PROMISE_GRACE", "Promises", "owned_by"]

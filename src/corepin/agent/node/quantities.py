@@ -12,6 +12,8 @@ from typing import Any, Final
 from corepin.core.errors import CorepinError
 from corepin.core.quantity import parse_quantity
 from corepin.core.record import replace
+from corepin.kube.models import PodView
+from corepin.kube.models.fields import loose_list
 from corepin.kube.podplan import PodPlan
 
 #: the largest CPU quantity (limit or request) the agent acts on
@@ -31,9 +33,9 @@ def absurd_cpu(raw: object) -> bool:
 def _cpu_quantities(pod: Mapping[str, Any]) -> dict[str, list[tuple[str, object]]]:
     """container name -> [(where, raw CPU quantity)] from its spec and its applied resources."""
     out: dict[str, list[tuple[str, object]]] = {}
-    spec = pod.get("spec") or {}
-    status = pod.get("status") or {}
-    rows = [*(spec.get("containers") or []), *(status.get("containerStatuses") or [])]
+    view = PodView(pod)
+    # every row, in order (`PodView.container_statuses` keeps one per name)
+    rows = [*view.containers, *loose_list(view.status.get("containerStatuses"))]
     for row in rows:
         if not isinstance(row, Mapping) or not isinstance(row.get("name"), str):
             continue

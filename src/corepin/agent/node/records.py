@@ -28,6 +28,7 @@ from corepin.kube.models import (
     Condition,
     ContainerCPUSet,
     ObjectMeta,
+    ObjectView,
     PodCPUBinding,
     PodCPUBindingSpec,
     PodCPUBindingStatus,
@@ -87,7 +88,7 @@ class PodRecords:
             and plan.container(a.container.container) is not None
         }
         text = format_cpus_annotation(mine) if mine else None
-        current = ((pod.get("metadata") or {}).get("annotations") or {}).get(ANN_CPUS)
+        current = ObjectView(pod).annotations.get(ANN_CPUS)
         if text != current and self._annotated.get(plan.uid, current) != text:
             try:
                 self.client.patch(
@@ -164,11 +165,13 @@ class PodRecords:
         selector = f"{LABEL_MANAGED_BY}={AGENT_MANAGER},{POD_UID_LABEL}={uid}"
         doomed: dict[tuple[str, str], None] = {}
         for b in self.watches.binding_list():
-            meta = b.get("metadata") or {}
-            labels = meta.get("labels") or {}
+            view = ObjectView(b)
+            labels = view.labels
             if any(labels.get(k) != v for k, v in (s.split("=", 1) for s in selector.split(","))):
                 continue
             if labels.get(CONTAINER_LABEL) not in keep:
+                # str() of the raw fields, as ever ("None" for one missing: never a collection)
+                meta = view.metadata
                 doomed[(str(meta.get("namespace")), str(meta.get("name")))] = None
         # and those we wrote that the informer may not show yet
         doomed.update({self._bindings[k][1:]: None for k in stale})
@@ -195,8 +198,8 @@ class PodRecords:
         live = self.watches.live_uids()
         held = {a.container.pod_uid for a in state if a.container is not None}
         for b in self.watches.binding_list():
-            meta = b.get("metadata") or {}
-            labels = meta.get("labels") or {}
+            view = ObjectView(b)
+            labels = view.labels
             if (
                 labels.get(LABEL_MANAGED_BY) != AGENT_MANAGER
                 or labels.get(NODE_LABEL) != self.node_name
@@ -205,6 +208,7 @@ class PodRecords:
             uid = labels.get(POD_UID_LABEL, "")
             if uid in live or uid in held:
                 continue
+            meta = view.metadata  # str() of the raw fields, as ever ("None" for one missing)
             try:
                 self.client.delete(PCB, str(meta.get("name")), str(meta.get("namespace")))
                 log.info("event=stale_binding_deleted binding=%s pod_uid=%s", meta.get("name"), uid)

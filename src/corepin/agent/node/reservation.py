@@ -17,7 +17,7 @@ from corepin.allocation.reserved import reserved_cpus
 from corepin.core.cpuset import CPUSet
 from corepin.core.errors import CorepinError
 from corepin.kube.events import EventRecorder
-from corepin.kube.models import parse_node_reservation
+from corepin.kube.models import ObjectView, parse_node_reservation
 from corepin.state.model import STRICT_RESERVATION, HostState
 from corepin.topology.model import Topology
 
@@ -44,7 +44,8 @@ class NodeReservation:
         --reserved-cpus) and strict-reservation option; unchanged when the new reservation
         would take CPUs someone holds (a Warning Event on the node says so)."""
         node = self.watches.node()
-        annotations = ((node or {}).get("metadata") or {}).get("annotations") or {}
+        # the raw annotations (parse_node_reservation says which is not a string)
+        annotations = ObjectView(node).metadata.get("annotations") or {}
         reserved = self.settings.reserved_cpus or CPUSet()
         try:
             reservation = parse_node_reservation(annotations)

@@ -105,11 +105,10 @@ class Restore:
                 binding = PodCPUBinding.from_dict(raw)
             except CorepinError:
                 continue
-            meta = raw.get("metadata") or {}
-            labels = meta.get("labels") or {}
+            labels = binding.metadata.labels  # (from_dict checked that they are strings)
             uid = labels.get(POD_UID_LABEL, "")
             container = labels.get(CONTAINER_LABEL, "")
-            kind = (meta.get("annotations") or {}).get(POLICY_ANNOTATION, "exclusive")
+            kind = binding.metadata.annotations.get(POLICY_ANNOTATION, "exclusive")
             status = binding.status
             if not uid or not container or status is None or not status.cpus:
                 continue

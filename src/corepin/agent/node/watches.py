@@ -13,13 +13,14 @@ from typing import Any
 
 from corepin.kube.client import KubeClient, Obj
 from corepin.kube.informer import Informer
+from corepin.kube.models import ObjectView
 from corepin.kube.podplan import PodPlan
 from corepin.kube.resources import NODES, PCB, PODS
 
 
 def pod_uid(pod: Mapping[str, Any]) -> str:
     """The uid of a pod (or any object): "" when it has none."""
-    return str((pod.get("metadata") or {}).get("uid") or "")
+    return ObjectView(pod).uid
 
 
 class Watches:
@@ -54,12 +55,14 @@ class Watches:
 
     def live_uids(self) -> set[str]:
         """The uids of the pods on the node now (as the pod informer has them)."""
-        return {str((p.get("metadata") or {}).get("uid")) for p in self.pods.cache.list()}
+        # str() of the raw uid, as ever: a pod without one counts as "None", never as ""
+        return {str(ObjectView(p).metadata.get("uid")) for p in self.pods.cache.list()}
 
     def is_live(self, plan: PodPlan) -> bool:
         """Whether the pod of `plan` is on the node now (as the pod informer has it)."""
         pod = self.pods.cache.get(plan.name, plan.namespace)
-        return pod is not None and (pod.get("metadata") or {}).get("uid") == plan.uid
+        # the raw uid, as ever: a pod without one (or with one not a string) is never live
+        return pod is not None and ObjectView(pod).metadata.get("uid") == plan.uid
 
     def node(self) -> Obj | None:
         return self.nodes.cache.get(self.node_name)

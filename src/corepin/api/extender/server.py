@@ -43,6 +43,7 @@ from corepin.api.extender.ports import ExtenderMetrics, KubeObject, NodeCatalog
 from corepin.api.http import HealthAndMetrics, Limits, PageHandler, RequestHandler, ThreadedServer
 from corepin.core.errors import ApiNotFound, CorepinError
 from corepin.kube.client import KubeClient
+from corepin.kube.models import ObjectView, PodView
 from corepin.kube.resources import NODES, PODS
 from corepin.placement.cluster import Cluster
 from corepin.placement.request import PodRequest
@@ -154,18 +155,17 @@ class ExtenderService:
         """Why this extender must not bind `pod` to `node` (None: it may): the pod was not
         handed to it by one of `scheduler_names`, is bound already, or the node does not exist
         or fails the scheduler's own node checks (cordon, taints, nodeSelector)."""
-        meta = pod.get("metadata") or {}
-        key = f"{meta.get('namespace') or ''}/{meta.get('name') or ''}"
-        spec = pod.get("spec") or {}
-        scheduler = spec.get("schedulerName") or "default-scheduler"
+        view = PodView(pod)
+        key = f"{view.namespace}/{view.name}"
+        scheduler = view.spec.get("schedulerName") or "default-scheduler"
         if scheduler not in self.scheduler_names:
             accepted = ", ".join(sorted(self.scheduler_names))
             return (
                 f"pod {key} has schedulerName {scheduler!r}; this extender binds only pods of "
                 f"{accepted} (--scheduler-name)"
             )
-        if spec.get("nodeName"):
-            return f"pod {key} is bound to {spec['nodeName']} already"
+        if view.node_name:
+            return f"pod {key} is bound to {view.node_name} already"
         if node is None:
             return f"node {node_name!r} does not exist"
         why = node_refusal(node, pod)
@@ -180,7 +180,8 @@ class ExtenderService:
             return 400, wire.binding_result(exc.message)
         pod = self.catalog.cached_pod(name, namespace)
         try:
-            if pod is None or (uid and (pod.get("metadata") or {}).get("uid") != uid):
+            # the raw uid, as ever (one that is not a string is never `uid`)
+            if pod is None or (uid and ObjectView(pod).metadata.get("uid") != uid):
                 pod = self.client.get(PODS, name, namespace)
         except CorepinError as exc:
             return 200, wire.binding_result(f"cannot read pod {namespace}/{name}: {exc}")
@@ -188,7 +189,7 @@ class ExtenderService:
             node_object = self._node(node)
         except CorepinError as exc:
             return 200, wire.binding_result(f"cannot read node {node}: {exc}")
-        if uid and (pod.get("metadata") or {}).get("uid") != uid:
+        if uid and ObjectView(pod).metadata.get("uid") != uid:
             return self._refuse_binding(f"pod {namespace}/{name} is not the pod of UID {uid}")
         why = self.bind_refusal(pod, node, node_object)
         if why is not None:

@@ -32,7 +32,8 @@ from typing import Any, Final
 import orjson
 
 from corepin.core.errors import InputError
-from corepin.kube.models.fields import FieldError, list_or_empty, loose_object, object_at, string
+from corepin.kube.models import ObjectView
+from corepin.kube.models.fields import FieldError, list_or_empty, object_at, string
 
 _NAME: Final = re.compile(r"[a-z0-9]([-a-z0-9.]*[a-z0-9])?\Z")
 #: deepest nesting a request may have (a Pod is about 10 deep; Go's own limit is 10,000)
@@ -333,7 +334,7 @@ def victims_of(args: dict[str, Any]) -> dict[str, tuple[list[str], int]]:
         uids = []
         for p in pods:
             victim = _object(p, f"a victim of {node}")
-            uid = victim.get(key) if key else loose_object(victim.get("metadata")).get("uid")
+            uid = victim.get(key) if key else ObjectView(victim).metadata.get("uid")
             uids.append(_string(uid, f"the uid of a victim of {node}"))
         count = v.get("NumPDBViolations") or 0
         if isinstance(count, bool) or not isinstance(count, int):

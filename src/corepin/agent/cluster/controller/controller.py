@@ -36,7 +36,7 @@ from corepin.core.record import record
 from corepin.kube.client import KubeClient
 from corepin.kube.events import EventRecorder
 from corepin.kube.informer import Informer, InformerStats, Obj
-from corepin.kube.models import NCPT_PLURAL, PCB_PLURAL, is_agent_binding
+from corepin.kube.models import NCPT_PLURAL, PCB_PLURAL, ObjectView, is_agent_binding
 from corepin.kube.resources import NCPT, PCB, PODS
 from corepin.kube.workqueue import WorkQueue
 
@@ -207,7 +207,7 @@ class Controller:
     def bindings_by_phase(self) -> Mapping[tuple[str, str], int]:
         counts: dict[tuple[str, str], int] = {}
         for obj in self.bindings.cache.list():
-            writer = "agent" if is_agent_binding(rules.meta_of(obj).get("labels")) else "user"
+            writer = "agent" if is_agent_binding(ObjectView(obj).labels) else "user"
             key = (writer, rules.status_phase(obj))
             counts[key] = counts.get(key, 0) + 1
         return counts
@@ -229,7 +229,7 @@ class Controller:
         self.queue.add(("binding", ns, name))
 
     def _binding_deleted(self, obj: Obj) -> None:
-        name = str(rules.meta_of(obj).get("name") or "")
+        name = ObjectView(obj).name
         pod_key = rules.binding_pod(obj)
         with self._lock:
             names = self._by_pod.get(pod_key)
@@ -258,7 +258,7 @@ class Controller:
             return sorted(self._by_pod.get(key, ()))
 
     def _pod_added(self, pod: Obj) -> None:
-        ns = str(rules.meta_of(pod).get("namespace") or "")
+        ns = ObjectView(pod).namespace
         for name in self._bindings_of_pod(pod):
             self.queue.add(("binding", ns, name))
 
@@ -279,20 +279,20 @@ class Controller:
             self.queue.add(("node", facts.node))
 
     def _topology_added(self, obj: Obj) -> None:
-        name = str(rules.meta_of(obj).get("name") or "")
+        name = ObjectView(obj).name
         self.heartbeats.observe(obj)
         self.queue.add(("topology", name))
         self.queue.add(("node", name))
 
     def _topology_updated(self, old: Obj, new: Obj) -> None:
-        name = str(rules.meta_of(new).get("name") or "")
+        name = ObjectView(new).name
         self.heartbeats.observe(new)
         self.queue.add(("topology", name))
         if old.get("spec") != new.get("spec") or rules.accounting(old) != rules.accounting(new):
             self.queue.add(("node", name))
 
     def _topology_deleted(self, obj: Obj) -> None:
-        name = str(rules.meta_of(obj).get("name") or "")
+        name = ObjectView(obj).name
         self.heartbeats.forget(name)
         self.sync.forget_node(name)
         self.queue.add(("node", name))

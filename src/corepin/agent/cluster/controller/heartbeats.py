@@ -20,7 +20,14 @@ from corepin.core.errors import ApiConflict, ApiNotFound
 from corepin.kube.client import KubeClient
 from corepin.kube.events import EventRecorder
 from corepin.kube.informer import Cache, Obj
-from corepin.kube.models import HEARTBEAT_STALE, READY, Condition, find_condition, set_condition
+from corepin.kube.models import (
+    HEARTBEAT_STALE,
+    READY,
+    Condition,
+    ObjectView,
+    find_condition,
+    set_condition,
+)
 from corepin.kube.resources import NCPT
 from corepin.kube.workqueue import WorkQueue
 
@@ -59,7 +66,7 @@ class Heartbeats:
 
     def observe(self, obj: Obj) -> None:
         """Note the heartbeat of a NodeCPUTopology (the time it changed, when it did)."""
-        name = str(rules.meta_of(obj).get("name") or "")
+        name = ObjectView(obj).name
         status = obj.get("status")
         beat = status.get("heartbeatTime") if isinstance(status, Mapping) else None
         text = str(beat) if beat else None
@@ -91,13 +98,13 @@ class Heartbeats:
         if quiet < timeout:
             self.queue.add_after(("topology", name), timeout - quiet + 0.01)
             return
-        ready = find_condition(rules.read_conditions(obj.get("status") or {}), READY)
+        ready = find_condition(rules.read_conditions(ObjectView(obj).status), READY)
         if ready is not None and ready.status == "False":
             return  # not trusted already; the agent sets Ready=True when it is back
         self._mark_stale(obj, beat, quiet)
 
     def _mark_stale(self, obj: Obj, beat: str | None, quiet: float) -> None:
-        name = str(rules.meta_of(obj).get("name") or "")
+        name = ObjectView(obj).name
         timeout = self.timeout
         if beat is None:
             message = (
@@ -112,7 +119,7 @@ class Heartbeats:
                 "trust this topology until it reports again"
             )
         for _ in range(self.conflict_retries):
-            status = dict(obj.get("status") or {})
+            status = dict(ObjectView(obj).status)
             conditions = rules.read_conditions(status)
             condition = Condition(READY, "False", self._clock(), HEARTBEAT_STALE, message)
             status["conditions"] = [c.to_dict() for c in set_condition(conditions, condition)]
@@ -126,7 +133,7 @@ class Heartbeats:
                 if reread is None:
                     return
                 obj = reread
-                fresh = (obj.get("status") or {}).get("heartbeatTime")
+                fresh = ObjectView(obj).status.get("heartbeatTime")
                 if (str(fresh) if fresh else None) != beat:
                     self.observe(obj)
                     return  # the agent is alive: nothing to mark

@@ -2,7 +2,7 @@
 time is passed in). `corepin.agent.cluster.controller` documents the rules; this module is where
 they are computed:
 
-- `meta_of`, `key_of`, `binding_pod`, `accounting`: readers of the objects as the informers
+- `key_of`, `binding_pod`, `accounting`: readers of the objects as the informers
   hold them;
 - `pod_facts`, `node_facts`: what the controller needs of a Pod and of a NodeCPUTopology;
 - `check_binding`: one user-written binding on its own (spec, pod, containers, CPUs on the
@@ -28,7 +28,9 @@ from corepin.kube.models import (
     ContainerCPUSet,
     FieldError,
     NodeCPUTopology,
+    ObjectView,
     PodCPUBinding,
+    PodView,
     find_condition,
     set_condition,
 )
@@ -172,29 +174,21 @@ _ACCOUNTING: Final = (
 )
 
 
-def meta_of(obj: Mapping[str, Any]) -> Mapping[str, Any]:
-    """`metadata` of an object (empty when missing)."""
-    meta = obj.get("metadata")
-    return meta if isinstance(meta, Mapping) else {}
-
-
 def key_of(obj: Mapping[str, Any]) -> tuple[str, str]:
     """(namespace, name) of an object."""
-    meta = meta_of(obj)
-    return (str(meta.get("namespace") or ""), str(meta.get("name") or ""))
+    view = ObjectView(obj)
+    return (view.namespace, view.name)
 
 
 def binding_pod(obj: Mapping[str, Any]) -> tuple[str, str]:
     """(namespace, `spec.podName`) of a PodCPUBinding object."""
-    spec = obj.get("spec")
-    pod = spec.get("podName") if isinstance(spec, Mapping) else None
-    return (str(meta_of(obj).get("namespace") or ""), str(pod or ""))
+    view = ObjectView(obj)
+    return (view.namespace, str(view.spec.get("podName") or ""))
 
 
 def accounting(ncpt: Mapping[str, Any]) -> tuple[Any, ...]:
     """The status fields of a NodeCPUTopology that the decisions read."""
-    status = ncpt.get("status")
-    status = status if isinstance(status, Mapping) else {}
+    status = ObjectView(ncpt).status
     return tuple(status.get(k) for k in _ACCOUNTING)
 
 
@@ -211,13 +205,13 @@ def _names(rows: object) -> tuple[str, ...]:
 
 
 def pod_facts(pod: Mapping[str, Any]) -> PodFacts:
-    meta = pod.get("metadata") or {}
-    spec = pod.get("spec") or {}
+    view = PodView(pod)
+    spec = view.spec
     return PodFacts(
-        namespace=str(meta.get("namespace") or ""),
-        name=str(meta.get("name") or ""),
-        uid=str(meta.get("uid") or ""),
-        node=str(spec.get("nodeName") or "") or None,
+        namespace=view.namespace,
+        name=view.name,
+        uid=view.uid,
+        node=view.node_name or None,
         containers=_names(spec.get("containers")),
         init_containers=_names(spec.get("initContainers")),
         sizes=tuple(sorted(container_sizes(pod).items())),
@@ -227,7 +221,7 @@ def pod_facts(pod: Mapping[str, Any]) -> PodFacts:
 def node_facts(ncpt: Mapping[str, Any]) -> NodeFacts:
     """A NodeCPUTopology object -> NodeFacts (`error` says what is wrong with a bad one).
     Reserved CPUs are the spec's and the status's (a count reservation is resolved there)."""
-    name = str((ncpt.get("metadata") or {}).get("name") or "")
+    name = ObjectView(ncpt).name
     try:
         model = NodeCPUTopology.from_dict(ncpt)
     except FieldError as exc:
@@ -253,7 +247,7 @@ def node_facts(ncpt: Mapping[str, Any]) -> NodeFacts:
 
 def status_cpus(binding: Mapping[str, Any]) -> CPUSet:
     """`status.cpus` of a binding object (empty when absent or unreadable)."""
-    text = (binding.get("status") or {}).get("cpus")
+    text = ObjectView(binding).status.get("cpus")
     if not isinstance(text, str):
         return EMPTY
     try:
@@ -263,7 +257,7 @@ def status_cpus(binding: Mapping[str, Any]) -> CPUSet:
 
 
 def status_phase(binding: Mapping[str, Any]) -> str:
-    return str((binding.get("status") or {}).get("phase") or "Pending")
+    return str(ObjectView(binding).status.get("phase") or "Pending")
 
 
 def explicit_cpus(binding: PodCPUBinding) -> CPUSet:

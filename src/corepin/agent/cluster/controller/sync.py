@@ -20,6 +20,7 @@ from corepin.kube.informer import Cache, Obj
 from corepin.kube.models import (
     FieldError,
     ObjectMeta,
+    ObjectView,
     PodCPUBinding,
     is_agent_binding,
     pod_owner_uid,
@@ -75,7 +76,7 @@ class BindingSync:
             return
         obj = self.writer.current(obj)
         try:
-            meta = ObjectMeta.from_dict(rules.meta_of(obj))
+            meta = ObjectMeta.from_dict(ObjectView(obj).metadata)
         except FieldError as exc:
             self.writer.write_verdict(obj, rules.invalid_spec(exc))
             return
@@ -127,7 +128,7 @@ class BindingSync:
         self, obj: Obj, node: str, facts: rules.NodeFacts | None
     ) -> tuple[rules.Entry, Obj] | None:
         """The binding as an entry of `node`'s decision, or None when it is not on `node`."""
-        meta = rules.meta_of(obj)
+        meta = ObjectView(obj).metadata
         try:
             binding = PodCPUBinding.from_dict(obj)
         except FieldError:

@@ -24,6 +24,7 @@ from corepin.kube.informer import Obj
 from corepin.kube.models import (
     VALIDATED,
     ObjectMeta,
+    ObjectView,
     find_condition,
     pod_owner,
     pod_owner_uid,
@@ -97,7 +98,7 @@ class BindingWriter:
         """The cached binding, or what our last status write of it returned while the cache
         still holds the version that write replaced (its watch event is on the way): deciding
         on the older copy would write again only to get a 409."""
-        meta = rules.meta_of(obj)
+        meta = ObjectView(obj).metadata
         key = (str(meta.get("namespace") or ""), str(meta.get("name") or ""))
         written = self._written.get(key)
         if written is None:
@@ -120,7 +121,7 @@ class BindingWriter:
         if anything), with the binding's uid and resourceVersion as preconditions; on 409
         re-read and decide again."""
         for _ in range(self.conflict_retries):
-            meta = rules.meta_of(obj)
+            meta = ObjectView(obj).metadata
             ns, name = str(meta.get("namespace") or ""), str(meta.get("name") or "")
             pod_name = rules.binding_pod(obj)[1]
             try:
@@ -139,7 +140,7 @@ class BindingWriter:
                     return
                 fresh = reread
                 fresh_owner = pod_owner_uid(
-                    ObjectMeta.from_dict(rules.meta_of(fresh)).owner_references, pod_name
+                    ObjectMeta.from_dict(ObjectView(fresh).metadata).owner_references, pod_name
                 )
                 if fresh_owner is None or fresh.get("metadata", {}).get("uid") != meta.get("uid"):
                     self.queue.add(("binding", ns, name))
@@ -165,7 +166,7 @@ class BindingWriter:
         pod incarnation, by the garbage collector or by this controller)."""
         for _ in range(self.conflict_retries):
             body = {k: v for k, v in obj.items() if k != "status"}
-            meta = dict(rules.meta_of(obj))
+            meta = dict(ObjectView(obj).metadata)
             owners = list(meta.get("ownerReferences") or [])
             owners.append(pod_owner(pod.name, pod.uid).to_dict())
             meta["ownerReferences"] = owners
@@ -180,7 +181,7 @@ class BindingWriter:
                 if reread is None:
                     return
                 obj = reread
-                fresh = ObjectMeta.from_dict(rules.meta_of(obj))
+                fresh = ObjectMeta.from_dict(ObjectView(obj).metadata)
                 if pod_owner_uid(fresh.owner_references, pod.name) is not None:
                     return
                 continue
@@ -193,8 +194,8 @@ class BindingWriter:
     def write_verdict(self, obj: Obj, verdict: rules.Verdict) -> None:
         """Write the status `verdict` calls for (nothing when it is there already)."""
         ns, name = rules.key_of(obj)
-        uid = rules.meta_of(obj).get("uid")
-        generation = rules.meta_of(obj).get("generation")
+        uid = ObjectView(obj).metadata.get("uid")
+        generation = ObjectView(obj).metadata.get("generation")
         for _ in range(self.conflict_retries):
             old = obj.get("status") if isinstance(obj.get("status"), Mapping) else None
             status = rules.next_status(old, verdict, self._clock())
@@ -210,17 +211,17 @@ class BindingWriter:
                 if reread is None:
                     return
                 obj = reread
-                fresh = rules.meta_of(obj)
+                fresh = ObjectView(obj).metadata
                 if fresh.get("uid") != uid or fresh.get("generation") != generation:
                     # the spec (or the object) changed: decide it again from scratch
                     self.queue.add(("binding", ns, name))
                     return
                 continue
-            replaced = rules.meta_of(obj).get("resourceVersion")
+            replaced = ObjectView(obj).metadata.get("resourceVersion")
             if (
                 replaced
                 and isinstance(written, Mapping)
-                and rules.meta_of(written).get("resourceVersion")
+                and ObjectView(written).metadata.get("resourceVersion")
             ):
                 self._written[(ns, name)] = (str(replaced), written)
             self._report(obj, old, status, verdict)

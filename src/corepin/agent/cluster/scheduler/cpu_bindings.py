@@ -22,6 +22,7 @@ from corepin.kube.client import KubeClient
 from corepin.kube.models import (
     ContainerCPUSet,
     ObjectMeta,
+    ObjectView,
     PodCPUBinding,
     PodCPUBindingSpec,
     pod_owner,
@@ -95,8 +96,7 @@ class CPUBindings:
         rewrite ours from an earlier try; its name, or None when there is nothing to bind or
         the user wrote a binding of their own (it is honoured as it is)."""
         existing = self.catalog.binding_for(request.namespace, request.name)
-        labels = ((existing or {}).get("metadata") or {}).get("labels") or {}
-        if existing is not None and labels.get(CREATED_BY) != self.scheduler:
+        if existing is not None and ObjectView(existing).labels.get(CREATED_BY) != self.scheduler:
             return None
         binding = self.binding(request, result, node)
         if binding is None:

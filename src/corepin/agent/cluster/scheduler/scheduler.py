@@ -39,6 +39,8 @@ from corepin.core.record import record
 from corepin.kube.client import KubeClient
 from corepin.kube.events import EventRecorder
 from corepin.kube.leader import LeaderElector
+from corepin.kube.models import ObjectView, PodView
+from corepin.kube.models.fields import loose_list
 from corepin.kube.resources import PODS
 from corepin.placement.cluster import Cluster
 from corepin.placement.fit import Fit
@@ -74,8 +76,8 @@ class SchedulerSettings:
 
 
 def _key(pod: Mapping[str, Any]) -> Key:
-    meta = pod.get("metadata") or {}
-    return (str(meta.get("namespace") or "default"), str(meta.get("name") or ""))
+    view = ObjectView(pod)
+    return (view.namespace or "default", view.name)
 
 
 class Scheduler:
@@ -189,21 +191,19 @@ class Scheduler:
 
     # ------------------------------------------------------------------ queue
     def _ours(self, pod: Mapping[str, Any]) -> bool:
-        spec = pod.get("spec") or {}
-        meta = pod.get("metadata") or {}
-        phase = (pod.get("status") or {}).get("phase")
+        view = PodView(pod)
         return (
-            spec.get("schedulerName") == self.settings.name
-            and not spec.get("nodeName")
-            and not meta.get("deletionTimestamp")
-            and phase not in ("Succeeded", "Failed")
+            view.spec.get("schedulerName") == self.settings.name
+            and not view.node_name
+            and not view.deleting
+            and view.phase not in ("Succeeded", "Failed")
         )
 
     def _pod_event(self, what: str, pod: Mapping[str, Any]) -> None:
         key = _key(pod)
         if what == "delete":
             self.pending.forget(key)
-            if (pod.get("spec") or {}).get("nodeName"):
+            if PodView(pod).node_name:
                 self.pending.changed()  # its CPUs come free
             return
         if not self._ours(pod):
@@ -223,7 +223,7 @@ class Scheduler:
             pod = self.feed.pods.cache.get(key[1], key[0])
             if pod is None or not self._ours(pod):
                 continue
-            uid = str((pod.get("metadata") or {}).get("uid") or "")
+            uid = PodView(pod).uid
             with self._lock:
                 if uid in self._binding:
                     continue
@@ -245,7 +245,7 @@ class Scheduler:
         names: list[str] = []
         refused: dict[str, tuple[str, str]] = {}
         for node in self.feed.nodes.cache.list():
-            name = str((node.get("metadata") or {}).get("name") or "")
+            name = ObjectView(node).name
             why = node_refusal(node, pod)
             if why is None:
                 names.append(name)
@@ -310,7 +310,7 @@ class Scheduler:
         current = next(
             (
                 c
-                for c in (pod.get("status") or {}).get("conditions") or []
+                for c in loose_list(PodView(pod).status.get("conditions"))
                 if isinstance(c, Mapping) and c.get("type") == "PodScheduled"
             ),
             None,
