@@ -26,6 +26,14 @@ PY=${PYTHON:-.venv/bin/python}
 old=$(mktemp -d "${TMPDIR:-/tmp}/corepin-before.XXXXXX")
 trap 'rm -rf "$old"' EXIT INT TERM
 git archive "$rev" | tar -x -C "$old"
+# The gRPC modules are generated at install time, not kept in git: the other revision gets this
+# checkout's when its protos are the same (the agent serves gRPC; without them it cannot start).
+if git diff --quiet "$rev" HEAD -- proto; then
+    cp -r src/corepin/api/grpc/gen "$old/src/corepin/api/grpc/"
+else
+    echo "before_after: the protos of $rev differ from this checkout's: the node agent's" \
+        "figures of $rev need its own installed checkout" >&2
+fi
 
 run_pair() {  # $@: the benchmark script (relative to the repository root) and its arguments
     script=$1
