@@ -21,8 +21,8 @@ from corepin.kube.client import KubeClient
 from corepin.kube.resources import CRDS
 from support.helpers import corepin_argv, wait_for
 from support.kubelet_harness import TestKubelet, container_manifest, pod_manifest
+from support.paths import REPO
 
-REPO = Path(__file__).resolve().parents[2]
 ONLINE = CPUSet(os.sched_getaffinity(0))
 EXCLUSIVE = {"corepin.io/cpu-policy": "exclusive"}
 

@@ -18,8 +18,8 @@ from corepin.enforcement.faketree import make_fake_v1
 from corepin.kube.client import KubeClient, Resource
 from corepin.kube.resources import CRDS, NODES, PODS
 from support.helpers import corepin_argv, run_corepin, wait_for
+from support.paths import REPO
 
-REPO = Path(__file__).resolve().parents[2]
 NCPT = Resource("corepin.io", "v1alpha1", "nodecputopologies", False, "NodeCPUTopology")
 
 

@@ -21,9 +21,9 @@ from corepin.cli.render.svg import OWNER_COLOURS, PALETTE, render_svg
 from corepin.cli.render.table import render_table
 from corepin.cli.render.tree import render_tree
 from corepin.topology.model import CPUInfo, NUMANode
+from support.paths import REPO, SYSFS_FIXTURES
 
-REPO = Path(__file__).resolve().parents[2]
-FIXTURES = REPO.parent / "shared" / "fixtures" / "sysfs"
+FIXTURES = SYSFS_FIXTURES
 SVG_NS = "{http://www.w3.org/2000/svg}"
 
 

@@ -9,7 +9,6 @@ import http.client
 import json
 import time
 from collections.abc import Iterator
-from pathlib import Path
 from typing import Any
 
 import pytest
@@ -26,10 +25,11 @@ from corepin.placement.cluster import Cluster
 from corepin.state.model import HostState
 from corepin.testing import machines as synthetic
 from support.helpers import wait_for
+from support.paths import PEER_FIXTURES
 from support.placement_helpers import pod, run_pods
 from support.placement_publish import install_crds, publish
 
-GOLDEN = Path(__file__).resolve().parents[3] / "shared/fixtures/peer/scheduler_extender_v1"
+GOLDEN = PEER_FIXTURES / "scheduler_extender_v1"
 SMALL = synthetic.named("single_socket_ht")
 
 

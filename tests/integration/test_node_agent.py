@@ -19,6 +19,7 @@ from corepin.kube.resources import EVENTS, NODES
 from corepin.testing import machines as synthetic
 from support.helpers import wait_for
 from support.node_harness import NODE, FakeNode, container, fake_node
+from support.paths import PEER_FIXTURES
 
 C = CPUSet.parse
 EXCLUSIVE = {"corepin.io/cpu-policy": "exclusive"}
@@ -425,12 +426,7 @@ def test_a_binding_naming_cpus_the_node_lacks_or_someone_holds_is_refused_with_a
 
 
 NRT_CRD = (
-    Path(__file__).resolve().parents[2].parent
-    / "shared"
-    / "fixtures"
-    / "peer"
-    / "noderesourcetopology"
-    / "crd.yaml"
+    PEER_FIXTURES / "noderesourcetopology" / "crd.yaml"
 )
 
 

@@ -37,8 +37,8 @@ from corepin.testing import machines as synthetic
 from corepin.testing.sysfs_tree import write_sysfs_tree
 from support.helpers import corepin_argv, wait_for
 from support.node_harness import NODE, FakeNode, container, fake_node
+from support.paths import REPO
 
-REPO = Path(__file__).resolve().parents[2]
 TOPO = synthetic.named("dual_socket_ht")  # 32 CPUs
 EXCLUSIVE = {"corepin.io/cpu-policy": "exclusive"}
 NCPT = Resource("corepin.io", "v1alpha1", "nodecputopologies", False, "NodeCPUTopology")

@@ -25,9 +25,9 @@ from corepin.kube.resources import CRDS
 from corepin.testing.machines import named
 from fakeapi import TLSMaterial
 from support.helpers import corepin_argv, run_corepin, wait_for
+from support.paths import REPO
 from support.webhook_helpers import container, ncpt, pod, review
 
-REPO = Path(__file__).resolve().parents[2]
 NCPT = Resource("corepin.io", "v1alpha1", "nodecputopologies", False, "NodeCPUTopology")
 EXCLUSIVE = {"corepin.io/cpu-policy": "exclusive"}
 

@@ -15,6 +15,8 @@ from collections.abc import Callable, Mapping
 from pathlib import Path
 from typing import Any
 
+from support.paths import PEER_FIXTURES
+
 
 def corepin_argv(*args: str) -> list[str]:
     """The command line of `corepin ARGS` run by this interpreter (`python -m corepin`)."""
@@ -76,14 +78,7 @@ def kill_and_remove_cgroup(base: Path, *, attempts: int = 100, pause: float = 0.
     return not base.exists()
 
 
-KUBELET_VECTORS_FILE = (
-    Path(__file__).resolve().parents[2].parent
-    / "shared"
-    / "fixtures"
-    / "peer"
-    / "kubelet_cpu_manager_state"
-    / "vectors.json"
-)
+KUBELET_VECTORS_FILE = PEER_FIXTURES / "kubelet_cpu_manager_state" / "vectors.json"
 
 
 def load_kubelet_vectors() -> list[dict[str, Any]]:

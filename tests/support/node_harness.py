@@ -33,8 +33,8 @@ from corepin.enforcement.layout import container_cgroup_path, pod_cgroup_path
 from corepin.kube.client import KubeClient
 from corepin.kube.resources import CRDS, NODES, PODS
 from corepin.topology.model import Topology
+from support.paths import REPO
 
-REPO = Path(__file__).resolve().parents[2]
 NODE = "node-a"
 
 

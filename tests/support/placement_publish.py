@@ -5,7 +5,6 @@ from __future__ import annotations
 
 import contextlib
 import time
-from pathlib import Path
 
 import yaml
 
@@ -14,9 +13,9 @@ from corepin.kube.client import KubeClient, Resource
 from corepin.kube.resources import CRDS, NODES
 from corepin.state.model import HostState
 from corepin.topology.model import Topology
+from support.paths import REPO
 from support.placement_helpers import stamp
 
-REPO = Path(__file__).resolve().parents[2]
 NCPT = Resource("corepin.io", "v1alpha1", "nodecputopologies", False, "NodeCPUTopology")
 PCB = Resource("corepin.io", "v1alpha1", "podcpubindings", True, "PodCPUBinding")
 

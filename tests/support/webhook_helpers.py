@@ -7,7 +7,6 @@ from __future__ import annotations
 import base64
 import copy
 import json
-from pathlib import Path
 from typing import Any
 
 import jsonpatch
@@ -15,11 +14,11 @@ import jsonpatch
 from corepin.core.cpuset import CPUSet
 from corepin.kube import models as m
 from corepin.topology.model import Topology
+from support.paths import PEER_FIXTURES
 
 Obj = dict[str, Any]
 
-FIXTURES = Path(__file__).resolve().parents[2].parent / "shared" / "fixtures"
-ADMISSION_FIXTURE = FIXTURES / "peer" / "admission_v1" / "admission.k8s.io.v1.AdmissionReview.json"
+ADMISSION_FIXTURE = PEER_FIXTURES / "admission_v1" / "admission.k8s.io.v1.AdmissionReview.json"
 ADMISSION_FIXTURE_YAML = ADMISSION_FIXTURE.with_suffix(".yaml")
 POD_KIND = {"group": "", "version": "v1", "kind": "Pod"}
 POD_RESOURCE = {"group": "", "version": "v1", "resource": "pods"}

@@ -15,6 +15,7 @@ from corepin.allocation.types import Request
 from corepin.core.cpuset import CPUSet
 from corepin.core.errors import AllocationError, RequestError, SMTAlignmentError
 from corepin.topology.model import Topology
+from support.paths import SYSFS_FIXTURES
 
 POLICY = TopologyAwarePolicy()
 
@@ -339,17 +340,10 @@ def test_a_large_machine_is_decided_without_enumerating_combinations() -> None:
 def test_a_request_spanning_numa_nodes_keeps_to_nodes_that_share_an_l3() -> None:
     """On the fake 2-package, 4-die, 16-node machine every L3 (die) holds two NUMA nodes of 4
     CPUs; 6 CPUs need two nodes, and the second must be the L3 sibling of the first."""
-    from pathlib import Path
 
     from corepin.topology.discover import discover
 
-    root = (
-        Path(__file__).resolve().parents[3].parent
-        / "shared"
-        / "fixtures"
-        / "sysfs"
-        / "intel-fake-2p4die-16numa-ht"
-    )
+    root = SYSFS_FIXTURES / "intel-fake-2p4die-16numa-ht"
     if not root.is_dir():
         pytest.skip("fixture intel-fake-2p4die-16numa-ht is absent")
     topo = discover(str(root))

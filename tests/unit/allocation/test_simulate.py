@@ -24,6 +24,7 @@ from corepin.cli.main import main
 from corepin.core.cpuset import CPUSet
 from corepin.core.errors import AllocationError
 from corepin.topology.model import CPUInfo, Topology
+from support.paths import SYSFS_FIXTURES
 
 
 # ------------------------------------------------------------------------------ topologies
@@ -478,13 +479,7 @@ class TestOutput:
 def test_simulate_runs_on_a_real_machine_sysfs_tree(
     tmp_path: Path, capsys: pytest.CaptureFixture[str]
 ) -> None:
-    root = (
-        Path(__file__).resolve().parents[3].parent
-        / "shared"
-        / "fixtures"
-        / "sysfs"
-        / "intel-2s-8c-ht-32cpu"
-    )
+    root = SYSFS_FIXTURES / "intel-2s-8c-ht-32cpu"
     if not root.is_dir():
         pytest.skip("real-machine sysfs fixtures are not present")
     trace = write_trace(

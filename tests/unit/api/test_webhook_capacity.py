@@ -5,7 +5,6 @@ the webhook keeps of NodeCPUTopologies."""
 from __future__ import annotations
 
 import copy
-from pathlib import Path
 from typing import Any
 
 import pytest
@@ -16,6 +15,7 @@ from corepin.allocation.types import Request
 from corepin.api.webhook.admission import WebhookConfig, admit
 from corepin.api.webhook.capacity import Catalog, ClusterCapacity, Hold
 from corepin.testing.machines import SyntheticSpec, named, synthetic
+from support.paths import REPO
 from support.webhook_helpers import container, ncpt, pod, review
 
 Obj = dict[str, Any]
@@ -84,7 +84,7 @@ def test_a_level_no_node_can_give_at_all_says_so() -> None:
 
 
 def test_the_readme_example_message_is_what_a_user_gets() -> None:
-    readme = (Path(__file__).resolve().parents[3] / "README.md").read_text()
+    readme = (REPO / "README.md").read_text()
     text = capacity(ncpt("node-a", DUAL)).check([Hold("db", "exclusive", 40)], "core")
     assert text is not None
     quoted = " ".join(text.split("; ask for")[0].split())

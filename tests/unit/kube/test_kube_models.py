@@ -23,7 +23,8 @@ from corepin.core.cpuset import CPUSet
 from corepin.core.errors import InputError
 from corepin.kube import models as m
 from corepin.testing.machines import NAMED
-from support.crd_schema import SHARED, crd, errors, load_yaml_docs, version_schema
+from support.crd_schema import crd, errors, load_yaml_docs, version_schema
+from support.paths import DEPLOY, PEER_FIXTURES
 
 NCPT_SCHEMA = version_schema(crd("nodecputopologies"), "v1alpha1")
 PCB_SCHEMA = version_schema(crd("podcpubindings"), "v1alpha1")
@@ -217,7 +218,6 @@ def test_unknown_fields_of_a_pod_cpu_binding_are_ignored(pcb: m.PodCPUBinding) -
 
 
 def test_examples_read_as_models_and_write_back_the_same() -> None:
-    from support.crd_schema import DEPLOY
 
     for name in ("nodecputopology.yaml", "podcpubinding-explicit.yaml"):
         (doc,) = load_yaml_docs(DEPLOY / "samples" / name)
@@ -555,7 +555,7 @@ def test_node_resource_topology_refuses_unknown_manager_settings(
         m.node_resource_topology("n", topology, free=CPUSet(), **kwargs)  # type: ignore[arg-type]
 
 
-NRT_CRD = SHARED / "fixtures" / "peer" / "noderesourcetopology" / "crd.yaml"
+NRT_CRD = PEER_FIXTURES / "noderesourcetopology" / "crd.yaml"
 
 
 @pytest.mark.parametrize("name", SMALL_TOPOLOGIES)

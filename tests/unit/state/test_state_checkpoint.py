@@ -26,11 +26,11 @@ from corepin.state.checkpoint import (
     state_to_payload,
     write_checkpoint,
 )
+from support.paths import DATA
 
 C = CPUSet.parse
 
 
-DATA = Path(__file__).resolve().parents[2] / "data"
 
 
 def sample() -> HostState:

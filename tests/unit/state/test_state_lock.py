@@ -25,9 +25,9 @@ from corepin.core.errors import StateError
 from corepin.state import StateStore
 from corepin.state.lock import QUEUE_DIR
 from support.helpers import corepin_argv, run_corepin, wait_for
+from support.paths import SRC
 
-SRC = str(Path(__file__).resolve().parents[3] / "src")
-ENV = {**os.environ, "PYTHONPATH": SRC}
+ENV = {**os.environ, "PYTHONPATH": str(SRC)}
 
 HOLDER = """
     import sys
