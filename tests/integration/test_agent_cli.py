@@ -15,12 +15,10 @@ import yaml
 
 from corepin.core.cpuset import CPUSet
 from corepin.enforcement.faketree import make_fake_v1
-from corepin.kube.client import KubeClient, Resource
-from corepin.kube.resources import CRDS, NODES, PODS
+from corepin.kube.client import KubeClient
+from corepin.kube.resources import CRDS, NCPT, NODES, PODS
 from support.helpers import corepin_argv, run_corepin, wait_for
 from support.paths import REPO
-
-NCPT = Resource("corepin.io", "v1alpha1", "nodecputopologies", False, "NodeCPUTopology")
 
 
 def agent_argv(kubeconfig: Path, tmp: Path, *extra: str) -> list[str]:

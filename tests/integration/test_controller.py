@@ -31,7 +31,6 @@ from support.controller_helpers import (
     create_binding,
     gone,
     heartbeat,
-    install_crds,
     ncpt,
     pod,
     publish,
@@ -43,6 +42,7 @@ from support.controller_helpers import (
 )
 from support.crd_schema import crd
 from support.helpers import wait_for
+from support.kube_helpers import install_crds
 
 Obj = dict[str, Any]
 

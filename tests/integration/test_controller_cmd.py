@@ -23,13 +23,13 @@ from corepin.testing.machines import dual_socket_ht
 from support.controller_helpers import (
     binding,
     create_binding,
-    install_crds,
     ncpt,
     pod,
     publish,
     wait_phase,
 )
 from support.helpers import corepin_argv, run_corepin, wait_for
+from support.kube_helpers import install_crds
 
 
 class Running:

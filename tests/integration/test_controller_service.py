@@ -24,13 +24,13 @@ from fakeapi import FakeApiServer
 from support.controller_helpers import (
     binding,
     create_binding,
-    install_crds,
     ncpt,
     pod,
     publish,
     wait_phase,
 )
 from support.helpers import wait_for
+from support.kube_helpers import install_crds
 
 WRITES = ("POST", "PUT", "PATCH", "DELETE")
 

@@ -25,9 +25,10 @@ from corepin.placement.cluster import Cluster
 from corepin.state.model import HostState
 from corepin.testing import machines as synthetic
 from support.helpers import wait_for
+from support.kube_helpers import install_crds
 from support.paths import PEER_FIXTURES
 from support.placement_helpers import pod, run_pods
-from support.placement_publish import install_crds, publish
+from support.placement_publish import publish
 
 GOLDEN = PEER_FIXTURES / "scheduler_extender_v1"
 SMALL = synthetic.named("single_socket_ht")

@@ -425,9 +425,7 @@ def test_a_binding_naming_cpus_the_node_lacks_or_someone_holds_is_refused_with_a
     wait_for(lambda: node.cpus(good, "app") == C("31"), what="explicit CPU 31")
 
 
-NRT_CRD = (
-    PEER_FIXTURES / "noderesourcetopology" / "crd.yaml"
-)
+NRT_CRD = PEER_FIXTURES / "noderesourcetopology" / "crd.yaml"
 
 
 @pytest.mark.skipif(not NRT_CRD.exists(), reason="the NodeResourceTopology CRD fixture is absent")

@@ -31,8 +31,8 @@ import yaml
 from corepin.core.cpuset import CPUSet
 from corepin.enforcement.cgroups import CgroupV1, CpuQuota
 from corepin.enforcement.layout import container_cgroup_path, pod_cgroup_path
-from corepin.kube.client import KubeClient, Resource
-from corepin.kube.resources import EVENTS, PODS
+from corepin.kube.client import KubeClient
+from corepin.kube.resources import EVENTS, NCPT, PCB, PODS
 from corepin.testing import machines as synthetic
 from corepin.testing.sysfs_tree import write_sysfs_tree
 from support.helpers import corepin_argv, wait_for
@@ -41,8 +41,6 @@ from support.paths import REPO
 
 TOPO = synthetic.named("dual_socket_ht")  # 32 CPUs
 EXCLUSIVE = {"corepin.io/cpu-policy": "exclusive"}
-NCPT = Resource("corepin.io", "v1alpha1", "nodecputopologies", False, "NodeCPUTopology")
-PCB = Resource("corepin.io", "v1alpha1", "podcpubindings", True, "PodCPUBinding")
 
 
 # ---------------------------------------------------------------------- harness

@@ -6,7 +6,6 @@ from __future__ import annotations
 import http.client
 import json
 import signal
-import socket
 import ssl
 import subprocess
 import time
@@ -24,16 +23,12 @@ from corepin.testing import machines as synthetic
 from fakeapi import TLSMaterial, make_tls
 from fakeapi.tls import CertFiles
 from support.helpers import corepin_argv, run_corepin, wait_for
+from support.kube_helpers import install_crds
 from support.placement_helpers import pod
-from support.placement_publish import install_crds, publish
+from support.placement_publish import publish
+from support.ports import free_port
 
 SMALL = synthetic.named("single_socket_ht")
-
-
-def free_port() -> int:
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        return int(sock.getsockname()[1])
 
 
 def get(url: str) -> tuple[int, str]:

@@ -15,13 +15,14 @@ import pytest
 from corepin.agent.cluster.scheduler.scheduler import Scheduler, SchedulerSettings
 from corepin.core.cpuset import CPUSet
 from corepin.kube.client import KubeClient
-from corepin.kube.resources import EVENTS, NODES, PODS
+from corepin.kube.resources import EVENTS, NODES, PCB, PODS
 from corepin.placement.taints import failure_message, node_refusal
 from corepin.state.model import HostState
 from corepin.testing import machines as synthetic
 from support.helpers import wait_for
+from support.kube_helpers import install_crds
 from support.placement_helpers import pod, run_pods
-from support.placement_publish import PCB, install_crds, publish
+from support.placement_publish import publish
 
 SMALL = synthetic.named("single_socket_ht")  # 16 CPUs
 NAME = "corepin-scheduler"
@@ -270,7 +271,7 @@ def test_the_agent_keeps_cpus_promised_by_a_binding_for_a_pod_not_running_yet(
         fake.run(now)
         assert agent.wait_idle(10)
         assert not fake.cpus(now, "app") & CPUSet.parse("0,8")
-        from support.placement_publish import NCPT
+        from corepin.kube.resources import NCPT
 
         free = CPUSet.parse(kube.get(NCPT, "a")["status"]["free"])
         assert not free & CPUSet.parse("0,8"), "promised CPUs are not published as free"

@@ -20,23 +20,17 @@ from typing import Any
 import pytest
 import yaml
 
-from corepin.kube.client import KubeClient, Resource
-from corepin.kube.resources import CRDS
+from corepin.kube.client import KubeClient
+from corepin.kube.resources import NCPT
 from corepin.testing.machines import named
 from fakeapi import TLSMaterial
 from support.helpers import corepin_argv, run_corepin, wait_for
+from support.kube_helpers import install_crds
 from support.paths import REPO
+from support.ports import free_port
 from support.webhook_helpers import container, ncpt, pod, review
 
-NCPT = Resource("corepin.io", "v1alpha1", "nodecputopologies", False, "NodeCPUTopology")
 EXCLUSIVE = {"corepin.io/cpu-policy": "exclusive"}
-
-
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        port: int = s.getsockname()[1]
-        return port
 
 
 def clean_env() -> dict[str, str]:
@@ -137,15 +131,10 @@ def test_without_the_api_the_capacity_rule_is_off(process: Process) -> None:
     assert "corepin_webhook_node_topologies 0.0" in process.metrics()
 
 
-def install_crds(kube: KubeClient) -> None:
-    for doc in yaml.safe_load_all((REPO / "deploy" / "crd" / "nodecputopologies.yaml").read_text()):
-        kube.create(CRDS, doc)
-
-
 def test_the_capacity_rule_follows_the_published_node_topologies(
     kube: KubeClient, fake_kubeconfig: Path, tls_material: TLSMaterial
 ) -> None:
-    install_crds(kube)
+    install_crds(kube, "nodecputopologies")
     kube.create(NCPT, ncpt("node-a", named("dual_socket_ht")))
     proc = Process(tls_material, "--kubeconfig", str(fake_kubeconfig), "-v")
     try:

@@ -29,17 +29,11 @@ from corepin.kube.models import (
     format_time,
     pod_owner,
 )
-from corepin.kube.resources import CRDS, PODS
+from corepin.kube.resources import PODS
 from corepin.topology.model import Topology
-from support.crd_schema import crd
 from support.helpers import wait_for
 
 Obj = dict[str, Any]
-
-
-def install_crds(kube: KubeClient) -> None:
-    for plural in ("podcpubindings", "nodecputopologies"):
-        kube.create(CRDS, crd(plural))
 
 
 def ncpt(

@@ -4,12 +4,20 @@ from __future__ import annotations
 
 from typing import Any
 
-from corepin.kube.client import Resource
+from corepin.kube.client import KubeClient, Resource
+from corepin.kube.resources import CRDS
+from support.crd_schema import crd
 
 Obj = dict[str, Any]
 
 WIDGETS = Resource("example.com", "v1", "widgets", True, "Widget")
 GADGETS = Resource("example.com", "v1", "gadgets", False, "Gadget")
+
+
+def install_crds(kube: KubeClient, *plurals: str) -> None:
+    """Create corepin's CRDs as `deploy/crd` ships them (`plurals`: only these; default: all)."""
+    for plural in plurals or ("nodecputopologies", "podcpubindings"):
+        kube.create(CRDS, crd(plural))
 
 
 def pod(

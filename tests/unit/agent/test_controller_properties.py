@@ -32,13 +32,13 @@ from support.controller_helpers import (
     allocation,
     binding,
     create_binding,
-    install_crds,
     ncpt,
     publish,
     republish,
     running,
     settle,
 )
+from support.kube_helpers import install_crds
 
 Obj = dict[str, Any]
 

@@ -11,7 +11,6 @@ from __future__ import annotations
 import itertools
 import os
 import signal
-import socket
 import subprocess
 import time
 import urllib.error
@@ -22,30 +21,24 @@ from pathlib import Path
 import pytest
 
 from corepin.core.cpuset import CPUSet
-from corepin.kube.client import KubeClient, Resource
+from corepin.kube.client import KubeClient
 from corepin.kube.models import ANN_CPUS
-from corepin.kube.resources import PODS
+from corepin.kube.resources import NCPT, PODS
 from corepin.topology.discover import discover
 from fakeapi import FakeApiServer
 from fakeapi.kubeconfig import write_kubeconfig
 from support.blackhole import BlackholeProxy
 from support.helpers import corepin_argv, wait_for
 from support.node_harness import FakeNode, container
+from support.ports import free_port
 
 NODE = "n1"
 EXCLUSIVE = {"corepin.io/cpu-policy": "exclusive"}
-NCPT = Resource("corepin.io", "v1alpha1", "nodecputopologies", False, "NodeCPUTopology")
 IDLE = 6.0  # the agent's --api-idle-timeout in these tests
 
 pytestmark = pytest.mark.skipif(
     len(os.sched_getaffinity(0)) < 2, reason="an exclusive CPU needs at least 2 CPUs"
 )
-
-
-def free_port() -> int:
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        return int(sock.getsockname()[1])
 
 
 def healthz(port: int) -> int:

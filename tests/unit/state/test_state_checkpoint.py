@@ -31,8 +31,6 @@ from support.paths import DATA
 C = CPUSet.parse
 
 
-
-
 def sample() -> HostState:
     s = HostState(
         revision=7,
