@@ -26,8 +26,6 @@ from typing import Any
 
 import jsonpatch
 import pytest
-from test_extender import Extender
-from test_webhook_cli import Process
 
 from corepin.allocation.levels import units_of
 from corepin.core.cpuset import CPUSet
@@ -37,9 +35,11 @@ from corepin.kube.models import parse_cpus_annotation
 from corepin.kube.resources import EVENTS, NODES, PODS
 from fakeapi import TLSMaterial
 from support.e2e_cluster import TOPOLOGIES, Kubelets, cluster, workload
+from support.extender_harness import Extender
 from support.helpers import wait_for
 from support.node_harness import FakeNode, container
 from support.webhook_helpers import review
+from support.webhook_process import WebhookProcess
 
 Obj = dict[str, Any]
 NAMESPACE = "default"
@@ -114,7 +114,7 @@ def _workload_pods() -> list[tuple[Obj, list[str] | None]]:
 class Admission:
     """The API server's side of the admission webhooks: mutate, apply the patch, validate."""
 
-    def __init__(self, webhook: Process) -> None:
+    def __init__(self, webhook: WebhookProcess) -> None:
         self.webhook = webhook
         self.count = 0
 
@@ -258,7 +258,7 @@ def test_admitted_pods_placed_by_the_extender_end_pinned_and_the_rest_stay_pendi
     started = time.monotonic()
     with cluster(kube, tmp_path) as nodes, Kubelets(kube, nodes):
         kube.create(NODES, {"apiVersion": "v1", "kind": "Node", "metadata": {"name": NO_AGENT}})
-        webhook = Process(tls_material, "--kubeconfig", str(fake_kubeconfig))
+        webhook = WebhookProcess(tls_material, "--kubeconfig", str(fake_kubeconfig))
         try:
             wait_for(
                 lambda: "corepin_webhook_node_topologies 3.0" in webhook.metrics(),
