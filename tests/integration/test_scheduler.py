@@ -21,8 +21,9 @@ from corepin.state.model import HostState
 from corepin.testing import machines as synthetic
 from support.helpers import wait_for
 from support.kube_helpers import install_crds
-from support.placement_helpers import pod, run_pods
+from support.placement_helpers import run_pods
 from support.placement_publish import publish
+from support.pods import EXCLUSIVE, container, corepin_annotations, pod
 
 SMALL = synthetic.named("single_socket_ht")  # 16 CPUs
 NAME = "corepin-scheduler"
@@ -114,9 +115,14 @@ def scheduler(kube: KubeClient, **changes: Any) -> Iterator[Scheduler]:
         s.stop()
 
 
-def pending(name: str, cpus: str, **kw: Any) -> dict[str, Any]:
-    body = pod(name, ("app", cpus), scheduler=NAME, namespace="default", **kw)
-    del body["metadata"]["uid"], body["status"]
+def pending(name: str, cpus: str, level: str | None = None) -> dict[str, Any]:
+    body = pod(
+        name,
+        container("app", cpus, cpus),
+        annotations=corepin_annotations(level=level),
+        scheduler=NAME,
+    )
+    del body["metadata"]["uid"]
     return body
 
 
@@ -129,7 +135,9 @@ def test_a_pod_that_fits_nowhere_stays_pending_with_why_per_node_until_a_node_fr
     kube: KubeClient,
 ) -> None:
     install_crds(kube)
-    full = run_pods(SMALL, [pod("big", ("app", "12"), running=True)])
+    full = run_pods(
+        SMALL, [pod("big", container("app", "12", "12"), annotations=EXCLUSIVE, running=True)]
+    )
     publish(kube, "a", full, SMALL)
     publish(kube, "b", full, SMALL)
     kube.create(NODES, {"apiVersion": "v1", "kind": "Node", "metadata": {"name": "bare"}})
@@ -159,7 +167,14 @@ def test_a_pod_that_fits_nowhere_stays_pending_with_why_per_node_until_a_node_fr
 def test_a_tainted_node_is_skipped(kube: KubeClient) -> None:
     install_crds(kube)
     publish(kube, "a", HostState.new(SMALL), SMALL)
-    publish(kube, "b", run_pods(SMALL, [pod("x", ("app", "4"), running=True)]), SMALL)
+    publish(
+        kube,
+        "b",
+        run_pods(
+            SMALL, [pod("x", container("app", "4", "4"), annotations=EXCLUSIVE, running=True)]
+        ),
+        SMALL,
+    )
     taint = {"key": "dedicated", "value": "db", "effect": "NoSchedule"}
     kube.patch(NODES, "b", {"spec": {"taints": [taint]}})
     with scheduler(kube):
@@ -210,7 +225,14 @@ def test_only_the_leader_binds_and_a_standby_takes_over(kube: KubeClient) -> Non
 
 def test_a_pod_deleted_while_pending_is_forgotten(kube: KubeClient) -> None:
     install_crds(kube)
-    publish(kube, "a", run_pods(SMALL, [pod("x", ("app", "14"), running=True)]), SMALL)
+    publish(
+        kube,
+        "a",
+        run_pods(
+            SMALL, [pod("x", container("app", "14", "14"), annotations=EXCLUSIVE, running=True)]
+        ),
+        SMALL,
+    )
     with scheduler(kube) as s:
         kube.create(PODS, pending("p", "4"), "default")
         wait_for(lambda: s.unschedulable >= 1, timeout=20, what="p found unschedulable")
@@ -300,14 +322,16 @@ def test_a_heartbeat_revives_a_stale_node_and_keeps_its_answers_while_a_change_d
     feed.start(20)
     try:
         wait_for(lambda: cluster.view("a") is not None, what="node a read")
-        ask = pod_request(pod("p", ("app", "2")))
+        ask = pod_request(pod("p", container("app", "2", "2"), annotations=EXCLUSIVE))
         (stale,) = cluster.evaluate(ask, ["a"], time.time())
         assert not stale.ok and stale.code == "stale"
         view = cluster.view("a")
         publish(kube, "a", HostState.new(SMALL), SMALL)  # the agent is back: heartbeat only
         wait_for(lambda: cluster.evaluate(ask, ["a"], time.time())[0].ok, what="a fresh again")
         assert cluster.view("a") is view, "a heartbeat alone keeps the view and its answers"
-        busy = run_pods(SMALL, [pod("x", ("app", "14"), running=True)])
+        busy = run_pods(
+            SMALL, [pod("x", container("app", "14", "14"), annotations=EXCLUSIVE, running=True)]
+        )
         publish(kube, "a", busy, SMALL)
         wait_for(lambda: cluster.view("a") is not view, what="the change read")
         (full,) = cluster.evaluate(ask, ["a"], time.time())
