@@ -16,7 +16,8 @@ from corepin.kube.client import KubeClient
 from corepin.kube.resources import CONFIGMAPS, CRDS, NAMESPACES, PODS
 from corepin.kube.transport import Response
 from fakeapi import FakeApiServer
-from support.kube_helpers import WIDGETS, pod, widget, widget_crd
+from support.kube_helpers import WIDGETS, widget, widget_crd
+from support.pods import container, pod
 
 TABLE = "application/json;as=Table;v=v1;g=meta.k8s.io,application/json"
 
@@ -153,7 +154,9 @@ def test_the_qos_class_compares_quantities_as_numbers(kube: KubeClient) -> None:
 
 
 def test_only_the_resize_subresource_changes_cpu_and_memory_resources(kube: KubeClient) -> None:
-    kube.create(PODS, pod("web", node="n1", cpu="500m"))  # Guaranteed: 500m CPU, 64Mi
+    kube.create(
+        PODS, pod("web", container(cpu="500m", memory="64Mi"), node="n1")
+    )  # Guaranteed: 500m CPU, 64Mi
     both = {
         "spec": {
             "containers": [

@@ -20,29 +20,6 @@ def install_crds(kube: KubeClient, *plurals: str) -> None:
         kube.create(CRDS, crd(plural))
 
 
-def pod(
-    name: str,
-    namespace: str = "default",
-    *,
-    labels: dict[str, str] | None = None,
-    node: str | None = None,
-    scheduler: str | None = None,
-    cpu: str | None = None,
-) -> Obj:
-    container: Obj = {"name": "app", "image": "busybox:1.36"}
-    if cpu is not None:
-        container["resources"] = {"limits": {"cpu": cpu, "memory": "64Mi"}}
-    spec: Obj = {"containers": [container]}
-    if node:
-        spec["nodeName"] = node
-    if scheduler:
-        spec["schedulerName"] = scheduler
-    meta: Obj = {"name": name, "namespace": namespace}
-    if labels:
-        meta["labels"] = labels
-    return {"apiVersion": "v1", "kind": "Pod", "metadata": meta, "spec": spec}
-
-
 def widget_crd(*, scope: str = "Namespaced", status: bool = True) -> Obj:
     """A CRD exercising the schema features the fake enforces."""
     plural, kind = ("widgets", "Widget") if scope == "Namespaced" else ("gadgets", "Gadget")

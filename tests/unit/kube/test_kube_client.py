@@ -32,7 +32,8 @@ from corepin.kube.config import load_config
 from corepin.kube.resources import CONFIGMAPS, CRDS, LEASES, NODES, PODS
 from corepin.kube.transport import Cancel, Cancelled
 from fakeapi import FakeApiServer, TLSMaterial
-from support.kube_helpers import WIDGETS, pod, widget, widget_crd
+from support.kube_helpers import WIDGETS, widget, widget_crd
+from support.pods import pod
 
 
 def client_for(path: Path) -> KubeClient:

@@ -23,7 +23,7 @@ from corepin.kube.informer import Informer, resource_version
 from corepin.kube.resources import CONFIGMAPS, PODS
 from fakeapi import FakeApiServer
 from fakeapi.errors import ApiFailure
-from support.kube_helpers import pod
+from support.pods import pod
 
 Obj = dict[str, Any]
 
