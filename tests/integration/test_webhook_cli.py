@@ -19,11 +19,10 @@ from fakeapi import TLSMaterial
 from support.helpers import run_corepin, wait_for
 from support.kube_helpers import install_crds
 from support.paths import REPO
+from support.pods import EXCLUSIVE, container, pod
 from support.ports import free_port
-from support.webhook_helpers import container, ncpt, pod, review
+from support.webhook_helpers import ncpt, review
 from support.webhook_process import WebhookProcess, clean_env
-
-EXCLUSIVE = {"corepin.io/cpu-policy": "exclusive"}
 
 
 @pytest.fixture
@@ -36,9 +35,13 @@ def process(tls_material: TLSMaterial) -> Iterator[WebhookProcess]:
 def test_the_webhook_answers_over_https_and_stops_on_sigterm_within_5_s(
     process: WebhookProcess,
 ) -> None:
-    answer = process.post("/mutate", review(pod(container("app", "2"), annotations=EXCLUSIVE)))
+    answer = process.post(
+        "/mutate", review(pod("web-0", container("app", "2"), annotations=EXCLUSIVE))
+    )
     assert answer["response"]["patchType"] == "JSONPatch"
-    refused = process.post("/validate", review(pod(container("app", None), annotations=EXCLUSIVE)))
+    refused = process.post(
+        "/validate", review(pod("web-0", container("app"), annotations=EXCLUSIVE))
+    )
     assert refused["response"]["allowed"] is False
     assert 'outcome="denied"} 1.0' in process.metrics()
     # an idle keep-alive connection must not hold the process up
@@ -52,7 +55,7 @@ def test_the_webhook_answers_over_https_and_stops_on_sigterm_within_5_s(
 
 
 def test_without_the_api_the_capacity_rule_is_off(process: WebhookProcess) -> None:
-    huge = review(pod(container("app", "4096"), annotations=EXCLUSIVE))
+    huge = review(pod("web-0", container("app", "4096"), annotations=EXCLUSIVE))
     assert process.post("/validate", huge)["response"]["allowed"] is True
     assert "corepin_webhook_node_topologies 0.0" in process.metrics()
 
@@ -64,8 +67,8 @@ def test_the_capacity_rule_follows_the_published_node_topologies(
     kube.create(NCPT, ncpt("node-a", named("dual_socket_ht")))
     proc = WebhookProcess(tls_material, "--kubeconfig", str(fake_kubeconfig), "-v")
     try:
-        huge = review(pod(container("db", "40"), annotations=EXCLUSIVE))
-        small = review(pod(container("db", "8"), annotations=EXCLUSIVE))
+        huge = review(pod("web-0", container("db", "40"), annotations=EXCLUSIVE))
+        small = review(pod("web-0", container("db", "8"), annotations=EXCLUSIVE))
 
         def refused() -> bool:
             return proc.post("/validate", huge)["response"]["allowed"] is False
