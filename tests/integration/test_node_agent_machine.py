@@ -20,7 +20,8 @@ from corepin.core.cpuset import CPUSet
 from corepin.kube.client import KubeClient
 from corepin.kube.config import load_config
 from corepin.testing import machines as synthetic
-from support.node_harness import FakeNode, container
+from support.node_harness import FakeNode
+from support.pods import container
 
 TOPO = synthetic.named("single_socket_ht")  # 16 CPUs: shortage comes quickly
 
@@ -75,7 +76,8 @@ class AgentMachine(RuleBasedStateMachine):
         self.count += 1
         name = f"p{self.count}"
         annotations = {"corepin.io/cpu-policy": policy, "corepin.io/exclusiveness-level": level}
-        pod = self.node.pod(name, container("app", cpus), annotations=annotations)
+        app = container("app", cpus, memory="64Mi") if cpus else container("app")
+        pod = self.node.pod(name, app, annotations=annotations)
         self.pods[name] = self.node.run(pod)
         self.settle()
 

@@ -245,7 +245,7 @@ def test_a_pod_deleted_while_pending_is_forgotten(kube: KubeClient) -> None:
 def test_the_agent_keeps_cpus_promised_by_a_binding_for_a_pod_not_running_yet(
     kube: KubeClient, tmp_path: Any
 ) -> None:
-    from support.node_harness import FakeNode, container
+    from support.node_harness import FakeNode
 
     fake = FakeNode(kube, SMALL, tmp_path, name="a")
     try:
@@ -267,16 +267,7 @@ def test_the_agent_keeps_cpus_promised_by_a_binding_for_a_pod_not_running_yet(
         # the scheduler's flow: the pod waits unbound, its binding is created and marked
         # Validated for node a (the agent holds CPUs only for validated bindings, and for a
         # pod not bound yet only when the status names its node), then the pod is bound
-        body = {
-            "apiVersion": "v1",
-            "kind": "Pod",
-            "metadata": {
-                "name": "later",
-                "namespace": "default",
-                "annotations": {"corepin.io/cpu-policy": "exclusive"},
-            },
-            "spec": {"containers": [container("app", "1")]},
-        }
+        body = pod("later", container("app", "1", memory="64Mi"), annotations=EXCLUSIVE)
         kube.create(PODS, body, "default")
         kube.create(PCB, promised, "default")
         kube.patch_status(
@@ -287,9 +278,7 @@ def test_the_agent_keeps_cpus_promised_by_a_binding_for_a_pod_not_running_yet(
         )
         time.sleep(0.3)
         # a pod pinned from its annotation meanwhile leaves the promised core alone
-        now = fake.pod(
-            "now", container("app", "2"), annotations={"corepin.io/cpu-policy": "exclusive"}
-        )
+        now = fake.pod("now", container("app", "2", memory="64Mi"), annotations=EXCLUSIVE)
         fake.run(now)
         assert agent.wait_idle(10)
         assert not fake.cpus(now, "app") & CPUSet.parse("0,8")

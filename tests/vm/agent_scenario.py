@@ -37,7 +37,8 @@ from corepin.kube.client import KubeClient  # noqa: E402
 from corepin.kube.config import load_config  # noqa: E402
 from corepin.kube.resources import CRDS, NODES, PODS  # noqa: E402
 from fakeapi import FakeApiServer  # noqa: E402
-from support.node_harness import container, qos_of  # noqa: E402
+from support import pods  # noqa: E402
+from support.node_harness import qos_of  # noqa: E402
 
 CGROUP = Path("/sys/fs/cgroup")
 KUBELET_ROOT = "corepin-e2e"
@@ -81,20 +82,10 @@ class Kubelet:
         self.groups.append(path)
 
     def pod(self, name: str, cpu: str | None) -> tuple[dict[str, Any], int, str]:
-        spec = container("app", cpu) if cpu else container("app", None, memory=None)
-        if cpu is None:  # burstable: a request without a limit
-            spec["resources"] = {"requests": {"cpu": "100m"}}
-        body = {
-            "apiVersion": "v1",
-            "kind": "Pod",
-            "metadata": {
-                "name": name,
-                "namespace": "default",
-                # corepin pins a Guaranteed pod's containers exclusively when the pod asks
-                "annotations": {"corepin.io/cpu-policy": "exclusive"} if cpu else {},
-            },
-            "spec": {"nodeName": NODE, "containers": [spec]},
-        }
+        app = pods.container  # (without a CPU: burstable, a request without a limit)
+        spec = app("app", cpu, memory="64Mi") if cpu else app("app", request="100m")
+        # corepin pins a Guaranteed pod's containers exclusively when the pod asks
+        body = pods.pod(name, spec, annotations=pods.EXCLUSIVE if cpu else {}, node=NODE)
         pod = self.client.create(PODS, body, "default")
         qos = qos_of(pod["spec"]["containers"]).lower()
         uid = pod["metadata"]["uid"]

@@ -29,11 +29,11 @@ from fakeapi import FakeApiServer
 from fakeapi.kubeconfig import write_kubeconfig
 from support.blackhole import BlackholeProxy
 from support.helpers import corepin_argv, wait_for
-from support.node_harness import FakeNode, container
+from support.node_harness import FakeNode
+from support.pods import EXCLUSIVE, container
 from support.ports import free_port
 
 NODE = "n1"
-EXCLUSIVE = {"corepin.io/cpu-policy": "exclusive"}
 IDLE = 6.0  # the agent's --api-idle-timeout in these tests
 
 pytestmark = pytest.mark.skipif(
@@ -109,7 +109,7 @@ def node(kube: KubeClient, tmp_path: Path) -> FakeNode:
 
 
 def run_exclusive(node: FakeNode, name: str) -> None:
-    node.run(node.pod(name, container("app", "1"), annotations=EXCLUSIVE))
+    node.run(node.pod(name, container("app", "1", memory="64Mi"), annotations=EXCLUSIVE))
 
 
 @pytest.fixture
