@@ -92,11 +92,12 @@ ops = st.one_of(
 
 
 def apply(kube: KubeClient, op: tuple[Any, ...]) -> None:
-    from support.controller_helpers import pod
+    from support.controller_helpers import create_pod
+    from support.pods import container
 
     try:
         if op[0] == "pod":
-            pod(kube, op[1], node=op[2])
+            create_pod(kube, op[1], container("app", "1", "1"), node=op[2])
         elif op[0] == "delete-pod":
             kube.delete(PODS, op[1], "default")
         elif op[0] == "schedule":
