@@ -25,6 +25,7 @@ import pytest
 import yaml
 from kubernetes_validate.utils import SchemaNotFoundError
 
+from support import pods
 from support.crd_schema import crd, errors, load_yaml_docs, version_schema
 from support.paths import DEPLOY, REPO, SHARED
 
@@ -1153,15 +1154,14 @@ def agent_request(
 def a_pod(
     node: str, annotations: dict[str, str] | None = None, image: str = "app:1"
 ) -> dict[str, Any]:
-    meta: dict[str, Any] = {"name": "web", "namespace": "default", "labels": {"app": "web"}}
-    if annotations is not None:
-        meta["annotations"] = annotations
-    return {
-        "apiVersion": "v1",
-        "kind": "Pod",
-        "metadata": meta,
-        "spec": {"nodeName": node, "containers": [{"name": "app", "image": image}]},
-    }
+    """The pod web of the admission policy tests, on `node`."""
+    return pods.pod(
+        "web",
+        pods.container(image=image),
+        labels={"app": "web"},
+        annotations=annotations,
+        node=node,
+    )
 
 
 def test_the_admission_policies_are_in_the_default_build_and_bound() -> None:
