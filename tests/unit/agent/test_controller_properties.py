@@ -32,6 +32,7 @@ from support.controller_helpers import (
     allocation,
     binding,
     create_binding,
+    create_pod,
     ncpt,
     publish,
     republish,
@@ -39,6 +40,7 @@ from support.controller_helpers import (
     settle,
 )
 from support.kube_helpers import install_crds
+from support.pods import container
 
 Obj = dict[str, Any]
 
@@ -92,9 +94,6 @@ ops = st.one_of(
 
 
 def apply(kube: KubeClient, op: tuple[Any, ...]) -> None:
-    from support.controller_helpers import create_pod
-    from support.pods import container
-
     try:
         if op[0] == "pod":
             create_pod(kube, op[1], container("app", "1", "1"), node=op[2])
@@ -209,13 +208,7 @@ def test_final_phases_match_the_oracle(
         try:
             install_crds(kube)
             publish(kube, ncpt("worker-1", SMALL))
-            agent_pod = kube.create(
-                PODS,
-                {"metadata": {"name": "agent-pod", "namespace": "default"},
-                 "spec": {"nodeName": "worker-1",
-                          "containers": [{"name": "a", "image": "busybox"}]}},
-                "default",
-            )  # fmt: skip
+            agent_pod = create_pod(kube, "agent-pod", container("a"))
             # the agent's record, confirmed by the allocation its node's status publishes
             republish(
                 kube,
