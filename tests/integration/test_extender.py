@@ -20,6 +20,7 @@ from corepin.kube.client import KubeClient
 from corepin.kube.resources import NODES, PODS
 from corepin.state.model import HostState
 from corepin.testing import machines as synthetic
+from support import strategies
 from support.extender_harness import Extender
 from support.helpers import wait_for
 from support.kube_helpers import install_crds
@@ -488,13 +489,7 @@ def test_a_client_that_stops_sending_is_dropped_after_the_timeout(extender: Exte
     assert extender.raw("GET", "/healthz")[0] == 200
 
 
-json_values = st.recursive(
-    st.none() | st.booleans() | st.integers() | st.floats(allow_nan=False) | st.text(max_size=5),
-    lambda inner: (
-        st.lists(inner, max_size=4) | st.dictionaries(st.text(max_size=12), inner, max_size=4)
-    ),
-    max_leaves=30,
-)
+json_values = strategies.json_values(max_text=5, max_key=12, max_leaves=30)
 keys = st.sampled_from(
     ["Pod", "pod", "NodeNames", "nodenames", "Nodes", "PodName", "PodNamespace", "Node",
      "NodeNameToMetaVictims", "metadata", "spec", "containers", "name"]

@@ -34,6 +34,7 @@ from corepin.api.webhook.server import HttpsServer
 from corepin.api.webhook.tls import ServingCertificate, TLSFilesError
 from corepin.core.errors import EnvironmentProblem
 from fakeapi import TLSMaterial, make_tls
+from support import strategies
 from support.helpers import wait_for
 from support.pods import EXCLUSIVE, container, pod
 from support.webhook_helpers import review
@@ -360,13 +361,7 @@ def test_a_false_content_length_gets_an_answer_not_a_hang(webhook: Webhook) -> N
     assert received.endswith(b"\n400 Bad request syntax ('garbage')\n")
 
 
-json_values = st.recursive(
-    st.none() | st.booleans() | st.integers() | st.floats(allow_nan=False) | st.text(max_size=8),
-    lambda inner: (
-        st.lists(inner, max_size=4) | st.dictionaries(st.text(max_size=8), inner, max_size=4)
-    ),
-    max_leaves=20,
-)
+json_values = strategies.json_values(max_text=8, max_leaves=20)
 POD_PATHS = [
     ("request",),
     ("request", "uid"),

@@ -28,6 +28,7 @@ from corepin.kube.config import load_config
 from corepin.kube.resources import PODS
 from corepin.topology.model import Topology
 from fakeapi import FakeApiServer
+from support import strategies
 from support.controller_helpers import (
     allocation,
     binding,
@@ -79,7 +80,7 @@ binding_ops = st.tuples(
     st.just("binding"),
     st.integers(0, BINDINGS_N - 1).map(lambda i: f"b{i}"),
     pod_names,
-    st.sets(st.integers(0, 8), min_size=1, max_size=2),  # CPU 8: not on the node
+    strategies.cpu_id_sets(st.integers(0, 8), min_size=1, max_size=2),  # CPU 8: not on the node
     st.sampled_from(["CPU", "Core", "NUMA"]),
 )
 ops = st.one_of(

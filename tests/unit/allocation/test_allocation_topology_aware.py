@@ -15,6 +15,7 @@ from corepin.allocation.types import Request
 from corepin.core.cpuset import CPUSet
 from corepin.core.errors import AllocationError, RequestError, SMTAlignmentError
 from corepin.topology.model import Topology
+from support import strategies
 from support.paths import SYSFS_FIXTURES
 
 POLICY = TopologyAwarePolicy()
@@ -479,10 +480,7 @@ def test_the_four_numa_per_socket_miss_is_full_core_on_the_benchmark_machine() -
 def _whole_core_scenarios(draw: st.DrawFn, states: str = "wsu") -> tuple[Topology, CPUSet, int]:
     """A hyperthreaded machine whose cores are entirely free (w), have one free thread (s) or
     none (u), drawn from `states`."""
-    shape = draw(
-        st.tuples(st.integers(1, 2), st.integers(1, 2), st.integers(1, 3), st.integers(1, 4))
-    )
-    topo = T.build(*shape, 2)
+    topo = T.build(*draw(strategies.build_shapes(threads=st.just(2))))
     cores = topo.core_ids()
     drawn = draw(st.lists(st.sampled_from(states), min_size=len(cores), max_size=len(cores)))
     avail = CPUSet()

@@ -32,6 +32,7 @@ from corepin.allocation.types import Request
 from corepin.core.cpuset import EMPTY, CPUSet
 from corepin.core.errors import AllocationError, RequestError, SMTAlignmentError
 from corepin.topology.model import CPUInfo, Topology
+from support import strategies
 
 P = CPUSet.parse
 
@@ -795,8 +796,7 @@ def test_on_every_named_synthetic_machine_any_option_combo_stays_inside_availabl
     if len(online) > 64:  # large machines: a random window keeps the example cheap
         start = data.draw(st.integers(0, len(online) - 64))
         online = online[start : start + 64]
-    keep = data.draw(st.lists(st.booleans(), min_size=len(online), max_size=len(online)))
-    avail = CPUSet(c for c, k in zip(online, keep, strict=True) if k)
+    avail = data.draw(strategies.cpu_subsets(online))
     n = data.draw(st.integers(1, max(1, len(avail) + 1)))
     chosen = data.draw(st.sets(st.sampled_from(_BOOL_OPTIONS)))
     options = {o: "true" for o in chosen}

@@ -52,7 +52,7 @@ from corepin.testing.machines import ClusterSpec, SyntheticSpec, clustered, name
 from corepin.topology.discover import discover
 from corepin.topology.model import CPUInfo, NUMANode
 from support.helpers import run_corepin
-from support.odd_shapes import cluster_specs, compute_unit_specs
+from support.strategies import cluster_specs, compute_unit_specs
 
 #: what a 2.6/3.x-era kernel lacks (no die_id, core_cpus_list, cluster_id or cache ids)
 OLD = frozenset({"die_id", "core_cpus_list", "cluster_id", "cache_id"})

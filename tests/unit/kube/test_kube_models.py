@@ -23,6 +23,7 @@ from corepin.core.cpuset import CPUSet
 from corepin.core.errors import InputError
 from corepin.kube import models as m
 from corepin.testing.machines import NAMED
+from support import strategies
 from support.crd_schema import crd, errors, load_yaml_docs, version_schema
 from support.paths import DEPLOY, PEER_FIXTURES
 
@@ -37,8 +38,8 @@ TOPOLOGIES = {name: NAMED[name]() for name in SMALL_TOPOLOGIES}
 
 LOWER = "abcdefghijklmnopqrstuvwxyz0123456789"
 names = st.text(alphabet=LOWER, min_size=1, max_size=12)
-cpusets = st.sets(st.integers(0, 511), max_size=24).map(CPUSet)
-nonempty_cpusets = st.sets(st.integers(0, 511), min_size=1, max_size=24).map(CPUSet)
+cpusets = strategies.cpusets(st.integers(0, 511), max_size=24)
+nonempty_cpusets = strategies.cpusets(st.integers(0, 511), min_size=1, max_size=24)
 zones = st.sampled_from(
     [UTC, timezone(timedelta(hours=5, minutes=30)), timezone(-timedelta(hours=8))]
 )
@@ -147,13 +148,7 @@ def _meta_fields(meta: m.ObjectMeta) -> dict[str, Any]:
     return {f: getattr(meta, f) for f in m.ObjectMeta.__dataclass_fields__}
 
 
-json_values = st.recursive(
-    st.none() | st.booleans() | st.integers() | st.floats(allow_nan=False) | st.text(max_size=12),
-    lambda children: (
-        st.lists(children, max_size=4) | st.dictionaries(st.text(max_size=12), children, max_size=4)
-    ),
-    max_leaves=20,
-)
+json_values = strategies.json_values(max_text=12, max_leaves=20)
 
 
 # ---------------------------------------------------------------------- round trips

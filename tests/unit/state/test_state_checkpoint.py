@@ -26,6 +26,7 @@ from corepin.state.checkpoint import (
     state_to_payload,
     write_checkpoint,
 )
+from support import strategies
 from support.paths import DATA
 
 C = CPUSet.parse
@@ -132,7 +133,7 @@ owners = st.one_of(
 @given(
     st.lists(
         st.tuples(
-            st.sets(st.integers(0, 63), min_size=1, max_size=5),
+            strategies.cpusets(st.integers(0, 63), min_size=1, max_size=5),
             st.sampled_from(["exclusive", "mixed", "share", "shared"]),
             owners,
             st.floats(allow_nan=False, allow_infinity=False),
@@ -148,7 +149,7 @@ def test_any_state_round_trips_through_the_checkpoint_format(rows: list[Any], re
         a = Assignment(
             f"id-{i}",
             kind=kind,
-            cpus=CPUSet() if kind == "shared" else CPUSet(cpus),
+            cpus=CPUSet() if kind == "shared" else cpus,
             owner=owner,
             created=created,
             workload=workload,
