@@ -14,6 +14,10 @@
   the kubelet of one node (random name) of `fake_api`, running real containers in `containerd`
   below a scratch kubelet cgroup root; after the test it kills its containers and removes its
   cgroups, and fails the test when something was left behind or one of its workers raised.
+- Hypothesis: one profile for the session, chosen with `COREPIN_HYPOTHESIS_PROFILE`: `dev` (the
+  default) runs every property test's own budget of examples (`support.budget.examples`),
+  `ci` five times as many, `fast` a tenth; none has a deadline (the machines running the suite
+  are shared, so a slow example says nothing) or fails a test for generating data slowly.
 - At the end of the session, the cpuset groups that host mode made on this machine for the
   session's own state directories (`corepin/sd-*` that were not there when it began) are
   removed, after ending the processes still in them (a test's commands: a run killed with
@@ -33,6 +37,7 @@ from collections.abc import Callable, Iterator
 from pathlib import Path
 
 import pytest
+from hypothesis import HealthCheck, settings
 
 from corepin.kube.client import KubeClient
 from corepin.kube.config import load_config
@@ -67,6 +72,15 @@ def busybox_rootfs(tmp_path_factory: pytest.TempPathFactory) -> Path:
     if reason:
         pytest.skip(reason)
     return build_busybox_rootfs(tmp_path_factory.mktemp("rootfs"))
+
+
+# ---------------------------------------------------------------------- Hypothesis
+settings.register_profile(
+    "dev", max_examples=100, deadline=None, suppress_health_check=[HealthCheck.too_slow]
+)
+settings.register_profile("ci", settings.get_profile("dev"), max_examples=500, print_blob=True)
+settings.register_profile("fast", settings.get_profile("dev"), max_examples=10)
+settings.load_profile(os.environ.get("COREPIN_HYPOTHESIS_PROFILE", "dev"))
 
 
 # ---------------------------------------------------------------- virtual machines (tests/vm)

@@ -21,6 +21,7 @@ from corepin.cli.render.svg import OWNER_COLOURS, PALETTE, render_svg
 from corepin.cli.render.table import render_table
 from corepin.cli.render.tree import render_tree
 from corepin.topology.model import CPUInfo, NUMANode
+from support.budget import examples
 from support.paths import REPO, SYSFS_FIXTURES
 
 FIXTURES = SYSFS_FIXTURES
@@ -319,7 +320,7 @@ def _check_geometry(box: svg_module._Box) -> None:
             assert not overlap, (box.label, a[4], b[4])
 
 
-@settings(max_examples=40, deadline=None)
+@settings(max_examples=examples(40))
 @given(
     shape=st.tuples(
         st.integers(1, 3),

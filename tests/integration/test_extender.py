@@ -21,6 +21,7 @@ from corepin.kube.resources import NODES, PODS
 from corepin.state.model import HostState
 from corepin.testing import machines as synthetic
 from support import strategies
+from support.budget import examples
 from support.extender_harness import Extender
 from support.helpers import wait_for
 from support.kube_helpers import install_crds
@@ -496,9 +497,7 @@ keys = st.sampled_from(
 )  # fmt: skip
 
 
-@settings(
-    max_examples=300, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture]
-)
+@settings(max_examples=examples(300), suppress_health_check=[HealthCheck.function_scoped_fixture])
 @given(
     verb=st.sampled_from(["filter", "prioritize", "bind", "preempt"]),
     body=st.dictionaries(keys, json_values, max_size=5) | json_values,

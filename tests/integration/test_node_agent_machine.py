@@ -12,7 +12,7 @@ import time
 from pathlib import Path
 from typing import Any
 
-from hypothesis import HealthCheck, settings
+from hypothesis import settings
 from hypothesis import strategies as st
 from hypothesis.stateful import RuleBasedStateMachine, invariant, precondition, rule
 
@@ -20,6 +20,7 @@ from corepin.core.cpuset import CPUSet
 from corepin.kube.client import KubeClient
 from corepin.kube.config import load_config
 from corepin.testing import machines as synthetic
+from support.budget import examples
 from support.node_harness import FakeNode
 from support.pods import container
 
@@ -155,9 +156,4 @@ class AgentMachine(RuleBasedStateMachine):
 
 
 TestAgentMachine = AgentMachine.TestCase
-TestAgentMachine.settings = settings(
-    max_examples=4,
-    stateful_step_count=10,
-    deadline=None,
-    suppress_health_check=[HealthCheck.too_slow],
-)
+TestAgentMachine.settings = settings(max_examples=examples(4), stateful_step_count=10)

@@ -23,7 +23,7 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from hypothesis import HealthCheck, given, settings
+from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from corepin.api.http import OpsServer
@@ -35,6 +35,7 @@ from corepin.api.webhook.tls import ServingCertificate, TLSFilesError
 from corepin.core.errors import EnvironmentProblem
 from fakeapi import TLSMaterial, make_tls
 from support import strategies
+from support.budget import examples
 from support.helpers import wait_for
 from support.pods import EXCLUSIVE, container, pod
 from support.webhook_helpers import review
@@ -385,7 +386,7 @@ POD_PATHS = [
 ]
 
 
-@settings(max_examples=300, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@settings(max_examples=examples(300))
 @given(path=st.sampled_from(POD_PATHS), value=json_values, endpoint=st.sampled_from(["v", "m"]))
 def test_any_value_anywhere_in_a_review_gets_400_or_an_admission_review(
     path: tuple[Any, ...], value: object, endpoint: str

@@ -18,7 +18,7 @@ from __future__ import annotations
 import time
 from typing import Any
 
-from hypothesis import HealthCheck, given, settings
+from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from corepin.agent.cluster.controller.controller import BINDINGS, TOPOLOGIES
@@ -29,6 +29,7 @@ from corepin.kube.resources import PODS
 from corepin.topology.model import Topology
 from fakeapi import FakeApiServer
 from support import strategies
+from support.budget import examples
 from support.controller_helpers import (
     allocation,
     binding,
@@ -190,11 +191,7 @@ def problems(kube: KubeClient) -> list[str]:
     return found
 
 
-@settings(
-    max_examples=15,
-    deadline=None,
-    suppress_health_check=[HealthCheck.too_slow],
-)
+@settings(max_examples=examples(15))
 @given(
     first=st.lists(binding_ops, min_size=2, max_size=4),
     then=st.lists(ops, max_size=6),

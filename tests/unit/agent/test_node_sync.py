@@ -8,7 +8,7 @@ from __future__ import annotations
 from typing import Any
 
 import pytest
-from hypothesis import HealthCheck, settings
+from hypothesis import settings
 from hypothesis import strategies as st
 from hypothesis.stateful import RuleBasedStateMachine, invariant, precondition, rule
 
@@ -18,6 +18,7 @@ from corepin.allocation.policies import get_policy
 from corepin.core.cpuset import CPUSet
 from corepin.state.model import HostState
 from corepin.testing import machines as synthetic
+from support.budget import examples
 from support.pods import container, pod
 
 C = CPUSet.parse
@@ -219,9 +220,4 @@ class PodEvents(RuleBasedStateMachine):
 KIND = {"share": "share", "exclusive": "exclusive"}
 
 TestPodEvents = PodEvents.TestCase
-TestPodEvents.settings = settings(
-    max_examples=60,
-    stateful_step_count=30,
-    deadline=None,
-    suppress_health_check=[HealthCheck.too_slow],
-)
+TestPodEvents.settings = settings(max_examples=examples(60), stateful_step_count=30)

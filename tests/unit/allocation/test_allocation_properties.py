@@ -5,7 +5,7 @@ from __future__ import annotations
 from functools import cache
 
 import pytest
-from hypothesis import HealthCheck, given, settings
+from hypothesis import given, settings
 from hypothesis import strategies as st
 
 import support.alloc_topologies as T
@@ -18,8 +18,9 @@ from corepin.core.errors import AllocationError, RequestError
 from corepin.state.model import STRICT_RESERVATION, Assignment, HostState
 from corepin.topology.model import Topology
 from support import strategies
+from support.budget import examples
 
-SETTINGS = settings(max_examples=150, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+SETTINGS = settings(max_examples=examples(150))
 
 
 @cache
@@ -177,7 +178,7 @@ def sequences(draw: st.DrawFn) -> tuple[Topology, int, list[tuple[str, object]]]
     return topo, reserved, ops
 
 
-@settings(max_examples=80, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@settings(max_examples=examples(80))
 @given(seq=sequences())
 def test_exclusive_decisions_never_overlap_and_reserved_cpus_are_never_handed_out(
     seq: tuple[Topology, int, list[tuple[str, object]]],
@@ -239,7 +240,7 @@ def _library(name: str) -> Topology:
     "policy",
     ["topology-aware", "workload-aware", "kubelet-static"],
 )
-@settings(max_examples=120, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@settings(max_examples=examples(120))
 @given(data=st.data())
 def test_on_hybrid_offline_and_sixteen_numa_machines_results_stay_within_available(
     policy: str, data: st.DataObject
@@ -322,7 +323,7 @@ def odd_sequences(draw: st.DrawFn) -> tuple[Topology, int, list[tuple[str, objec
     return topo, reserved, ops
 
 
-@settings(max_examples=80, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@settings(max_examples=examples(80))
 @given(seq=odd_sequences())
 def test_on_compute_unit_and_dynamiq_machines_exclusive_decisions_never_overlap(
     seq: tuple[Topology, int, list[tuple[str, object]]],

@@ -5,7 +5,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 
 import pytest
-from hypothesis import HealthCheck, given, settings
+from hypothesis import given, settings
 from hypothesis import strategies as st
 
 import support.alloc_topologies as T
@@ -16,6 +16,7 @@ from corepin.core.cpuset import CPUSet
 from corepin.core.errors import AllocationError, RequestError, SMTAlignmentError
 from corepin.topology.model import Topology
 from support import strategies
+from support.budget import examples
 from support.paths import SYSFS_FIXTURES
 
 POLICY = TopologyAwarePolicy()
@@ -494,7 +495,7 @@ def _whole_core_scenarios(draw: st.DrawFn, states: str = "wsu") -> tuple[Topolog
     return topo, avail, n
 
 
-@settings(max_examples=150, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@settings(max_examples=examples(150))
 @given(scenario=_whole_core_scenarios("wu"))
 def test_without_stray_threads_every_decision_is_full_core(
     scenario: tuple[Topology, CPUSet, int],
@@ -507,7 +508,7 @@ def test_without_stray_threads_every_decision_is_full_core(
     assert _partial_cores(topo, d.cpus) <= n % 2
 
 
-@settings(max_examples=150, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@settings(max_examples=examples(150))
 @given(scenario=_whole_core_scenarios())
 def test_one_cpu_takes_a_stray_thread_whenever_there_is_one(
     scenario: tuple[Topology, CPUSet, int],

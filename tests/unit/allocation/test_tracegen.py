@@ -13,6 +13,7 @@ from corepin.allocation.simulate import parse_trace
 from corepin.allocation.tracegen import SIZES, ChurnOptions, generate_trace
 from corepin.core.errors import InputError
 from corepin.topology.model import CPUInfo, Topology
+from support.budget import examples
 
 
 def two_sockets_of(cores_per_socket: int = 16) -> Topology:
@@ -93,7 +94,7 @@ def test_bad_options_are_input_errors() -> None:
         generate_trace(two_sockets_of(), options=ChurnOptions(low=0.9, high=0.5))
 
 
-@settings(max_examples=40, deadline=None)
+@settings(max_examples=examples(40))
 @given(seed=st.integers(0, 2**32), events=st.integers(0, 400))
 def test_every_generated_trace_passes_strict_validation(seed: int, events: int) -> None:
     trace = generate_trace(two_sockets_of(4), seed=seed, options=ChurnOptions(events=events))

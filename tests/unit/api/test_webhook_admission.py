@@ -29,6 +29,7 @@ from corepin.api.webhook.admission import (
     pointer,
 )
 from corepin.core.errors import InputError
+from support.budget import examples
 from support.pods import EXCLUSIVE, container, pod
 from support.webhook_helpers import (
     ADMISSION_FIXTURE,
@@ -898,7 +899,7 @@ def pods(draw: st.DrawFn) -> Obj:
     return pod("web-0", *containers, annotations=annotations, **spec)
 
 
-@settings(max_examples=150, deadline=None)
+@settings(max_examples=examples(150))
 @given(obj=pods(), steered=st.booleans())
 def test_every_patch_applies_and_a_second_mutation_adds_nothing(obj: Obj, steered: bool) -> None:
     config = STEERED if steered else PLAIN

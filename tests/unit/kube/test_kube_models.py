@@ -24,6 +24,7 @@ from corepin.core.errors import InputError
 from corepin.kube import models as m
 from corepin.testing.machines import NAMED
 from support import strategies
+from support.budget import examples
 from support.crd_schema import crd, errors, load_yaml_docs, version_schema
 from support.paths import DEPLOY, PEER_FIXTURES
 
@@ -164,13 +165,13 @@ def test_pod_cpu_binding_round_trips(pcb: m.PodCPUBinding) -> None:
     assert m.PodCPUBinding.from_dict(json.loads(json.dumps(wire))) == pcb
 
 
-@settings(max_examples=60)
+@settings(max_examples=examples(60))
 @given(ncpts)
 def test_node_cpu_topology_on_the_wire_passes_the_crd_schema(ncpt: m.NodeCPUTopology) -> None:
     assert errors(NCPT_SCHEMA, ncpt.to_dict()) == []
 
 
-@settings(max_examples=60)
+@settings(max_examples=examples(60))
 @given(pcbs)
 def test_pod_cpu_binding_on_the_wire_passes_the_crd_schema(pcb: m.PodCPUBinding) -> None:
     assert errors(PCB_SCHEMA, pcb.to_dict()) == []
@@ -186,7 +187,7 @@ def _add_unknown_fields(value: Any) -> Any:
     return value
 
 
-@settings(max_examples=30)
+@settings(max_examples=examples(30))
 @given(ncpts)
 def test_unknown_fields_of_a_node_cpu_topology_are_ignored(ncpt: m.NodeCPUTopology) -> None:
     wire = _add_unknown_fields(ncpt.to_dict())
@@ -202,7 +203,7 @@ def test_unknown_fields_of_a_node_cpu_topology_are_ignored(ncpt: m.NodeCPUTopolo
     assert (parsed.spec, parsed.status) == (ncpt.spec, ncpt.status)
 
 
-@settings(max_examples=30)
+@settings(max_examples=examples(30))
 @given(pcbs)
 def test_unknown_fields_of_a_pod_cpu_binding_are_ignored(pcb: m.PodCPUBinding) -> None:
     wire = _add_unknown_fields(pcb.to_dict())
@@ -792,7 +793,7 @@ def _only_input_errors(call: Any, *args: Any) -> None:
         call(*args)
 
 
-@settings(max_examples=300)
+@settings(max_examples=examples(300))
 @given(json_values)
 def test_arbitrary_json_raises_only_input_errors(value: Any) -> None:
     for parser in (
@@ -831,7 +832,7 @@ def _replace(value: Any, path: tuple[Any, ...], new: Any) -> Any:
     return out
 
 
-@settings(max_examples=300)
+@settings(max_examples=examples(300))
 @given(st.data(), st.sampled_from([GOOD_NCPT, GOOD_PCB]), json_values)
 def test_valid_objects_with_one_part_replaced_raise_only_input_errors(
     data: st.DataObject, good: dict[str, Any], junk: Any
@@ -849,7 +850,7 @@ annotation_keys = st.sampled_from(
 ) | st.text(max_size=20)  # fmt: skip
 
 
-@settings(max_examples=300)
+@settings(max_examples=examples(300))
 @given(st.dictionaries(annotation_keys, st.text(max_size=30) | json_values.map(json.dumps),
                        max_size=5),
        st.dictionaries(annotation_keys, st.text(max_size=30), max_size=3))  # fmt: skip

@@ -10,7 +10,7 @@ from __future__ import annotations
 from typing import Any
 
 import pytest
-from hypothesis import HealthCheck, given, settings
+from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from corepin.agent.node.plan import plan_pod
@@ -30,6 +30,7 @@ from corepin.placement.score import (
 )
 from corepin.state.model import HostState
 from corepin.testing import machines as synthetic
+from support.budget import examples
 from support.placement_helpers import EPOCH, published, run_pods
 from support.pods import EXCLUSIVE, container, corepin_annotations, pod
 
@@ -264,7 +265,7 @@ def _make(i: int, shape: Any, running: bool) -> dict[str, Any]:
     return pod(f"p{i}", *containers, annotations=annotations, running=running)
 
 
-@settings(max_examples=150, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@settings(max_examples=examples(150))
 @given(
     topology=st.sampled_from([SMALL, DUAL, MULTI]),
     policy=st.sampled_from(POLICIES),

@@ -6,7 +6,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from hypothesis import HealthCheck, given, settings
+from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from corepin.placement.cluster import Cluster
@@ -15,6 +15,7 @@ from corepin.placement.node import node_view
 from corepin.placement.request import pod_request
 from corepin.state.model import HostState
 from corepin.testing import machines as synthetic
+from support.budget import examples
 from support.placement_helpers import EPOCH, published, run_pods
 from support.pods import EXCLUSIVE, container, corepin_annotations, pod
 
@@ -175,7 +176,7 @@ def test_pods_that_ask_for_nothing_pass_every_node_even_without_an_agent() -> No
     assert answers[1].unresolvable and "no NodeCPUTopology" in answers[1].reason
 
 
-@settings(max_examples=40, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@settings(max_examples=examples(40))
 @given(
     sizes=st.lists(st.integers(1, 6), min_size=1, max_size=40),
     levels=st.lists(st.sampled_from(["cpu", "core", "l3", "numa", "socket"]), min_size=1),

@@ -27,6 +27,7 @@ from corepin.state.checkpoint import (
     write_checkpoint,
 )
 from support import strategies
+from support.budget import examples
 from support.paths import DATA
 
 C = CPUSet.parse
@@ -129,7 +130,7 @@ owners = st.one_of(
 )
 
 
-@settings(max_examples=80, deadline=None)
+@settings(max_examples=examples(80))
 @given(
     st.lists(
         st.tuples(

@@ -14,7 +14,7 @@ from contextlib import contextmanager
 from pathlib import Path
 
 import pytest
-from hypothesis import HealthCheck, given, settings
+from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from corepin import CPUSet, Topology, TopologyError
@@ -28,6 +28,7 @@ from corepin.testing.machines import (
     synthetic,
 )
 from corepin.topology.discover import discover
+from support.budget import examples
 from support.strategies import synthetic_specs
 
 
@@ -240,7 +241,7 @@ def test_unknown_omissions_are_rejected() -> None:
         write_sysfs_tree(named("single_socket_ht"), root, omit={"everything"})
 
 
-@settings(max_examples=60, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@settings(max_examples=examples(60))
 @given(spec=synthetic_specs())
 def test_discovering_a_written_synthetic_tree_gives_back_the_same_topology(
     spec: SyntheticSpec,
@@ -251,7 +252,7 @@ def test_discovering_a_written_synthetic_tree_gives_back_the_same_topology(
         assert discover(root) == topo
 
 
-@settings(max_examples=60, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@settings(max_examples=examples(60))
 @given(
     spec=synthetic_specs(), omit=st.sets(st.sampled_from(sorted(OMISSIONS))) | st.just(OLD_KERNEL)
 )
