@@ -62,13 +62,17 @@ def tickets(state: Path) -> list[str]:
 
 @pytest.fixture
 def procs() -> Iterator[list[subprocess.Popen[str]]]:
-    """Processes a test started; any still running at the end are killed."""
+    """Processes a test started; any still running at the end are killed (and their pipes
+    closed)."""
     started: list[subprocess.Popen[str]] = []
     yield started
     for p in started:
         if p.poll() is None:
             p.kill()
         p.wait(timeout=10)
+        for pipe in (p.stdin, p.stdout, p.stderr):
+            if pipe is not None:
+                pipe.close()
 
 
 def hold(state: Path, procs: list[subprocess.Popen[str]]) -> subprocess.Popen[str]:

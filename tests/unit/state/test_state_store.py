@@ -131,6 +131,8 @@ def test_the_lock_of_a_killed_process_is_released_by_the_kernel(tmp_path: Path) 
     finally:
         proc.kill()
         proc.wait()
+        if proc.stdout is not None:
+            proc.stdout.close()
     with StateStore(tmp_path).lock(timeout=1.0):
         pass
 
@@ -262,6 +264,7 @@ def test_sigkill_of_a_writer_at_random_moments_never_loses_a_committed_allocatio
         time.sleep(rng.uniform(0.0, 0.15))
         os.kill(proc.pid, signal.SIGKILL)
         rest = proc.stdout.read()
+        proc.stdout.close()
         proc.wait()
         assert proc.returncode == -signal.SIGKILL
         state = store.read()  # always readable
