@@ -17,7 +17,7 @@ from corepin.core.cpuset import CPUSet
 from corepin.enforcement.faketree import make_fake_v1
 from corepin.kube.client import KubeClient
 from corepin.kube.resources import CRDS, NCPT, NODES, PODS
-from support.helpers import corepin_argv, run_corepin, wait_for
+from support.helpers import corepin_argv, reap, run_corepin, wait_for
 from support.paths import REPO
 
 
@@ -86,17 +86,15 @@ def test_the_agent_publishes_its_node_and_stops_on_sigterm_within_5_s(
             assert client.health() == "SERVING"
         body = urllib.request.urlopen("http://127.0.0.1:19464/metrics", timeout=5).read().decode()
         assert "corepin_shared_pool_cpus" in body and "corepin_watch_restarts_total" in body
-        ready = urllib.request.urlopen("http://127.0.0.1:19464/healthz", timeout=5)
-        assert ready.status == 200
+        with urllib.request.urlopen("http://127.0.0.1:19464/healthz", timeout=5) as ready:
+            assert ready.status == 200
         started = time.monotonic()
         proc.send_signal(signal.SIGTERM)
         code = proc.wait(timeout=10)
         assert time.monotonic() - started < 5.0, "stopped within 5 s"
         assert code == 0, proc.stderr.read() if proc.stderr else ""
     finally:
-        if proc.poll() is None:
-            proc.kill()
-            proc.wait()
+        reap(proc)
     assert kube.list(PODS)["items"] == []
 
 

@@ -28,7 +28,7 @@ from support.controller_helpers import (
     publish,
     wait_phase,
 )
-from support.helpers import corepin_argv, run_corepin, wait_for
+from support.helpers import corepin_argv, reap, run_corepin, wait_for
 from support.kube_helpers import install_crds
 from support.pods import container
 
@@ -92,6 +92,8 @@ class Running:
         if self.proc.poll() is None:
             self.proc.kill()
             self.proc.wait(5)
+        self._reader.join(5)  # it reads stderr to the end, then the pipes can close
+        reap(self.proc)
 
 
 @pytest.fixture

@@ -5,6 +5,7 @@ and the test controls."""
 
 from __future__ import annotations
 
+import contextlib
 import json
 import time
 from typing import Any
@@ -13,6 +14,7 @@ import pytest
 
 from corepin.core.errors import ApiInvalid, ApiNotFound
 from corepin.kube.client import KubeClient
+from corepin.kube.config import load_config
 from corepin.kube.resources import CONFIGMAPS, CRDS, NAMESPACES, PODS
 from corepin.kube.transport import Response
 from fakeapi import FakeApiServer
@@ -113,10 +115,9 @@ def test_streaming_list_ends_its_initial_events_with_an_annotated_bookmark(
 
 
 def test_graceful_pod_deletion_waits_for_the_kubelet(tmp_path: Any) -> None:
-    from corepin.kube.config import load_config
-
-    with FakeApiServer(graceful_pod_deletion=True) as api:
+    with contextlib.ExitStack() as stack, FakeApiServer(graceful_pod_deletion=True) as api:
         kube = KubeClient.from_config(load_config(api.write_kubeconfig(tmp_path / "kc"), env={}))
+        stack.callback(kube.close)
         kube.create(PODS, pod("bound", node="n1"))
         kube.create(PODS, pod("unbound"))
         terminating = kube.delete(PODS, "bound", "default")

@@ -1,6 +1,6 @@
-"""Small helpers shared by several test modules: running the real `corepin` command, reading a
-process's allowed CPUs from /proc, polling for a condition, removing scratch cgroups, the
-published kubelet checkpoint vectors."""
+"""Small helpers shared by several test modules: running the real `corepin` command, reaping a
+child process, reading a process's allowed CPUs from /proc, polling for a condition, removing
+scratch cgroups, the published kubelet checkpoint vectors."""
 
 from __future__ import annotations
 
@@ -35,6 +35,17 @@ def run_corepin(
         env=None if env is None else dict(env),
         check=False,
     )
+
+
+def reap(proc: subprocess.Popen[Any], timeout: float | None = 10) -> None:
+    """End a child the test started if it still runs (SIGKILL), wait for it and close its
+    pipes."""
+    if proc.poll() is None:
+        proc.kill()
+    proc.wait(timeout)
+    for pipe in (proc.stdin, proc.stdout, proc.stderr):
+        if pipe is not None:
+            pipe.close()
 
 
 def allowed_cpus(pid: int) -> str:
