@@ -22,7 +22,7 @@ from corepin.state.model import HostState
 from corepin.testing import machines as synthetic
 from fakeapi import TLSMaterial, make_tls
 from fakeapi.tls import CertFiles
-from support.helpers import corepin_argv, run_corepin, wait_for
+from support.helpers import corepin_argv, reap, run_corepin, wait_for
 from support.kube_helpers import install_crds
 from support.placement_publish import publish
 from support.pods import EXCLUSIVE, container, pod
@@ -123,9 +123,7 @@ def test_the_extender_serves_filters_over_mutual_tls_and_stops_on_sigterm(
         )
         stop_within_5_s(proc)
     finally:
-        if proc.poll() is None:
-            proc.kill()
-            proc.wait()
+        reap(proc)
 
 
 @pytest.mark.parametrize(
@@ -158,9 +156,7 @@ def test_the_extender_serves_plain_http_without_tls_flags_and_warns_unless_told(
         said = proc.stderr.read()
         assert ("without client authentication" in said) is warned, said
     finally:
-        if proc.poll() is None:
-            proc.kill()
-            proc.wait()
+        reap(proc)
 
 
 def test_the_scheduler_binds_serves_its_metrics_and_stops_on_sigterm(
@@ -203,9 +199,7 @@ def test_the_scheduler_binds_serves_its_metrics_and_stops_on_sigterm(
         )
         stop_within_5_s(proc)
     finally:
-        if proc.poll() is None:
-            proc.kill()
-            proc.wait()
+        reap(proc)
 
 
 def _unreachable_kubeconfig(tmp: Path) -> Path:

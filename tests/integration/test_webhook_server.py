@@ -550,6 +550,7 @@ def test_stop_closes_open_connections_and_returns_quickly(tls: TLSMaterial) -> N
         assert sock.recv(10) == b""
     with pytest.raises(OSError):
         socket.create_connection(("127.0.0.1", port), timeout=1).close()
+    sock.close()
 
 
 # ---------------------------------------------------------------------- certificates
