@@ -14,14 +14,12 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-import yaml
 
 from corepin.core.cpuset import CPUSet
 from corepin.kube.client import KubeClient
-from corepin.kube.resources import CRDS
-from support.helpers import corepin_argv, wait_for
+from support.helpers import corepin_argv, reap, wait_for
+from support.kube_helpers import install_crds
 from support.kubelet_harness import KubeletHarness
-from support.paths import REPO
 from support.pods import EXCLUSIVE, container, pod
 
 ONLINE = CPUSet(os.sched_getaffinity(0))
@@ -36,9 +34,7 @@ pytestmark = [
 def agent(
     kubelet_harness: KubeletHarness, kube: KubeClient, tmp_path: Path
 ) -> Iterator[dict[str, Any]]:
-    for name in ("nodecputopologies.yaml", "podcpubindings.yaml"):
-        for doc in yaml.safe_load_all((REPO / "deploy" / "crd" / name).read_text()):
-            kube.create(CRDS, doc)
+    install_crds(kube)
     argv = corepin_argv(
         "agent",
         *kubelet_harness.agent_args(),
@@ -58,6 +54,8 @@ def agent(
     handle: dict[str, Any] = {"argv": argv}
 
     def start() -> None:
+        if "proc" in handle:
+            reap(handle["proc"])  # the one the test stopped
         handle["proc"] = subprocess.Popen(argv, stderr=subprocess.PIPE, text=True)
 
     handle["start"] = start
@@ -69,6 +67,7 @@ def agent(
         if proc.poll() is None:
             proc.send_signal(signal.SIGTERM)
             proc.wait(timeout=10)
+        reap(proc)
 
 
 def allowed(kubelet: KubeletHarness, pod: str, container: str = "app") -> CPUSet:

@@ -16,9 +16,9 @@ import yaml
 from corepin.core.cpuset import CPUSet
 from corepin.enforcement.faketree import make_fake_v1
 from corepin.kube.client import KubeClient
-from corepin.kube.resources import CRDS, NCPT, NODES, PODS
+from corepin.kube.resources import NCPT, NODES, PODS
 from support.helpers import corepin_argv, reap, run_corepin, wait_for
-from support.paths import REPO
+from support.kube_helpers import install_crds
 
 
 def agent_argv(kubeconfig: Path, tmp: Path, *extra: str) -> list[str]:
@@ -45,9 +45,7 @@ def agent_argv(kubeconfig: Path, tmp: Path, *extra: str) -> list[str]:
 def prepare(kube: KubeClient, tmp: Path) -> None:
     online = CPUSet(os.sched_getaffinity(0))
     make_fake_v1(tmp / "cgroup", cpus=online, mems=CPUSet.of(0), separate_cpu_mount=False)
-    for name in ("nodecputopologies.yaml", "podcpubindings.yaml"):
-        for doc in yaml.safe_load_all((REPO / "deploy" / "crd" / name).read_text()):
-            kube.create(CRDS, doc)
+    install_crds(kube)
     kube.create(NODES, {"apiVersion": "v1", "kind": "Node", "metadata": {"name": "n1"}})
 
 

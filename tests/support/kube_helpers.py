@@ -2,8 +2,10 @@
 
 from __future__ import annotations
 
+import contextlib
 from typing import Any
 
+from corepin.core.errors import ApiAlreadyExists
 from corepin.kube.client import KubeClient, Resource
 from corepin.kube.resources import CRDS
 from support.crd_schema import crd
@@ -15,9 +17,11 @@ GADGETS = Resource("example.com", "v1", "gadgets", False, "Gadget")
 
 
 def install_crds(kube: KubeClient, *plurals: str) -> None:
-    """Create corepin's CRDs as `deploy/crd` ships them (`plurals`: only these; default: all)."""
+    """Create corepin's CRDs as `deploy/crd` ships them (`plurals`: only these; default: all);
+    one the API server has already is left as it is."""
     for plural in plurals or ("nodecputopologies", "podcpubindings"):
-        kube.create(CRDS, crd(plural))
+        with contextlib.suppress(ApiAlreadyExists):
+            kube.create(CRDS, crd(plural))
 
 
 def widget_crd(*, scope: str = "Namespaced", status: bool = True) -> Obj:

@@ -21,8 +21,6 @@ from collections.abc import Iterator, Mapping
 from pathlib import Path
 from typing import Any
 
-import yaml
-
 from corepin.agent.node.agent import NodeAgent
 from corepin.agent.node.enforce import ContainerCgroups
 from corepin.agent.node.settings import NodeSettings
@@ -31,10 +29,10 @@ from corepin.enforcement.cgroups import CgroupV1
 from corepin.enforcement.faketree import make_fake_v1
 from corepin.enforcement.layout import container_cgroup_path, pod_cgroup_path
 from corepin.kube.client import KubeClient
-from corepin.kube.resources import CRDS, NODES, PODS
+from corepin.kube.resources import NODES, PODS
 from corepin.topology.model import Topology
 from support import pods
-from support.paths import REPO
+from support.kube_helpers import install_crds
 
 NODE = "node-a"
 
@@ -70,10 +68,7 @@ class FakeNode:
         self.state_dir = tmp / "state"
         self.agents: list[NodeAgent] = []
         self.api: Any = None  # the fake API server, when a test needs its controls
-        for crd in ("nodecputopologies.yaml", "podcpubindings.yaml"):
-            for doc in yaml.safe_load_all((REPO / "deploy" / "crd" / crd).read_text()):
-                with contextlib.suppress(Exception):
-                    client.create(CRDS, doc)
+        install_crds(client)
         self.node = client.create(
             NODES, {"apiVersion": "v1", "kind": "Node", "metadata": {"name": name}}
         )

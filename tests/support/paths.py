@@ -16,7 +16,6 @@ TESTS = REPO / "tests"
 #: Files the tests read as they are (checkpoint files of older formats and such).
 DATA = TESTS / "data"
 DEPLOY = REPO / "deploy"
-CRD_DIR = DEPLOY / "crd"
 #: What the checkouts of this machine share, beside them; its fixtures are `sysfs/<machine>`
 #: (sysfs trees of real machines) and `peer/<project>` (published vectors and golden files).
 SHARED = REPO.parent / "shared"

@@ -30,14 +30,14 @@ from typing import Any
 TESTS = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(TESTS))
 
-import yaml  # noqa: E402
 
 from corepin.enforcement.layout import container_cgroup_path, pod_cgroup_path  # noqa: E402
 from corepin.kube.client import KubeClient  # noqa: E402
 from corepin.kube.config import load_config  # noqa: E402
-from corepin.kube.resources import CRDS, NODES, PODS  # noqa: E402
+from corepin.kube.resources import NODES, PODS  # noqa: E402
 from fakeapi import FakeApiServer  # noqa: E402
 from support import pods  # noqa: E402
+from support.kube_helpers import install_crds  # noqa: E402
 from support.node_harness import qos_of  # noqa: E402
 
 CGROUP = Path("/sys/fs/cgroup")
@@ -188,9 +188,7 @@ def main(workdir: Path) -> int:
     with FakeApiServer(bookmark_interval=0.5) as api:
         kubeconfig = api.write_kubeconfig(workdir / "kubeconfig")
         client = KubeClient.from_config(load_config(kubeconfig, env={}), timeout=30)
-        for name in ("nodecputopologies.yaml", "podcpubindings.yaml"):
-            for doc in yaml.safe_load_all((TESTS.parent / "deploy" / "crd" / name).read_text()):
-                client.create(CRDS, doc)
+        install_crds(client)
         client.create(NODES, {"apiVersion": "v1", "kind": "Node", "metadata": {"name": NODE}})
         kubelet = Kubelet(client)
         agent: subprocess.Popen[bytes] | None = None
