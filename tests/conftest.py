@@ -10,10 +10,14 @@
 - `fake_api`: a started fake Kubernetes API server (plain http, no auth; `fakeapi` package),
   stopped after the test; `fake_kubeconfig` a kubeconfig for it; `kube` a corepin KubeClient
   on it; `tls_material` a CA, server and client certificates for the https variants.
-- `test_kubelet`: a started `test_kubelet.TestKubelet`, the kubelet of one node (random name)
-  of `fake_api`, running real containers in `containerd` below a scratch kubelet cgroup root;
-  after the test it kills its containers and removes its cgroups, and fails the test when
-  something was left behind or one of its workers raised.
+- `kubelet_harness`: a started `support.kubelet_harness.KubeletHarness` (a harness, not a test),
+  the kubelet of one node (random name) of `fake_api`, running real containers in `containerd`
+  below a scratch kubelet cgroup root; after the test it kills its containers and removes its
+  cgroups, and fails the test when something was left behind or one of its workers raised.
+- Hypothesis: one profile for the session, chosen with `COREPIN_HYPOTHESIS_PROFILE`: `dev` (the
+  default) runs every property test's own budget of examples (`support.budget.examples`),
+  `ci` five times as many, `fast` a tenth; none has a deadline (the machines running the suite
+  are shared, so a slow example says nothing) or fails a test for generating data slowly.
 - At the end of the session, the cpuset groups that host mode made on this machine for the
   session's own state directories (`corepin/sd-*` that were not there when it began) are
   removed, after ending the processes still in them (a test's commands: a run killed with
@@ -31,10 +35,13 @@ import sys
 import time
 from collections.abc import Callable, Iterator
 from pathlib import Path
-from typing import TYPE_CHECKING
 
 import pytest
+from hypothesis import HealthCheck, settings
 
+from corepin.kube.client import KubeClient
+from corepin.kube.config import load_config
+from fakeapi import FakeApiServer, TLSMaterial, make_tls
 from support.containerd_harness import (
     Containerd,
     DaemonDidNotStart,
@@ -42,13 +49,9 @@ from support.containerd_harness import (
     private_containerd,
     skip_reason,
 )
+from support.kubelet_harness import KubeletHarness
 from vm import SHAPES, Guest, GuestBootError, GuestPool
 from vm import skip_reason as vm_skip_reason
-
-if TYPE_CHECKING:
-    from corepin.kube.client import KubeClient
-    from fakeapi import FakeApiServer, TLSMaterial
-    from support.kubelet_harness import TestKubelet
 
 
 @pytest.fixture(scope="session")
@@ -69,6 +72,15 @@ def busybox_rootfs(tmp_path_factory: pytest.TempPathFactory) -> Path:
     if reason:
         pytest.skip(reason)
     return build_busybox_rootfs(tmp_path_factory.mktemp("rootfs"))
+
+
+# ---------------------------------------------------------------------- Hypothesis
+settings.register_profile(
+    "dev", max_examples=100, deadline=None, suppress_health_check=[HealthCheck.too_slow]
+)
+settings.register_profile("ci", settings.get_profile("dev"), max_examples=500, print_blob=True)
+settings.register_profile("fast", settings.get_profile("dev"), max_examples=10)
+settings.load_profile(os.environ.get("COREPIN_HYPOTHESIS_PROFILE", "dev"))
 
 
 # ---------------------------------------------------------------- virtual machines (tests/vm)
@@ -107,8 +119,6 @@ vm_offline_isol = _guest("offline-isol")
 
 @pytest.fixture
 def fake_api() -> Iterator[FakeApiServer]:
-    from fakeapi import FakeApiServer
-
     with FakeApiServer(bookmark_interval=0.5) as api:
         yield api
 
@@ -120,9 +130,6 @@ def fake_kubeconfig(fake_api: FakeApiServer, tmp_path: Path) -> Path:
 
 @pytest.fixture
 def kube(fake_kubeconfig: Path) -> Iterator[KubeClient]:
-    from corepin.kube.client import KubeClient
-    from corepin.kube.config import load_config
-
     client = KubeClient.from_config(load_config(fake_kubeconfig, env={}), timeout=10)
     yield client
     client.close()
@@ -130,22 +137,20 @@ def kube(fake_kubeconfig: Path) -> Iterator[KubeClient]:
 
 @pytest.fixture(scope="session")
 def tls_material(tmp_path_factory: pytest.TempPathFactory) -> TLSMaterial:
-    from fakeapi import make_tls
-
     return make_tls(tmp_path_factory.mktemp("tls"))
 
 
-@pytest.fixture(name="test_kubelet")
-def _test_kubelet(
+@pytest.fixture
+def kubelet_harness(
     containerd: Containerd,
     busybox_rootfs: Path,
     fake_api: FakeApiServer,
     fake_kubeconfig: Path,
     tmp_path: Path,
-) -> Iterator[TestKubelet]:
-    from support.kubelet_harness import TestKubelet
-
-    kubelet = TestKubelet(containerd, busybox_rootfs, fake_kubeconfig, workdir=tmp_path / "kubelet")
+) -> Iterator[KubeletHarness]:
+    kubelet = KubeletHarness(
+        containerd, busybox_rootfs, fake_kubeconfig, workdir=tmp_path / "kubelet"
+    )
     try:
         kubelet.start()
         yield kubelet

@@ -9,7 +9,7 @@ from pathlib import Path
 
 import pytest
 
-REPO = Path(__file__).resolve().parents[2]
+from support.paths import REPO
 
 
 @pytest.mark.skipif(len(os.sched_getaffinity(0)) < 2, reason="the demo pins 1 of 2+ CPUs")

@@ -1,8 +1,8 @@
-"""The test kubelet (test_kubelet.py) on its own, with real containers: pods of each QoS class
-land in the kubelet's cgroups with the kubelet's quota and a correct status in the API; restarts,
-stops, exits, deletions (plain and graceful) and in-place resizes; 20 pods at once within a
-measured time budget; cleanup. The pure parts (Kubernetes' QoS and cgroup arithmetic in
-podresources.py) are table-driven and need no containers.
+"""The kubelet harness (support/kubelet_harness.py) on its own, with real containers: pods of
+each QoS class land in the kubelet's cgroups with the kubelet's quota and a correct status in
+the API; restarts, stops, exits, deletions (plain and graceful) and in-place resizes; 20 pods
+at once within a measured time budget; cleanup. The pure parts (Kubernetes' QoS and cgroup
+arithmetic in podresources.py) are table-driven and need no containers.
 
 The container tests need root, a writable cgroup v1 cpuset hierarchy, containerd, runc and a
 static busybox; they skip with the harness's reason otherwise.
@@ -28,13 +28,12 @@ from corepin.enforcement.layout import container_cgroup_path, pod_cgroup_path
 from corepin.kube.client import KubeClient
 from corepin.kube.resources import NODES, PODS
 from fakeapi import FakeApiServer
+from support import pods as build
 from support.containerd_harness import CGROUP, CPUSET, NEEDS_CONTAINERS, Containerd
 from support.kubelet_harness import (
-    TestKubelet,
+    KubeletHarness,
     condition,
-    container_manifest,
     container_status,
-    pod_manifest,
 )
 from support.podresources import (
     container_cgroup_cpu,
@@ -57,76 +56,97 @@ def needs_containers(test: F) -> F:
     return test
 
 
-def _pod(*containers: Obj, init: list[Obj] | None = None) -> Obj:
-    spec: Obj = {"containers": list(containers)}
-    if init:
-        spec["initContainers"] = init
-    return {"spec": spec}
-
-
-def _c(requests: Obj | None = None, limits: Obj | None = None, **extra: Any) -> Obj:
-    resources: Obj = {}
-    if requests is not None:
-        resources["requests"] = requests
-    if limits is not None:
-        resources["limits"] = limits
-    return {"name": "c", "resources": resources, **extra}
-
-
 GUARANTEED_LIMITS = {"cpu": "1", "memory": "64Mi"}
 
 # ---------------------------------------------------------------------- QoS, pure
 QOS_CASES = [
-    pytest.param(_pod(_c()), "BestEffort", id="a container without requests or limits"),
     pytest.param(
-        _pod(_c(limits=GUARANTEED_LIMITS)),
+        build.pod("p", build.container("c")),
+        "BestEffort",
+        id="a container without requests or limits",
+    ),
+    pytest.param(
+        build.pod("p", build.container("c", limits=GUARANTEED_LIMITS)),
         "Guaranteed",
         id="cpu and memory limits alone: the requests default to them",
     ),
     pytest.param(
-        _pod(_c({"cpu": "1000m", "memory": "67108864"}, {"cpu": "1", "memory": "64Mi"})),
+        build.pod(
+            "p",
+            build.container(
+                "c",
+                requests={"cpu": "1000m", "memory": "67108864"},
+                limits={"cpu": "1", "memory": "64Mi"},
+            ),
+        ),
         "Guaranteed",
         id="requests equal to the limits in another spelling",
     ),
     pytest.param(
-        _pod(_c({"cpu": "500m", "memory": "64Mi"}, GUARANTEED_LIMITS)),
+        build.pod(
+            "p",
+            build.container(
+                "c", requests={"cpu": "500m", "memory": "64Mi"}, limits=GUARANTEED_LIMITS
+            ),
+        ),
         "Burstable",
         id="a cpu request below its limit",
     ),
-    pytest.param(_pod(_c({"cpu": "100m"})), "Burstable", id="a cpu request without limits"),
-    pytest.param(_pod(_c(limits={"cpu": "1"})), "Burstable", id="a cpu limit without memory"),
     pytest.param(
-        _pod(_c(limits=GUARANTEED_LIMITS), _c()),
+        build.pod("p", build.container("c", requests={"cpu": "100m"})),
+        "Burstable",
+        id="a cpu request without limits",
+    ),
+    pytest.param(
+        build.pod("p", build.container("c", limits={"cpu": "1"})),
+        "Burstable",
+        id="a cpu limit without memory",
+    ),
+    pytest.param(
+        build.pod("p", build.container("c", limits=GUARANTEED_LIMITS), build.container("c")),
         "Burstable",
         id="one container limited, one without anything",
     ),
     pytest.param(
-        _pod(_c({"cpu": "0", "memory": "0"})),
+        build.pod("p", build.container("c", requests={"cpu": "0", "memory": "0"})),
         "BestEffort",
         id="zero requests count as unset",
     ),
     pytest.param(
-        _pod(_c(limits={"cpu": "0", "memory": "0"})),
+        build.pod("p", build.container("c", limits={"cpu": "0", "memory": "0"})),
         "BestEffort",
         id="zero limits (and the zero requests defaulted from them) count as unset",
     ),
     pytest.param(
-        _pod(_c({"nvidia.com/gpu": "1"}, {"nvidia.com/gpu": "1"})),
+        build.pod(
+            "p",
+            build.container("c", requests={"nvidia.com/gpu": "1"}, limits={"nvidia.com/gpu": "1"}),
+        ),
         "BestEffort",
         id="only an extended resource: not a QoS resource",
     ),
     pytest.param(
-        _pod(_c(limits={**GUARANTEED_LIMITS, "ephemeral-storage": "1Gi"})),
+        build.pod(
+            "p", build.container("c", limits={**GUARANTEED_LIMITS, "ephemeral-storage": "1Gi"})
+        ),
         "Guaranteed",
         id="ephemeral storage does not count",
     ),
     pytest.param(
-        _pod(_c(limits=GUARANTEED_LIMITS), init=[_c({"cpu": "100m"})]),
+        build.pod(
+            "p",
+            build.container("c", limits=GUARANTEED_LIMITS),
+            initContainers=[build.container("c", requests={"cpu": "100m"})],
+        ),
         "Burstable",
         id="an init container without limits makes a limited pod burstable",
     ),
     pytest.param(
-        _pod(_c(limits=GUARANTEED_LIMITS), init=[_c(limits={"cpu": "2", "memory": "1Gi"})]),
+        build.pod(
+            "p",
+            build.container("c", limits=GUARANTEED_LIMITS),
+            initContainers=[build.container("c", limits={"cpu": "2", "memory": "1Gi"})],
+        ),
         "Guaranteed",
         id="limited init containers keep the pod guaranteed",
     ),
@@ -139,13 +159,27 @@ def test_the_qos_class_is_computed_as_kubernetes_does(pod: Obj, qos: str) -> Non
 
 
 CPU_CASES = [
-    pytest.param(_c(limits={"cpu": "250m"}), (256, 25_000), id="a quarter CPU limit"),
-    pytest.param(_c({"cpu": "2"}), (2048, -1), id="a request without a limit has no quota"),
-    pytest.param(_c(), (2, -1), id="no request: two shares, no quota"),
-    pytest.param(_c(limits={"cpu": "1m"}), (2, 1000), id="the smallest quota is 1 ms"),
-    pytest.param(_c({"cpu": "300"}), (262_144, -1), id="shares are capped at 262144"),
     pytest.param(
-        _c({"cpu": "1500m"}, {"cpu": "3"}), (1536, 300_000), id="request and limit differ"
+        build.container("c", limits={"cpu": "250m"}), (256, 25_000), id="a quarter CPU limit"
+    ),
+    pytest.param(
+        build.container("c", requests={"cpu": "2"}),
+        (2048, -1),
+        id="a request without a limit has no quota",
+    ),
+    pytest.param(build.container("c"), (2, -1), id="no request: two shares, no quota"),
+    pytest.param(
+        build.container("c", limits={"cpu": "1m"}), (2, 1000), id="the smallest quota is 1 ms"
+    ),
+    pytest.param(
+        build.container("c", requests={"cpu": "300"}),
+        (262_144, -1),
+        id="shares are capped at 262144",
+    ),
+    pytest.param(
+        build.container("c", requests={"cpu": "1500m"}, limits={"cpu": "3"}),
+        (1536, 300_000),
+        id="request and limit differ",
     ),
 ]
 
@@ -159,30 +193,55 @@ def test_a_container_cgroup_gets_the_kubelets_shares_and_quota(
 
 POD_CPU_CASES = [
     pytest.param(
-        _pod(_c(limits={"cpu": "1", "memory": "1Gi"}), _c(limits={"cpu": "500m", "memory": "1Gi"})),
+        build.pod(
+            "p",
+            build.container("c", limits={"cpu": "1", "memory": "1Gi"}),
+            build.container("c", limits={"cpu": "500m", "memory": "1Gi"}),
+        ),
         (1536, 150_000),
         id="guaranteed: the sum of the containers",
     ),
     pytest.param(
-        _pod(_c({"cpu": "250m"}, {"cpu": "500m"}), _c({"cpu": "100m"})),
+        build.pod(
+            "p",
+            build.container("c", requests={"cpu": "250m"}, limits={"cpu": "500m"}),
+            build.container("c", requests={"cpu": "100m"}),
+        ),
         (358, -1),
         id="burstable with an unlimited container: shares only",
     ),
     pytest.param(
-        _pod(_c({"cpu": "250m"}, {"cpu": "500m"}), _c({"cpu": "100m"}, {"cpu": "200m"})),
+        build.pod(
+            "p",
+            build.container("c", requests={"cpu": "250m"}, limits={"cpu": "500m"}),
+            build.container("c", requests={"cpu": "100m"}, limits={"cpu": "200m"}),
+        ),
         (358, 70_000),
         id="burstable with every container limited: a quota",
     ),
-    pytest.param(_pod(_c(), _c()), (2, -1), id="best effort: two shares, no quota"),
     pytest.param(
-        _pod(_c({"cpu": "1"}, {"cpu": "1"}), init=[_c({"cpu": "3"}, {"cpu": "3"})]),
+        build.pod("p", build.container("c"), build.container("c")),
+        (2, -1),
+        id="best effort: two shares, no quota",
+    ),
+    pytest.param(
+        build.pod(
+            "p",
+            build.container("c", requests={"cpu": "1"}, limits={"cpu": "1"}),
+            initContainers=[build.container("c", requests={"cpu": "3"}, limits={"cpu": "3"})],
+        ),
         (3072, 300_000),
         id="an init container larger than the containers sets the pod's values",
     ),
     pytest.param(
-        _pod(
-            _c({"cpu": "1"}, {"cpu": "1"}),
-            init=[_c({"cpu": "1"}, {"cpu": "1"}, restartPolicy="Always")],
+        build.pod(
+            "p",
+            build.container("c", requests={"cpu": "1"}, limits={"cpu": "1"}),
+            initContainers=[
+                build.container(
+                    "c", requests={"cpu": "1"}, limits={"cpu": "1"}, restartPolicy="Always"
+                )
+            ],
         ),
         (2048, 200_000),
         id="a sidecar (restartable init container) adds to the containers",
@@ -243,34 +302,34 @@ def _all_mems() -> str:
 
 
 @pytest.fixture
-def kubelet(test_kubelet: TestKubelet) -> TestKubelet:
-    return test_kubelet
+def kubelet(kubelet_harness: KubeletHarness) -> KubeletHarness:
+    return kubelet_harness
 
 
-def _create_all(kubelet: TestKubelet, manifests: list[Obj]) -> None:
+def _create_all(kubelet: KubeletHarness, manifests: list[Obj]) -> None:
     with ThreadPoolExecutor(8) as pool:
         list(pool.map(kubelet.create_pod, manifests))
 
 
-def _running_all(kubelet: TestKubelet, names: list[str], timeout: float = 60) -> dict[str, Obj]:
+def _running_all(kubelet: KubeletHarness, names: list[str], timeout: float = 60) -> dict[str, Obj]:
     return {n: kubelet.wait_running(NS, n, timeout=timeout) for n in names}
 
 
 @needs_containers
 def test_pods_of_each_qos_class_run_in_the_kubelets_cgroups_with_its_quota_and_status(
-    kubelet: TestKubelet, kube: KubeClient
+    kubelet: KubeletHarness, kube: KubeClient
 ) -> None:
-    guaranteed = pod_manifest(
+    guaranteed = build.pod(
         "gold",
-        container_manifest("app", limits={"cpu": "1", "memory": "64Mi"}),
-        container_manifest("side", limits={"cpu": "500m", "memory": "32Mi"}),
+        build.container("app", limits={"cpu": "1", "memory": "64Mi"}),
+        build.container("side", limits={"cpu": "500m", "memory": "32Mi"}),
     )
-    burstable = pod_manifest(
+    burstable = build.pod(
         "silver",
-        container_manifest("app", requests={"cpu": "250m"}, limits={"cpu": "500m"}),
-        container_manifest("side", requests={"cpu": "100m", "memory": "16Mi"}),
+        build.container("app", requests={"cpu": "250m"}, limits={"cpu": "500m"}),
+        build.container("side", requests={"cpu": "100m", "memory": "16Mi"}),
     )
-    best_effort = pod_manifest("bronze")
+    best_effort = build.pod("bronze")
     _create_all(kubelet, [guaranteed, burstable, best_effort])
     _running_all(kubelet, ["gold", "silver", "bronze"])
 
@@ -330,10 +389,10 @@ def test_pods_of_each_qos_class_run_in_the_kubelets_cgroups_with_its_quota_and_s
 
 @needs_containers
 def test_pods_of_other_nodes_wait_until_they_are_bound_here(
-    kubelet: TestKubelet, kube: KubeClient
+    kubelet: KubeletHarness, kube: KubeClient
 ) -> None:
-    kube.create(PODS, pod_manifest("elsewhere", node="another-node"))
-    kube.create(PODS, pod_manifest("unbound"))
+    kube.create(PODS, build.pod("elsewhere", node="another-node"))
+    kube.create(PODS, build.pod("unbound"))
     kubelet.wait_idle()
     for name in ("elsewhere", "unbound"):
         assert kube.get(PODS, name, NS)["status"]["phase"] == "Pending"
@@ -346,11 +405,9 @@ def test_pods_of_other_nodes_wait_until_they_are_bound_here(
 
 @needs_containers
 def test_a_restart_runs_a_new_container_that_starts_on_the_pods_cpus(
-    kubelet: TestKubelet, kube: KubeClient
+    kubelet: KubeletHarness, kube: KubeClient
 ) -> None:
-    kubelet.create_pod(
-        pod_manifest("web", container_manifest(limits={"cpu": "1", "memory": "64Mi"}))
-    )
+    kubelet.create_pod(build.pod("web", build.container(limits={"cpu": "1", "memory": "64Mi"})))
     kubelet.wait_running(NS, "web")
     before = kubelet.container_view(NS, "web", "app")
     [old_pid] = before.cgroup.pids
@@ -384,9 +441,9 @@ def test_a_restart_runs_a_new_container_that_starts_on_the_pods_cpus(
 
 @needs_containers
 def test_a_stopped_container_is_reported_terminated_and_the_pod_not_ready(
-    kubelet: TestKubelet, kube: KubeClient
+    kubelet: KubeletHarness, kube: KubeClient
 ) -> None:
-    kubelet.create_pod(pod_manifest("pair", container_manifest("app"), container_manifest("side")))
+    kubelet.create_pod(build.pod("pair", build.container("app"), build.container("side")))
     kubelet.wait_running(NS, "pair")
     cid = kubelet.container_id(NS, "pair", "side")
 
@@ -408,16 +465,17 @@ def test_a_stopped_container_is_reported_terminated_and_the_pod_not_ready(
 
 @needs_containers
 def test_containers_that_exit_on_their_own_finish_the_pod_by_its_restart_policy(
-    kubelet: TestKubelet,
+    kubelet: KubeletHarness,
 ) -> None:
-    failing = pod_manifest(
+    failing = build.pod(
         "fails",
-        container_manifest(command=["sh", "-c", "echo hello $WHO; exit 3"], env={"WHO": "kubelet"}),
-        restart_policy="Never",
+        build.container(
+            command=["sh", "-c", "echo hello $WHO; exit 3"],
+            env=[{"name": "WHO", "value": "kubelet"}],
+        ),
+        restartPolicy="Never",
     )
-    succeeding = pod_manifest(
-        "succeeds", container_manifest(command=["true"]), restart_policy="Never"
-    )
+    succeeding = build.pod("succeeds", build.container(command=["true"]), restartPolicy="Never")
     _create_all(kubelet, [failing, succeeding])
 
     def finished(pod: Obj) -> bool:
@@ -439,13 +497,11 @@ def test_containers_that_exit_on_their_own_finish_the_pod_by_its_restart_policy(
 
 @needs_containers
 def test_deleting_a_pod_removes_its_containers_processes_and_cgroups(
-    kubelet: TestKubelet, containerd: Containerd
+    kubelet: KubeletHarness, containerd: Containerd
 ) -> None:
     kubelet.create_pod(
-        pod_manifest(
-            "doomed",
-            container_manifest("app", requests={"cpu": "100m"}),
-            container_manifest("side"),
+        build.pod(
+            "doomed", build.container("app", requests={"cpu": "100m"}), build.container("side")
         )
     )
     kubelet.wait_running(NS, "doomed")
@@ -467,14 +523,14 @@ def test_deleting_a_pod_removes_its_containers_processes_and_cgroups(
 
 @needs_containers
 def test_a_graceful_deletion_stops_the_containers_reports_and_deletes_the_pod(
-    kubelet: TestKubelet, kube: KubeClient, fake_api: FakeApiServer
+    kubelet: KubeletHarness, kube: KubeClient, fake_api: FakeApiServer
 ) -> None:
     fake_api.cluster.graceful_pod_deletion = True
     kubelet.create_pod(
-        pod_manifest(
+        build.pod(
             "polite",
-            container_manifest(command=["sh", "-c", "trap 'exit 0' TERM; sleep 3600 & wait"]),
-            grace_seconds=30,
+            build.container(command=["sh", "-c", "trap 'exit 0' TERM; sleep 3600 & wait"]),
+            terminationGracePeriodSeconds=30,
         )
     )
     created = kubelet.wait_running(NS, "polite")
@@ -506,13 +562,13 @@ def test_a_graceful_deletion_stops_the_containers_reports_and_deletes_the_pod(
 
 @needs_containers
 def test_an_in_place_resize_rewrites_the_quota_in_the_kernels_order_and_is_reported(
-    kubelet: TestKubelet,
+    kubelet: KubeletHarness,
 ) -> None:
     kubelet.create_pod(
-        pod_manifest(
+        build.pod(
             "elastic",
-            container_manifest("app", requests={"cpu": "250m"}, limits={"cpu": "500m"}),
-            container_manifest("side", requests={"cpu": "250m"}, limits={"cpu": "500m"}),
+            build.container("app", requests={"cpu": "250m"}, limits={"cpu": "500m"}),
+            build.container("side", requests={"cpu": "250m"}, limits={"cpu": "500m"}),
         )
     )
     kubelet.wait_running(NS, "elastic")
@@ -544,11 +600,9 @@ def test_an_in_place_resize_rewrites_the_quota_in_the_kernels_order_and_is_repor
 
 @needs_containers
 def test_a_resize_that_would_change_the_qos_class_is_refused_by_the_api(
-    kubelet: TestKubelet,
+    kubelet: KubeletHarness,
 ) -> None:
-    kubelet.create_pod(
-        pod_manifest("fixed", container_manifest(limits={"cpu": "1", "memory": "64Mi"}))
-    )
+    kubelet.create_pod(build.pod("fixed", build.container(limits={"cpu": "1", "memory": "64Mi"})))
     kubelet.wait_running(NS, "fixed")
     with pytest.raises(ApiInvalid, match="QOS Class may not change"):
         kubelet.resize(
@@ -562,13 +616,13 @@ TWENTY_PODS_BUDGET_S = 15.0  # measured: 1.4-2.2 s on 2 cores (2.9 s with one wo
 
 @needs_containers
 def test_twenty_pods_at_once_come_up_and_go_away_within_the_budget(
-    kubelet: TestKubelet, capsys: pytest.CaptureFixture[str]
+    kubelet: KubeletHarness, capsys: pytest.CaptureFixture[str]
 ) -> None:
     names = [f"burst-{i:02d}" for i in range(20)]
     manifests = [
-        pod_manifest(n, container_manifest(limits={"cpu": "100m", "memory": "16Mi"}))
+        build.pod(n, build.container(limits={"cpu": "100m", "memory": "16Mi"}))
         if i % 2
-        else pod_manifest(n)
+        else build.pod(n)
         for i, n in enumerate(names)
     ]
     began = time.monotonic()
@@ -593,8 +647,8 @@ def test_twenty_pods_at_once_come_up_and_go_away_within_the_budget(
 @pytest.fixture
 def standalone_kubelet(
     containerd: Containerd, busybox_rootfs: Path, fake_kubeconfig: Path, tmp_path: Path
-) -> Iterator[TestKubelet]:
-    kubelet = TestKubelet(containerd, busybox_rootfs, fake_kubeconfig, workdir=tmp_path / "k")
+) -> Iterator[KubeletHarness]:
+    kubelet = KubeletHarness(containerd, busybox_rootfs, fake_kubeconfig, workdir=tmp_path / "k")
     try:
         yield kubelet
     finally:
@@ -603,14 +657,14 @@ def standalone_kubelet(
 
 @needs_containers
 def test_stop_kills_every_container_and_removes_every_scratch_cgroup(
-    standalone_kubelet: TestKubelet, containerd: Containerd, fake_api: FakeApiServer
+    standalone_kubelet: KubeletHarness, containerd: Containerd, fake_api: FakeApiServer
 ) -> None:
     kubelet = standalone_kubelet.start()
     _eventually(lambda: fake_api.open_watches() == 1, "the kubelet's pod watch")
     assert _cgroup_exists_anywhere(f"{kubelet.cgroup_root}/kubepods/besteffort")
     _create_all(
         kubelet,
-        [pod_manifest("a"), pod_manifest("b", container_manifest(limits=GUARANTEED_LIMITS))],
+        [build.pod("a"), build.pod("b", build.container(limits=GUARANTEED_LIMITS))],
     )
     _running_all(kubelet, ["a", "b"])
     pids = kubelet.container_view(NS, "a", "app").cgroup.pids
@@ -629,13 +683,13 @@ def test_stop_kills_every_container_and_removes_every_scratch_cgroup(
 
 @needs_containers
 def test_the_node_is_registered_and_the_status_is_written_only_when_it_changes(
-    kubelet: TestKubelet, kube: KubeClient, fake_api: FakeApiServer
+    kubelet: KubeletHarness, kube: KubeClient, fake_api: FakeApiServer
 ) -> None:
     node = kube.get(NODES, kubelet.node_name)
     assert node["status"]["capacity"]["cpu"] == str(len(CPUSet.parse(_all_cpus())))
     assert [c["status"] for c in node["status"]["conditions"] if c["type"] == "Ready"] == ["True"]
 
-    kubelet.create_pod(pod_manifest("quiet"))
+    kubelet.create_pod(build.pod("quiet"))
     first = kubelet.wait_running(NS, "quiet")
 
     def status_writes() -> int:
@@ -657,8 +711,8 @@ def test_the_node_is_registered_and_the_status_is_written_only_when_it_changes(
 
 
 @needs_containers
-def test_a_container_that_cannot_start_is_reported_waiting(kubelet: TestKubelet) -> None:
-    kubelet.create_pod(pod_manifest("broken", container_manifest(command=["/no/such/program"])))
+def test_a_container_that_cannot_start_is_reported_waiting(kubelet: KubeletHarness) -> None:
+    kubelet.create_pod(build.pod("broken", build.container(command=["/no/such/program"])))
 
     def reported(pod: Obj) -> bool:
         return "containerStatuses" in pod["status"]

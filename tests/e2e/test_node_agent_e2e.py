@@ -1,5 +1,5 @@
 """The node agent end to end with real containers: a real `corepin agent` process against the
-fake API server, the test kubelet running containerd + runc containers in a scratch kubelet
+fake API server, the kubelet harness running containerd + runc containers in a scratch kubelet
 cgroup root on this host's real cgroup v1 cpuset hierarchy. Every check reads the container
 processes' `Cpus_allowed_list` from /proc. Skipped (with the harness's reason) where containers
 cannot run."""
@@ -14,17 +14,15 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-import yaml
 
 from corepin.core.cpuset import CPUSet
 from corepin.kube.client import KubeClient
-from corepin.kube.resources import CRDS
-from support.helpers import corepin_argv, wait_for
-from support.kubelet_harness import TestKubelet, container_manifest, pod_manifest
+from support.helpers import corepin_argv, reap, wait_for
+from support.kube_helpers import install_crds
+from support.kubelet_harness import KubeletHarness
+from support.pods import EXCLUSIVE, container, pod
 
-REPO = Path(__file__).resolve().parents[2]
 ONLINE = CPUSet(os.sched_getaffinity(0))
-EXCLUSIVE = {"corepin.io/cpu-policy": "exclusive"}
 
 pytestmark = [
     pytest.mark.realhost,
@@ -33,13 +31,13 @@ pytestmark = [
 
 
 @pytest.fixture
-def agent(test_kubelet: TestKubelet, kube: KubeClient, tmp_path: Path) -> Iterator[dict[str, Any]]:
-    for name in ("nodecputopologies.yaml", "podcpubindings.yaml"):
-        for doc in yaml.safe_load_all((REPO / "deploy" / "crd" / name).read_text()):
-            kube.create(CRDS, doc)
+def agent(
+    kubelet_harness: KubeletHarness, kube: KubeClient, tmp_path: Path
+) -> Iterator[dict[str, Any]]:
+    install_crds(kube)
     argv = corepin_argv(
         "agent",
-        *test_kubelet.agent_args(),
+        *kubelet_harness.agent_args(),
         "--state-dir",
         str(tmp_path / "state"),
         "--kubelet-state",
@@ -56,6 +54,8 @@ def agent(test_kubelet: TestKubelet, kube: KubeClient, tmp_path: Path) -> Iterat
     handle: dict[str, Any] = {"argv": argv}
 
     def start() -> None:
+        if "proc" in handle:
+            reap(handle["proc"])  # the one the test stopped
         handle["proc"] = subprocess.Popen(argv, stderr=subprocess.PIPE, text=True)
 
     handle["start"] = start
@@ -67,9 +67,10 @@ def agent(test_kubelet: TestKubelet, kube: KubeClient, tmp_path: Path) -> Iterat
         if proc.poll() is None:
             proc.send_signal(signal.SIGTERM)
             proc.wait(timeout=10)
+        reap(proc)
 
 
-def allowed(kubelet: TestKubelet, pod: str, container: str = "app") -> CPUSet:
+def allowed(kubelet: KubeletHarness, pod: str, container: str = "app") -> CPUSet:
     """The CPUs every process of a container may run on (all the same, or the test fails)."""
     view = kubelet.container_view("default", pod, container)
     cpus = {t.cpus_allowed for t in view.cgroup.tasks}
@@ -77,7 +78,7 @@ def allowed(kubelet: TestKubelet, pod: str, container: str = "app") -> CPUSet:
     return CPUSet.parse(cpus.pop())
 
 
-def pinned(kubelet: TestKubelet, pod: str, want: CPUSet | int) -> bool:
+def pinned(kubelet: KubeletHarness, pod: str, want: CPUSet | int) -> bool:
     try:
         got = allowed(kubelet, pod)
     except (AssertionError, KeyError, LookupError):
@@ -86,13 +87,13 @@ def pinned(kubelet: TestKubelet, pod: str, want: CPUSet | int) -> bool:
 
 
 def test_real_containers_are_pinned_repinned_and_released(
-    test_kubelet: TestKubelet, agent: dict[str, Any], fake_api: Any
+    kubelet_harness: KubeletHarness, agent: dict[str, Any], fake_api: Any
 ) -> None:
-    k = test_kubelet
-    k.create_pod(pod_manifest("web", container_manifest(requests={"cpu": "100m"})))
+    k = kubelet_harness
+    k.create_pod(pod("web", container(requests={"cpu": "100m"})))
     k.wait_running("default", "web")
-    db = container_manifest(requests={"cpu": "1"}, limits={"cpu": "1", "memory": "64Mi"})
-    k.create_pod(pod_manifest("db", db, annotations=EXCLUSIVE))
+    db = container(requests={"cpu": "1"}, limits={"cpu": "1", "memory": "64Mi"})
+    k.create_pod(pod("db", db, annotations=EXCLUSIVE))
     k.wait_running("default", "db")
     wait_for(lambda: pinned(k, "db", 1), timeout=30, what="db on one CPU of its own")
     mine = allowed(k, "db")
@@ -107,7 +108,7 @@ def test_real_containers_are_pinned_repinned_and_released(
     # the agent killed with SIGKILL and restarted: pins stay right, nothing handed out twice
     agent["proc"].send_signal(signal.SIGKILL)
     agent["proc"].wait(timeout=10)
-    k.create_pod(pod_manifest("late", container_manifest(requests={"cpu": "100m"})))
+    k.create_pod(pod("late", container(requests={"cpu": "100m"})))
     k.wait_running("default", "late")
     agent["start"]()
     wait_for(lambda: pinned(k, "late", ONLINE - mine), timeout=30, what="late after the restart")
@@ -116,7 +117,7 @@ def test_real_containers_are_pinned_repinned_and_released(
     # the watch connections dropped and the history compacted (410 Gone on the next watch)
     fake_api.drop_watches()
     fake_api.compact()
-    k.create_pod(pod_manifest("after-410", container_manifest(requests={"cpu": "100m"})))
+    k.create_pod(pod("after-410", container(requests={"cpu": "100m"})))
     k.wait_running("default", "after-410")
     wait_for(lambda: pinned(k, "after-410", ONLINE - mine), timeout=30, what="a pod after 410")
 
@@ -132,7 +133,7 @@ def test_real_containers_are_pinned_repinned_and_released(
     wait_for(lambda: pinned(k, "web", ONLINE), timeout=30, what="the CPU back to the pool")
 
 
-def _annotate(k: TestKubelet, pod: str, annotations: dict[str, str]) -> None:
+def _annotate(k: KubeletHarness, pod: str, annotations: dict[str, str]) -> None:
     from corepin.kube.resources import PODS
 
     k.client.patch(PODS, pod, {"metadata": {"annotations": annotations}}, "default")

@@ -17,10 +17,9 @@ from corepin.agent.cluster.scheduler.scheduler import Scheduler, SchedulerSettin
 from corepin.core.cpuset import CPUSet
 from corepin.kube.client import KubeClient
 from corepin.kube.models import parse_cpus_annotation
-from corepin.kube.resources import EVENTS, PODS
+from corepin.kube.resources import EVENTS, PCB, PODS
 from support.e2e_cluster import NAME, Kubelets, cluster, workload
 from support.node_harness import FakeNode
-from support.placement_publish import PCB
 
 
 def _settled_one(p: dict[str, Any]) -> bool:

@@ -15,12 +15,10 @@ import yaml
 
 from corepin.core.cpuset import CPUSet
 from corepin.enforcement.faketree import make_fake_v1
-from corepin.kube.client import KubeClient, Resource
-from corepin.kube.resources import CRDS, NODES, PODS
-from support.helpers import corepin_argv, run_corepin, wait_for
-
-REPO = Path(__file__).resolve().parents[2]
-NCPT = Resource("corepin.io", "v1alpha1", "nodecputopologies", False, "NodeCPUTopology")
+from corepin.kube.client import KubeClient
+from corepin.kube.resources import NCPT, NODES, PODS
+from support.helpers import corepin_argv, reap, run_corepin, wait_for
+from support.kube_helpers import install_crds
 
 
 def agent_argv(kubeconfig: Path, tmp: Path, *extra: str) -> list[str]:
@@ -47,9 +45,7 @@ def agent_argv(kubeconfig: Path, tmp: Path, *extra: str) -> list[str]:
 def prepare(kube: KubeClient, tmp: Path) -> None:
     online = CPUSet(os.sched_getaffinity(0))
     make_fake_v1(tmp / "cgroup", cpus=online, mems=CPUSet.of(0), separate_cpu_mount=False)
-    for name in ("nodecputopologies.yaml", "podcpubindings.yaml"):
-        for doc in yaml.safe_load_all((REPO / "deploy" / "crd" / name).read_text()):
-            kube.create(CRDS, doc)
+    install_crds(kube)
     kube.create(NODES, {"apiVersion": "v1", "kind": "Node", "metadata": {"name": "n1"}})
 
 
@@ -88,17 +84,15 @@ def test_the_agent_publishes_its_node_and_stops_on_sigterm_within_5_s(
             assert client.health() == "SERVING"
         body = urllib.request.urlopen("http://127.0.0.1:19464/metrics", timeout=5).read().decode()
         assert "corepin_shared_pool_cpus" in body and "corepin_watch_restarts_total" in body
-        ready = urllib.request.urlopen("http://127.0.0.1:19464/healthz", timeout=5)
-        assert ready.status == 200
+        with urllib.request.urlopen("http://127.0.0.1:19464/healthz", timeout=5) as ready:
+            assert ready.status == 200
         started = time.monotonic()
         proc.send_signal(signal.SIGTERM)
         code = proc.wait(timeout=10)
         assert time.monotonic() - started < 5.0, "stopped within 5 s"
         assert code == 0, proc.stderr.read() if proc.stderr else ""
     finally:
-        if proc.poll() is None:
-            proc.kill()
-            proc.wait()
+        reap(proc)
     assert kube.list(PODS)["items"] == []
 
 

@@ -10,14 +10,13 @@ import pytest
 import support.alloc_topologies as T
 from corepin.cli.main import main
 from support.helpers import run_corepin
-
-FIXTURES = Path(__file__).resolve().parents[2].parent / "shared" / "fixtures"
+from support.paths import SYSFS_FIXTURES
 
 
 @pytest.fixture
 def topo_file(tmp_path: Path) -> str:
     path = tmp_path / "topo.json"
-    path.write_text(json.dumps(T.multi_numa_per_socket().to_json()))
+    path.write_text(json.dumps(T.two_numa_per_socket_32_cpus().to_json()))
     return str(path)
 
 
@@ -198,7 +197,7 @@ def test_the_installed_command_never_prints_a_traceback(topo_file: str, tmp_path
 
 
 def test_sysfs_root_is_a_topology_source(capsys: pytest.CaptureFixture[str]) -> None:
-    root = FIXTURES / "sysfs" / "intel-2s-8c-ht-32cpu"
+    root = SYSFS_FIXTURES / "intel-2s-8c-ht-32cpu"
     if not root.is_dir():
         pytest.skip("fixture intel-2s-8c-ht-32cpu is absent")
     code, out, err = run(["--sysfs-root", str(root), "--count", "4", "-o", "json"], capsys)

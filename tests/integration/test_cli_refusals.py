@@ -28,7 +28,7 @@ from support.helpers import run_corepin
 @pytest.fixture
 def topo_file(tmp_path: Path) -> Path:
     path = tmp_path / "topo.json"
-    path.write_text(json.dumps(T.multi_numa_per_socket().to_json()))
+    path.write_text(json.dumps(T.two_numa_per_socket_32_cpus().to_json()))
     return path
 
 

@@ -22,9 +22,10 @@ from corepin.cli.render.svg import render_svg
 from corepin.cli.render.table import render_table
 from corepin.cli.render.tree import render_tree
 from corepin.topology.model import CPUInfo, NUMANode
+from support.budget import examples
+from support.paths import REPO, SYSFS_FIXTURES
 
-REPO = Path(__file__).resolve().parents[2]
-FIXTURES = REPO.parent / "shared" / "fixtures" / "sysfs"
+FIXTURES = SYSFS_FIXTURES
 SVG_NS = "{http://www.w3.org/2000/svg}"
 
 
@@ -320,7 +321,7 @@ def _check_geometry(box: svg_module._Box) -> None:
             assert not overlap, (box.label, a[4], b[4])
 
 
-@settings(max_examples=40, deadline=None)
+@settings(max_examples=examples(40))
 @given(
     shape=st.tuples(
         st.integers(1, 3),

@@ -29,11 +29,10 @@ from support.controller_helpers import (
     binding,
     condition,
     create_binding,
+    create_pod,
     gone,
     heartbeat,
-    install_crds,
     ncpt,
-    pod,
     publish,
     republish,
     running,
@@ -43,6 +42,8 @@ from support.controller_helpers import (
 )
 from support.crd_schema import crd
 from support.helpers import wait_for
+from support.kube_helpers import install_crds
+from support.pods import container
 
 Obj = dict[str, Any]
 
@@ -82,7 +83,7 @@ def wait_event(kube: KubeClient, name: str, reason: str, namespace: str = "defau
 def test_a_good_binding_is_validated_with_condition_node_and_event(
     cluster: KubeClient, ctl: Controller
 ) -> None:
-    pod(cluster, "web", cpu=2)
+    create_pod(cluster, "web", container("app", "2", "2"))
     create_binding(cluster, binding("web", "web", cpus="2-3", level="Core"))
     status = wait_phase(cluster, "web", "Validated")
     assert status["nodeName"] == "worker-1"
@@ -105,7 +106,8 @@ def test_a_good_binding_is_validated_with_condition_node_and_event(
 def test_a_binding_on_cpus_the_node_cannot_give_fails_naming_them(
     cluster: KubeClient, ctl: Controller, cpus: str, reason: str, text: str
 ) -> None:
-    pod(cluster, "web", cpu=len(CPUSet.parse(cpus)))
+    count = str(len(CPUSet.parse(cpus)))
+    create_pod(cluster, "web", container("app", count, count))
     create_binding(cluster, binding("web", "web", cpus=cpus))
     status = wait_phase(cluster, "web", "Failed")
     assert text in status["message"]
@@ -117,7 +119,7 @@ def test_a_binding_on_cpus_the_node_cannot_give_fails_naming_them(
 def test_offline_cpus_fail(kube: KubeClient) -> None:
     install_crds(kube)
     publish(kube, ncpt("worker-2", offline_cpus()))  # CPUs 0,3,11,13 are offline
-    pod(kube, "db", node="worker-2", cpu=2)
+    create_pod(kube, "db", container("app", "2", "2"), node="worker-2")
     create_binding(kube, binding("db", "db", containers={"app": "2-3"}))
     with running(kube):
         status = wait_phase(kube, "db", "Failed")
@@ -135,7 +137,7 @@ def test_a_missing_pod_fails_naming_it(cluster: KubeClient, ctl: Controller) -> 
 
 
 def test_unknown_and_overlapping_containers_fail(cluster: KubeClient, ctl: Controller) -> None:
-    pod(cluster, "web", containers=("app", "side"))
+    create_pod(cluster, "web", container("app", "1", "1"), container("side", "1", "1"))
     create_binding(cluster, binding("a", "web", containers={"feed": "2"}))
     create_binding(cluster, binding("b", "web", containers={"app": "2-3", "side": "3"}))
     assert (
@@ -151,8 +153,8 @@ def test_unknown_and_overlapping_containers_fail(cluster: KubeClient, ctl: Contr
 def test_a_conflict_at_the_level_fails_naming_the_other_binding_and_is_resolved_on_delete(
     cluster: KubeClient, ctl: Controller
 ) -> None:
-    pod(cluster, "db")
-    pod(cluster, "web")
+    create_pod(cluster, "db", container("app", "1", "1"))
+    create_pod(cluster, "web", container("app", "1", "1"))
     create_binding(cluster, binding("db", "db", cpus="2", level="Core"))
     wait_phase(cluster, "db", "Validated")
     create_binding(cluster, binding("web", "web", cpus="18"))  # CPU 2's sibling
@@ -167,13 +169,13 @@ def test_a_conflict_at_the_level_fails_naming_the_other_binding_and_is_resolved_
 def test_the_agents_bindings_are_not_judged_but_their_cpus_count(
     cluster: KubeClient, ctl: Controller
 ) -> None:
-    pinned = pod(cluster, "pinned")
+    pinned = create_pod(cluster, "pinned", container("app", "1", "1"))
     create_binding(
         cluster,
         binding("pinned-app", "pinned", containers={"app": "40"}, agent=True, owner=pinned),
         status={"phase": "Applied", "cpus": "40", "nodeName": "worker-1", "message": "app"},
     )
-    pinned2 = pod(cluster, "pinned2")
+    pinned2 = create_pod(cluster, "pinned2", container("app", "1", "1"))
     republish(
         cluster,
         ncpt("worker-1", dual_socket_ht(), reserved="0,16",
@@ -187,7 +189,7 @@ def test_the_agents_bindings_are_not_judged_but_their_cpus_count(
         ),
         status={"phase": "Applied", "cpus": "5", "nodeName": "worker-1", "message": "app"},
     )  # fmt: skip
-    pod(cluster, "web")
+    create_pod(cluster, "web", container("app", "1", "1"))
     create_binding(cluster, binding("web", "web", cpus="21"))  # CPU 5's sibling
     status = wait_phase(cluster, "web", "Failed")
     assert "binding default/pinned2-app (CPUs 5, level core)" in status["message"]
@@ -207,9 +209,9 @@ def test_a_forged_agent_label_unseats_no_one(kube: KubeClient) -> None:
     for ns in ("shop", "tenant"):
         kube.create(NAMESPACES, {"apiVersion": "v1", "kind": "Namespace", "metadata": {"name": ns}})
     publish(kube, ncpt("worker-1", dual_socket_ht(), reserved="0,16"))
-    pod(kube, "victim", namespace="shop")
+    create_pod(kube, "victim", container("app", "1", "1"), namespace="shop")
     create_binding(kube, binding("victim", "victim", cpus="20", namespace="shop"))
-    tenant = pod(kube, "mine", namespace="tenant")
+    tenant = create_pod(kube, "mine", container("app", "1", "1"), namespace="tenant")
     forged = binding(
         "mine-app", "mine", containers={"app": "20"}, namespace="tenant", agent=True, owner=tenant
     )
@@ -221,7 +223,7 @@ def test_a_forged_agent_label_unseats_no_one(kube: KubeClient) -> None:
             forged,
             status={"phase": "Applied", "cpus": "20", "nodeName": "worker-1", "message": "x"},
         )
-        pod(kube, "late", namespace="shop")
+        create_pod(kube, "late", container("app", "1", "1"), namespace="shop")
         create_binding(kube, binding("late", "late", cpus="4", namespace="shop"))
         wait_phase(kube, "late", "Validated", namespace="shop")  # the node was decided again
         settle(controller)
@@ -239,7 +241,7 @@ def test_a_malformed_binding_fails_with_the_field_and_value(kube: KubeClient) ->
     kube.create(CRDS, loose)
     kube.create(CRDS, crd("nodecputopologies"))
     publish(kube, ncpt("worker-1", dual_socket_ht()))
-    pod(kube, "web")
+    create_pod(kube, "web", container("app", "1", "1"))
     body = binding("web", "web", cpus="2")
     body["spec"]["exclusivenessLevel"] = "Rack"
     create_binding(kube, body)
@@ -251,7 +253,7 @@ def test_a_malformed_binding_fails_with_the_field_and_value(kube: KubeClient) ->
 
 
 def test_an_unscheduled_pod_is_pending_until_bound(cluster: KubeClient, ctl: Controller) -> None:
-    pod(cluster, "web", node=None)
+    create_pod(cluster, "web", container("app", "1", "1"), node=None)
     create_binding(cluster, binding("web", "web", cpus="2"))
     status = wait_phase(cluster, "web", "Pending")
     assert condition(status, "Validated")["status"] == "Unknown"  # type: ignore[index]
@@ -264,7 +266,7 @@ def test_a_node_without_topology_is_pending_until_the_agent_publishes_it(
     kube: KubeClient,
 ) -> None:
     install_crds(kube)
-    pod(kube, "web", node="worker-9")
+    create_pod(kube, "web", container("app", "1", "1"), node="worker-9")
     create_binding(kube, binding("web", "web", cpus="2"))
     with running(kube):
         status = wait_phase(kube, "web", "Pending")
@@ -276,7 +278,7 @@ def test_a_node_without_topology_is_pending_until_the_agent_publishes_it(
 def test_a_topology_change_revalidates_the_nodes_bindings(
     cluster: KubeClient, ctl: Controller
 ) -> None:
-    pod(cluster, "web")
+    create_pod(cluster, "web", container("app", "1", "1"))
     create_binding(cluster, binding("web", "web", cpus="3"))
     wait_phase(cluster, "web", "Validated")
     current = cluster.get(TOPOLOGIES, "worker-1")
@@ -294,7 +296,7 @@ def test_a_topology_change_revalidates_the_nodes_bindings(
 def test_an_applied_binding_keeps_the_agents_phase_until_it_becomes_invalid(
     cluster: KubeClient, ctl: Controller
 ) -> None:
-    pod(cluster, "web")
+    create_pod(cluster, "web", container("app", "1", "1"))
     create_binding(cluster, binding("web", "web", cpus="4"))
     current = cluster.get(BINDINGS, "web", "default")
     wait_phase(cluster, "web", "Validated")
@@ -315,7 +317,7 @@ def test_an_applied_binding_keeps_the_agents_phase_until_it_becomes_invalid(
 def test_a_user_binding_is_adopted_by_its_pod_and_goes_with_it(
     cluster: KubeClient, ctl: Controller
 ) -> None:
-    web = pod(cluster, "web")
+    web = create_pod(cluster, "web", container("app", "1", "1"))
     create_binding(cluster, binding("web", "web", cpus="2"))
     wait_phase(cluster, "web", "Validated")
     owners = cluster.get(BINDINGS, "web", "default")["metadata"]["ownerReferences"]
@@ -336,7 +338,7 @@ def test_a_user_binding_is_adopted_by_its_pod_and_goes_with_it(
 def test_a_binding_of_a_pod_that_is_gone_is_deleted_with_an_event(
     cluster: KubeClient, ctl: Controller
 ) -> None:
-    web = pod(cluster, "web")
+    web = create_pod(cluster, "web", container("app", "1", "1"))
     cluster.delete(PODS, "web", "default")
     create_binding(cluster, binding("web", "web", cpus="2", owner=web))
     wait_for(lambda: gone(cluster, "web"), 10, "the orphan to be deleted")
@@ -347,9 +349,9 @@ def test_a_binding_of_a_pod_that_is_gone_is_deleted_with_an_event(
 def test_a_binding_of_an_earlier_pod_of_the_same_name_is_deleted(
     cluster: KubeClient, ctl: Controller
 ) -> None:
-    first = pod(cluster, "web-0")
+    first = create_pod(cluster, "web-0", container("app", "1", "1"))
     cluster.delete(PODS, "web-0", "default")
-    second = pod(cluster, "web-0")
+    second = create_pod(cluster, "web-0", container("app", "1", "1"))
     create_binding(cluster, binding("old", "web-0", cpus="2", agent=True, owner=first))
     create_binding(cluster, binding("new", "web-0", cpus="3", agent=True, owner=second))
     wait_for(lambda: gone(cluster, "old"), 10, "the earlier pod's binding to be deleted")
@@ -368,7 +370,9 @@ def test_a_lagging_pod_cache_never_deletes_a_fresh_binding(
     fake_api.inject(r"^/api/v1/pods$", query={"watch": "*"}, status=500, times=None)
     fake_api.drop_watches()
     time.sleep(0.3)
-    web = pod(cluster, "web")  # the controller's pod watch is down: its cache lacks the pod
+    web = create_pod(
+        cluster, "web", container("app", "1", "1")
+    )  # the controller's pod watch is down: its cache lacks the pod
     create_binding(cluster, binding("web", "web", cpus="2", owner=web))
     wait_for(
         lambda: any(
@@ -431,7 +435,7 @@ def test_a_not_ready_condition_of_the_agents_own_is_left_alone(kube: KubeClient)
 def test_a_409_on_the_status_write_is_re_read_and_re_applied(
     fake_api: FakeApiServer, cluster: KubeClient
 ) -> None:
-    pod(cluster, "web")
+    create_pod(cluster, "web", container("app", "1", "1"))
     create_binding(cluster, binding("web", "web", cpus="2"))
     path = r"/namespaces/default/podcpubindings/web/status$"
     fault = fake_api.inject(path, method="PUT", status=None, delay=1.0, times=1)
@@ -467,7 +471,7 @@ def test_work_reads_come_from_informers_not_a_list_per_event(
     settle(ctl)
     lists_before = len(fake_api.recorded(verb="list"))
     for i in range(6):
-        pod(cluster, f"web-{i}")
+        create_pod(cluster, f"web-{i}", container("app", "1", "1"))
         create_binding(cluster, binding(f"web-{i}", f"web-{i}", cpus=str(2 + i)))
     for i in range(6):
         wait_phase(cluster, f"web-{i}", "Validated")
@@ -479,7 +483,7 @@ def test_work_reads_come_from_informers_not_a_list_per_event(
 def test_the_bindings_gauge_and_counters_follow_the_work(
     cluster: KubeClient, ctl: Controller
 ) -> None:
-    pod(cluster, "web")
+    create_pod(cluster, "web", container("app", "1", "1"))
     create_binding(cluster, binding("web", "web", cpus="2"))
     create_binding(cluster, binding("ghost", "nobody", cpus="3"))
     wait_phase(cluster, "web", "Validated")
@@ -526,7 +530,7 @@ def test_a_failing_write_is_retried_with_backoff_until_it_succeeds(
     fault = fake_api.inject(
         r"/namespaces/default/podcpubindings/web/status$", method="PUT", status=500, times=3
     )
-    pod(cluster, "web")
+    create_pod(cluster, "web", container("app", "1", "1"))
     create_binding(cluster, binding("web", "web", cpus="2"))
     wait_phase(cluster, "web", "Validated")
     assert fault.hits == 3
@@ -541,7 +545,7 @@ def test_the_agents_record_of_a_validated_binding_keeps_it_validated(
 ) -> None:
     """As the node agent does: it pins the containers of a Validated user binding and writes
     one binding of its own per container, on the same CPUs (its record, not a rival)."""
-    web = pod(cluster, "web")
+    web = create_pod(cluster, "web", container("app", "1", "1"))
     create_binding(cluster, binding("web", "web", cpus="2", level="Core"))
     wait_phase(cluster, "web", "Validated")
     republish(
@@ -556,7 +560,7 @@ def test_the_agents_record_of_a_validated_binding_keeps_it_validated(
         record,
         status={"phase": "Applied", "cpus": "2", "mems": "0", "nodeName": "worker-1"},
     )
-    pod(cluster, "other")
+    create_pod(cluster, "other", container("app", "1", "1"))
     create_binding(cluster, binding("other", "other", cpus="18"))
     assert "binding default/web" in wait_phase(cluster, "other", "Failed")["message"]
     settle(ctl)
@@ -566,7 +570,7 @@ def test_the_agents_record_of_a_validated_binding_keeps_it_validated(
 def test_a_second_binding_of_a_pod_fails_as_a_duplicate(
     cluster: KubeClient, ctl: Controller
 ) -> None:
-    pod(cluster, "web")
+    create_pod(cluster, "web", container("app", "1", "1"))
     create_binding(cluster, binding("first", "web", cpus="2"))
     wait_phase(cluster, "first", "Validated")
     create_binding(cluster, binding("second", "web", cpus="3"))
@@ -591,7 +595,7 @@ def test_a_cpu_only_a_forged_topology_spec_names_is_never_validated(
         if 31 in CPUSet.parse(numa["cpus"]):
             numa["cpus"] = str(CPUSet.parse(numa["cpus"]) | CPUSet.of(4000))
     cluster.replace(TOPOLOGIES, forged)
-    pod(cluster, "web")
+    create_pod(cluster, "web", container("app", "1", "1"))
     create_binding(cluster, binding("web", "web", cpus="4000"))
     status = wait_phase(cluster, "web", "Failed")
     assert condition(status, "Validated")["reason"] == "UnknownCPUs"  # type: ignore[index]

@@ -23,13 +23,14 @@ from corepin.testing.machines import dual_socket_ht
 from support.controller_helpers import (
     binding,
     create_binding,
-    install_crds,
+    create_pod,
     ncpt,
-    pod,
     publish,
     wait_phase,
 )
-from support.helpers import corepin_argv, run_corepin, wait_for
+from support.helpers import corepin_argv, reap, run_corepin, wait_for
+from support.kube_helpers import install_crds
+from support.pods import container
 
 
 class Running:
@@ -91,6 +92,8 @@ class Running:
         if self.proc.poll() is None:
             self.proc.kill()
             self.proc.wait(5)
+        self._reader.join(5)  # it reads stderr to the end, then the pipes can close
+        reap(self.proc)
 
 
 @pytest.fixture
@@ -133,7 +136,7 @@ def test_the_command_validates_serves_and_stops_on_sigterm_releasing_the_lease(
     publish(kube, ncpt("worker-1", dual_socket_ht()))
     one = start(controllers, fake_kubeconfig, "ctl-a")
     one.wait_line(r"event=leading identity=ctl-a")
-    pod(kube, "web")
+    create_pod(kube, "web", container("app", "1", "1"))
     create_binding(kube, binding("web", "web", cpus="2"))
     wait_phase(kube, "web", "Validated", timeout=20)
     wait_for(lambda: one.get("/healthz") == (200, "ok\n"), 10, "healthz ok")
@@ -163,7 +166,7 @@ def test_a_standby_serves_health_only_and_takes_over_when_the_leader_terminates(
     code, _ = first.terminate()
     assert code == 0
     second.wait_line(r"event=leading identity=ctl-b", timeout=10)
-    pod(kube, "web")
+    create_pod(kube, "web", container("app", "1", "1"))
     create_binding(kube, binding("web", "web", cpus="2"))
     wait_phase(kube, "web", "Validated", timeout=20)
     assert holder(kube) == "ctl-b"

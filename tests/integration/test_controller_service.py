@@ -24,13 +24,14 @@ from fakeapi import FakeApiServer
 from support.controller_helpers import (
     binding,
     create_binding,
-    install_crds,
+    create_pod,
     ncpt,
-    pod,
     publish,
     wait_phase,
 )
 from support.helpers import wait_for
+from support.kube_helpers import install_crds
+from support.pods import container
 
 WRITES = ("POST", "PUT", "PATCH", "DELETE")
 
@@ -92,7 +93,7 @@ def test_only_the_leader_acts_and_the_standby_says_so(
 ) -> None:
     leader = leader_of(pair)
     standby = next(s for s in pair if s is not leader)
-    pod(kube, "web")
+    create_pod(kube, "web", container("app", "1", "1"))
     create_binding(kube, binding("web", "web", cpus="2"))
     wait_phase(kube, "web", "Validated")
     assert writes_by(fake_api, leader.identity), "the leader wrote the status"
@@ -119,7 +120,7 @@ def test_the_standby_takes_over_at_once_when_the_leader_stops(
     lease = kube.get(LEASES, "corepin-controller", "default")["spec"]
     assert lease["holderIdentity"] in ("", standby.identity), "the stopping leader released it"
     wait_for(lambda: standby.is_leader, 3.0, "the standby to lead before the lease would expire")
-    pod(kube, "web")
+    create_pod(kube, "web", container("app", "1", "1"))
     create_binding(kube, binding("web", "web", cpus="2"))
     wait_phase(kube, "web", "Validated")
     assert writes_by(fake_api, standby.identity)
@@ -139,7 +140,7 @@ def test_a_vanished_leader_is_replaced_after_the_lease_expires(
         leader.identity
     )
     wait_for(lambda: standby.is_leader, 10, "the standby to take the expired lease")
-    pod(kube, "web")
+    create_pod(kube, "web", container("app", "1", "1"))
     create_binding(kube, binding("web", "web", cpus="2"))
     wait_phase(kube, "web", "Validated")
 
@@ -179,7 +180,7 @@ def test_healthz_and_metrics_of_a_leader_and_a_standby(
 ) -> None:
     leader = leader_of(pair)
     standby = next(s for s in pair if s is not leader)
-    pod(kube, "web")
+    create_pod(kube, "web", container("app", "1", "1"))
     create_binding(kube, binding("web", "web", cpus="2"))
     wait_phase(kube, "web", "Validated")
     valid = leader.metrics.verdicts.labels("Validated", "Valid")

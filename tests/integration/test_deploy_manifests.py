@@ -25,7 +25,9 @@ import pytest
 import yaml
 from kubernetes_validate.utils import SchemaNotFoundError
 
-from support.crd_schema import DEPLOY, ROOT, SHARED, crd, errors, load_yaml_docs, version_schema
+from support import pods
+from support.crd_schema import crd, errors, load_yaml_docs, version_schema
+from support.paths import DEPLOY, REPO, SHARED
 
 KUBECTL = shutil.which("kubectl")
 K8S_VERSION = "1.32.0"
@@ -1048,7 +1050,7 @@ def test_extender_scheduler_configuration_wires_the_service() -> None:
 
 # ---------------------------------------------------------------------- image
 def test_dockerfile_builds_the_placeholder_image_from_this_project() -> None:
-    text = (ROOT / "Dockerfile").read_text()
+    text = (REPO / "Dockerfile").read_text()
     lines = [
         line.strip() for line in text.splitlines() if line.strip() and not line.startswith("#")
     ]
@@ -1060,8 +1062,8 @@ def test_dockerfile_builds_the_placeholder_image_from_this_project() -> None:
     for line in lines:
         if line.startswith("COPY") and "--from" not in line:
             for source in line.split()[1:-1]:
-                assert (ROOT / source).exists(), f"Dockerfile copies {source}, which is not there"
-    ignored = (ROOT / ".dockerignore").read_text().split()
+                assert (REPO / source).exists(), f"Dockerfile copies {source}, which is not there"
+    ignored = (REPO / ".dockerignore").read_text().split()
     assert ".venv" in ignored and ".git" in ignored
     readme = (DEPLOY / "README.md").read_text()
     assert IMAGE in readme and "placeholder" in readme
@@ -1152,15 +1154,14 @@ def agent_request(
 def a_pod(
     node: str, annotations: dict[str, str] | None = None, image: str = "app:1"
 ) -> dict[str, Any]:
-    meta: dict[str, Any] = {"name": "web", "namespace": "default", "labels": {"app": "web"}}
-    if annotations is not None:
-        meta["annotations"] = annotations
-    return {
-        "apiVersion": "v1",
-        "kind": "Pod",
-        "metadata": meta,
-        "spec": {"nodeName": node, "containers": [{"name": "app", "image": image}]},
-    }
+    """The pod web of the admission policy tests, on `node`."""
+    return pods.pod(
+        "web",
+        pods.container(image=image),
+        labels={"app": "web"},
+        annotations=annotations,
+        node=node,
+    )
 
 
 def test_the_admission_policies_are_in_the_default_build_and_bound() -> None:

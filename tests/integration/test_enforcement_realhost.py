@@ -24,7 +24,7 @@ from corepin.enforcement.cgroups import CgroupV1, CpuQuota, detect_mounts, open_
 from corepin.enforcement.layout import container_cgroup_path, find_container_cgroup
 from corepin.enforcement.reconcile import CgroupTarget, ProcessTarget, reconcile
 from corepin.sysfs.procfs import cgroup_of, cpus_allowed_list, list_threads, read_cgroup
-from support.helpers import kill_and_remove_cgroup
+from support.helpers import kill_and_remove_cgroup, reap
 
 CPUSET = Path("/sys/fs/cgroup/cpuset")
 CPU = Path("/sys/fs/cgroup/cpu")
@@ -125,8 +125,7 @@ def test_every_thread_of_a_moved_process_is_restricted(scratch: tuple[CgroupV1, 
         for tid in tids:
             assert cpus_allowed_list(proc.pid, tid=tid) == CPUSet.of(ONLINE.first())
     finally:
-        proc.kill()
-        proc.wait()
+        reap(proc)
 
 
 @needs_two

@@ -9,28 +9,29 @@ import http.client
 import json
 import time
 from collections.abc import Iterator
-from pathlib import Path
 from typing import Any
 
 import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from corepin.agent.cluster.catalog import PlacementFeed
-from corepin.agent.cluster.metrics import PlacementMetrics
 from corepin.api.extender import wire
-from corepin.api.extender.server import ExtenderServer, ExtenderService
 from corepin.api.http import OpsServer
 from corepin.kube.client import KubeClient
 from corepin.kube.resources import NODES, PODS
-from corepin.placement.cluster import Cluster
 from corepin.state.model import HostState
 from corepin.testing import machines as synthetic
+from support import strategies
+from support.budget import examples
+from support.extender_harness import Extender
 from support.helpers import wait_for
-from support.placement_helpers import pod, run_pods
-from support.placement_publish import install_crds, publish
+from support.kube_helpers import install_crds
+from support.paths import PEER_FIXTURES
+from support.placement_helpers import run_pods
+from support.placement_publish import publish
+from support.pods import EXCLUSIVE, container, pod
 
-GOLDEN = Path(__file__).resolve().parents[3] / "shared/fixtures/peer/scheduler_extender_v1"
+GOLDEN = PEER_FIXTURES / "scheduler_extender_v1"
 SMALL = synthetic.named("single_socket_ht")
 
 
@@ -116,66 +117,26 @@ def test_the_readers_take_the_golden_requests() -> None:
 
 
 # ---------------------------------------------------------------------- over HTTP
-class Extender:
-    """An extender on a loopback port, fed by the fake API server."""
-
-    def __init__(self, kube: KubeClient, service: dict[str, Any] | None = None, **kw: Any) -> None:
-        service = service or {}
-        self.kube = kube
-        self.cluster = Cluster(**kw)
-        self.metrics = PlacementMetrics()
-        self.feed = PlacementFeed(kube, self.cluster, nodes=True)
-        self.service = ExtenderService(
-            self.cluster, self.feed, kube, metrics=self.metrics, **service
-        )
-        self.server = ExtenderServer(
-            self.service,
-            "127.0.0.1:0",
-            ready=lambda: self.feed.synced,
-            metrics=self.metrics.registry,
-            max_body=12 * 1024 * 1024,
-            timeout=2.0,
-        )
-
-    def __enter__(self) -> Extender:
-        self.feed.start(30)
-        self.server.start()
-        return self
-
-    def __exit__(self, *exc: object) -> None:
-        self.server.stop()
-        self.feed.stop()
-
-    def raw(
-        self, method: str, path: str, body: bytes = b"", headers: dict[str, str] | None = None
-    ) -> tuple[int, bytes]:
-        conn = http.client.HTTPConnection("127.0.0.1", self.server.port, timeout=20)
-        try:
-            conn.request(method, path, body=body or None, headers=headers or {})
-            answer = conn.getresponse()
-            return answer.status, answer.read()
-        finally:
-            conn.close()
-
-    def post(self, verb: str, payload: Any) -> tuple[int, Any]:
-        code, body = self.raw("POST", f"/{verb}", json.dumps(payload).encode())
-        return code, json.loads(body)
-
-    def wait_nodes(self, *names: str) -> None:
-        deadline = time.monotonic() + 10
-        while time.monotonic() < deadline:
-            if all(self.cluster.view(n) is not None for n in names):
-                return
-            time.sleep(0.02)
-        raise AssertionError(f"the extender never saw {names}")
-
-
 @pytest.fixture
 def extender(kube: KubeClient) -> Iterator[Extender]:
     install_crds(kube)
     publish(kube, "roomy", HostState.new(SMALL), SMALL)
-    publish(kube, "full", run_pods(SMALL, [pod("big", ("app", "15"), running=True)]), SMALL)
-    publish(kube, "half", run_pods(SMALL, [pod("mid", ("app", "8"), running=True)]), SMALL)
+    publish(
+        kube,
+        "full",
+        run_pods(
+            SMALL, [pod("big", container("app", "15", "15"), annotations=EXCLUSIVE, running=True)]
+        ),
+        SMALL,
+    )
+    publish(
+        kube,
+        "half",
+        run_pods(
+            SMALL, [pod("mid", container("app", "8", "8"), annotations=EXCLUSIVE, running=True)]
+        ),
+        SMALL,
+    )
     with Extender(kube) as ext:
         ext.wait_nodes("roomy", "full", "half")
         yield ext
@@ -188,7 +149,12 @@ def args(p: dict[str, Any], names: list[str]) -> dict[str, Any]:
 def test_filter_with_node_names_answers_with_node_names_and_a_reason_per_failed_node(
     extender: Extender,
 ) -> None:
-    code, answer = extender.post("filter", args(pod("p", ("app", "4")), ["roomy", "full", "bare"]))
+    code, answer = extender.post(
+        "filter",
+        args(
+            pod("p", container("app", "4", "4"), annotations=EXCLUSIVE), ["roomy", "full", "bare"]
+        ),
+    )
     assert code == 200
     assert list(answer) == [
         "Nodes",
@@ -214,7 +180,12 @@ def test_filter_with_node_objects_answers_with_the_passing_objects(extender: Ext
         ],
     }
     code, answer = extender.post(
-        "filter", {"Pod": pod("p", ("app", "4")), "Nodes": nodes, "NodeNames": None}
+        "filter",
+        {
+            "Pod": pod("p", container("app", "4", "4"), annotations=EXCLUSIVE),
+            "Nodes": nodes,
+            "NodeNames": None,
+        },
     )
     assert code == 200 and answer["NodeNames"] is None
     assert answer["Nodes"]["items"] == [nodes["items"][1]]
@@ -222,7 +193,13 @@ def test_filter_with_node_objects_answers_with_the_passing_objects(extender: Ext
 
 
 def test_requests_are_read_whatever_the_case_of_their_keys(extender: Extender) -> None:
-    body = json.dumps(args(pod("p", ("app", "4")), ["roomy", "full"])).lower().encode()
+    body = (
+        json.dumps(
+            args(pod("p", container("app", "4", "4"), annotations=EXCLUSIVE), ["roomy", "full"])
+        )
+        .lower()
+        .encode()
+    )
     code, raw = extender.raw("POST", "/filter", body)
     answer = json.loads(raw)
     # the annotation key and value are lower case already; the CPU limit too
@@ -231,7 +208,10 @@ def test_requests_are_read_whatever_the_case_of_their_keys(extender: Extender) -
 
 def test_prioritize_scores_0_to_10_per_node(extender: Extender) -> None:
     code, answer = extender.post(
-        "prioritize", args(pod("p", ("app", "1")), ["roomy", "half", "full"])
+        "prioritize",
+        args(
+            pod("p", container("app", "1", "1"), annotations=EXCLUSIVE), ["roomy", "half", "full"]
+        ),
     )
     assert code == 200
     scores = {row["Host"]: row["Score"] for row in answer}
@@ -244,7 +224,9 @@ def test_prioritize_scores_0_to_10_per_node(extender: Extender) -> None:
 def test_bind_places_binds_and_counts_the_pod_until_its_node_shows_it(
     extender: Extender, kube: KubeClient
 ) -> None:
-    created = kube.create(PODS, pod("p", ("app", "8"), namespace="default"), "default")
+    created = kube.create(
+        PODS, pod("p", container("app", "8", "8"), annotations=EXCLUSIVE), "default"
+    )
     deadline = time.monotonic() + 10
     while extender.feed.pods.cache.get("p", "default") is None and time.monotonic() < deadline:
         time.sleep(0.02)
@@ -260,7 +242,9 @@ def test_bind_places_binds_and_counts_the_pod_until_its_node_shows_it(
     assert code == 200 and answer == {"Error": ""}
     assert kube.get(PODS, "p", "default")["spec"]["nodeName"] == "roomy"
     # 16 CPUs - 8 in flight - 1 for the shared pool: 8 no longer fit
-    _, again = extender.post("filter", args(pod("q", ("app", "8")), ["roomy"]))
+    _, again = extender.post(
+        "filter", args(pod("q", container("app", "8", "8"), annotations=EXCLUSIVE), ["roomy"])
+    )
     assert again["NodeNames"] == [] and "no CPU in the shared pool" in again["FailedNodes"]["roomy"]
     _, late = extender.post(
         "bind", {"PodName": "p", "PodNamespace": "default", "PodUID": "", "Node": "full"}
@@ -309,20 +293,22 @@ def test_bind_refuses_pods_nodes_and_placements_kube_scheduler_would_not_make(
     before = refused._value.get()
 
     # another scheduler's pod, on a node that would take it
-    other = pod("other", ("app", "1"), namespace="default", scheduler="corepin-scheduler")
+    other = pod(
+        "other", container("app", "1", "1"), annotations=EXCLUSIVE, scheduler="corepin-scheduler"
+    )
     error = _bind(extender, "other", _pending(kube, extender, other), "roomy")
     assert "schedulerName 'corepin-scheduler'" in error and "default-scheduler" in error
     # a node that does not exist
-    lost = pod("lost", ("app", "1"), namespace="default")
+    lost = pod("lost", container("app", "1", "1"), annotations=EXCLUSIVE)
     error = _bind(extender, "lost", _pending(kube, extender, lost), "nowhere")
     assert error == "node 'nowhere' does not exist"
     # a NoSchedule taint the pod does not tolerate; a cordoned node
-    tainted = pod("tainted", ("app", "1"), namespace="default")
+    tainted = pod("tainted", container("app", "1", "1"), annotations=EXCLUSIVE)
     uid = _pending(kube, extender, tainted)
     assert "taint dedicated=db:NoSchedule" in _bind(extender, "tainted", uid, "half")
     assert "cordoned" in _bind(extender, "tainted", uid, "full")
     # a nodeSelector the node's labels do not match
-    picky = pod("picky", ("app", "1"), namespace="default")
+    picky = pod("picky", container("app", "1", "1"), annotations=EXCLUSIVE)
     picky["spec"]["nodeSelector"] = {"disk": "nvme"}
     error = _bind(extender, "picky", _pending(kube, extender, picky), "roomy")
     assert "nodeSelector (disk=nvme)" in error
@@ -331,11 +317,11 @@ def test_bind_refuses_pods_nodes_and_placements_kube_scheduler_would_not_make(
     assert refused._value.get() - before == 5
 
     # what kube-scheduler would do is still done: a tolerated taint, a matching selector
-    tainted_ok = pod("tolerant", ("app", "1"), namespace="default")
+    tainted_ok = pod("tolerant", container("app", "1", "1"), annotations=EXCLUSIVE)
     tainted_ok["spec"]["tolerations"] = [{"key": "dedicated", "operator": "Exists"}]
     assert _bind(extender, "tolerant", _pending(kube, extender, tainted_ok), "half") == ""
     assert kube.get(PODS, "tolerant", "default")["spec"]["nodeName"] == "half"
-    picky_ok = pod("ssd", ("app", "1"), namespace="default")
+    picky_ok = pod("ssd", container("app", "1", "1"), annotations=EXCLUSIVE)
     picky_ok["spec"]["nodeSelector"] = {"disk": "ssd"}
     assert _bind(extender, "ssd", _pending(kube, extender, picky_ok), "roomy") == ""
     assert kube.get(PODS, "ssd", "default")["spec"]["nodeName"] == "roomy"
@@ -347,21 +333,21 @@ def test_bind_takes_the_scheduler_names_it_is_given(kube: KubeClient) -> None:
     service = {"scheduler_names": ("default-scheduler", "pinned")}
     with Extender(kube, service=service) as ext:
         ext.wait_nodes("roomy")
-        mine = pod("mine", ("app", "1"), namespace="default", scheduler="pinned")
+        mine = pod("mine", container("app", "1", "1"), annotations=EXCLUSIVE, scheduler="pinned")
         assert _bind(ext, "mine", _pending(kube, ext, mine), "roomy") == ""
-        theirs = pod("theirs", ("app", "1"), namespace="default", scheduler="other")
+        theirs = pod("theirs", container("app", "1", "1"), annotations=EXCLUSIVE, scheduler="other")
         assert "schedulerName 'other'" in _bind(ext, "theirs", _pending(kube, ext, theirs), "roomy")
 
 
 def test_preempt_keeps_the_nodes_where_the_victims_make_room(
     extender: Extender, kube: KubeClient
 ) -> None:
-    big = pod("big", ("app", "15"), running=True)
+    big = pod("big", container("app", "15", "15"), annotations=EXCLUSIVE, running=True)
     victims = {"Pods": [{"UID": big["metadata"]["uid"]}], "NumPDBViolations": 0}
     code, answer = extender.post(
         "preempt",
         {
-            "Pod": pod("p", ("app", "4")),
+            "Pod": pod("p", container("app", "4", "4"), annotations=EXCLUSIVE),
             "NodeNameToVictims": None,
             "NodeNameToMetaVictims": {
                 "full": victims,
@@ -374,7 +360,7 @@ def test_preempt_keeps_the_nodes_where_the_victims_make_room(
     code, answer = extender.post(
         "preempt",
         {
-            "Pod": pod("p", ("app", "4")),
+            "Pod": pod("p", container("app", "4", "4"), annotations=EXCLUSIVE),
             "NodeNameToMetaVictims": {"full": {"Pods": [], "NumPDBViolations": 0}},
         },
     )
@@ -386,12 +372,16 @@ def test_a_stale_node_fails_with_how_long_its_agent_has_been_silent(kube: KubeCl
     publish(kube, "old", HostState.new(SMALL), SMALL, heartbeat=time.time() - 600)
     with Extender(kube, stale_after=60.0) as ext:
         ext.wait_nodes("old")
-        _, answer = ext.post("filter", args(pod("p", ("app", "1")), ["old"]))
+        _, answer = ext.post(
+            "filter", args(pod("p", container("app", "1", "1"), annotations=EXCLUSIVE), ["old"])
+        )
     assert "last reported 6" in answer["FailedNodes"]["old"]
 
 
 def test_healthz_and_metrics_on_the_same_port(extender: Extender) -> None:
-    extender.post("filter", args(pod("p", ("app", "1")), ["roomy"]))
+    extender.post(
+        "filter", args(pod("p", container("app", "1", "1"), annotations=EXCLUSIVE), ["roomy"])
+    )
     assert extender.raw("GET", "/healthz") == (200, b"ok\n")
     code, body = extender.raw("GET", "/metrics")
     text = body.decode()
@@ -481,7 +471,9 @@ def test_a_body_that_is_not_a_request_gets_a_400_with_the_error(
 def test_huge_arrays_are_answered(extender: Extender) -> None:
     names = [f"node-{i}" for i in range(200_000)]
     started = time.monotonic()
-    code, answer = extender.post("filter", args(pod("p", ("app", "1")), names))
+    code, answer = extender.post(
+        "filter", args(pod("p", container("app", "1", "1"), annotations=EXCLUSIVE), names)
+    )
     assert code == 200 and len(answer["FailedAndUnresolvableNodes"]) == 200_000
     assert time.monotonic() - started < 20
 
@@ -522,22 +514,14 @@ def test_a_client_that_stops_sending_is_dropped_after_the_timeout(extender: Exte
     assert extender.raw("GET", "/healthz")[0] == 200
 
 
-json_values = st.recursive(
-    st.none() | st.booleans() | st.integers() | st.floats(allow_nan=False) | st.text(max_size=5),
-    lambda inner: (
-        st.lists(inner, max_size=4) | st.dictionaries(st.text(max_size=12), inner, max_size=4)
-    ),
-    max_leaves=30,
-)
+json_values = strategies.json_values(max_text=5, max_key=12, max_leaves=30)
 keys = st.sampled_from(
     ["Pod", "pod", "NodeNames", "nodenames", "Nodes", "PodName", "PodNamespace", "Node",
      "NodeNameToMetaVictims", "metadata", "spec", "containers", "name"]
 )  # fmt: skip
 
 
-@settings(
-    max_examples=300, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture]
-)
+@settings(max_examples=examples(300), suppress_health_check=[HealthCheck.function_scoped_fixture])
 @given(
     verb=st.sampled_from(["filter", "prioritize", "bind", "preempt"]),
     body=st.dictionaries(keys, json_values, max_size=5) | json_values,

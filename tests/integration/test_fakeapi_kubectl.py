@@ -18,6 +18,7 @@ import yaml
 from corepin.kube.client import KubeClient
 from corepin.kube.resources import PODS
 from fakeapi import FakeApiServer, TLSMaterial
+from support.helpers import reap
 from support.kube_helpers import widget_crd
 
 KUBECTL = shutil.which("kubectl")
@@ -237,6 +238,8 @@ def test_get_watch_streams_changes(
     finally:
         process.terminate()
         process.wait(5)
+        reader.join(5)
+        reap(process)
     events = [line.split()[0] for line in lines[1:]]
     assert lines[0].split()[:2] == ["EVENT", "NAME"]
     assert events == ["ADDED", "MODIFIED", "DELETED"]
@@ -263,7 +266,8 @@ def test_get_watch_on_custom_resources(
         text=True,
     )
     lines: list[str] = []
-    threading.Thread(target=read_lines, args=(process, lines), daemon=True).start()
+    reader = threading.Thread(target=read_lines, args=(process, lines), daemon=True)
+    reader.start()
     try:
         time.sleep(1.0)
         kubectl(
@@ -277,6 +281,8 @@ def test_get_watch_on_custom_resources(
     finally:
         process.terminate()
         process.wait(5)
+        reader.join(5)
+        reap(process)
 
 
 def test_kubectl_over_https_with_a_token_and_with_a_client_certificate(

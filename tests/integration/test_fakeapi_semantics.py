@@ -5,6 +5,7 @@ and the test controls."""
 
 from __future__ import annotations
 
+import contextlib
 import json
 import time
 from typing import Any
@@ -13,10 +14,12 @@ import pytest
 
 from corepin.core.errors import ApiInvalid, ApiNotFound
 from corepin.kube.client import KubeClient
+from corepin.kube.config import load_config
 from corepin.kube.resources import CONFIGMAPS, CRDS, NAMESPACES, PODS
 from corepin.kube.transport import Response
 from fakeapi import FakeApiServer
-from support.kube_helpers import WIDGETS, pod, widget, widget_crd
+from support.kube_helpers import WIDGETS, widget, widget_crd
+from support.pods import container, pod
 
 TABLE = "application/json;as=Table;v=v1;g=meta.k8s.io,application/json"
 
@@ -112,10 +115,9 @@ def test_streaming_list_ends_its_initial_events_with_an_annotated_bookmark(
 
 
 def test_graceful_pod_deletion_waits_for_the_kubelet(tmp_path: Any) -> None:
-    from corepin.kube.config import load_config
-
-    with FakeApiServer(graceful_pod_deletion=True) as api:
+    with contextlib.ExitStack() as stack, FakeApiServer(graceful_pod_deletion=True) as api:
         kube = KubeClient.from_config(load_config(api.write_kubeconfig(tmp_path / "kc"), env={}))
+        stack.callback(kube.close)
         kube.create(PODS, pod("bound", node="n1"))
         kube.create(PODS, pod("unbound"))
         terminating = kube.delete(PODS, "bound", "default")
@@ -153,7 +155,9 @@ def test_the_qos_class_compares_quantities_as_numbers(kube: KubeClient) -> None:
 
 
 def test_only_the_resize_subresource_changes_cpu_and_memory_resources(kube: KubeClient) -> None:
-    kube.create(PODS, pod("web", node="n1", cpu="500m"))  # Guaranteed: 500m CPU, 64Mi
+    kube.create(
+        PODS, pod("web", container(cpu="500m", memory="64Mi"), node="n1")
+    )  # Guaranteed: 500m CPU, 64Mi
     both = {
         "spec": {
             "containers": [

@@ -18,7 +18,7 @@ from corepin.agent.settings import state_dir_key
 from corepin.core.cpuset import CPUSet
 from corepin.enforcement.cgroups import CgroupV2, PartitionState, open_cpuset_hierarchy
 from corepin.enforcement.faketree import make_fake_v1, make_fake_v2
-from support.helpers import corepin_argv, run_corepin, wait_for
+from support.helpers import corepin_argv, reap, run_corepin, wait_for
 
 ONLINE = CPUSet(os.sched_getaffinity(0))
 CPU = str(ONLINE.first())
@@ -209,5 +209,4 @@ def test_a_partitioned_run_released_to_the_shared_pool_becomes_a_member_first(
         if child:
             with contextlib.suppress(ProcessLookupError):
                 os.kill(child, signal.SIGKILL)
-        runner.kill()
-        runner.wait()
+        reap(runner)

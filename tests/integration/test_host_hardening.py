@@ -252,6 +252,7 @@ def test_shrinking_the_shared_pool_pins_children_forked_during_the_repin(
                 if allowed & mine:
                     leaked.append((p, str(allowed)))
             assert excl.wait(timeout=30) == 0
+            excl.stdout.close()
             assert leaked == [], f"processes of the shared run still on CPU {mine}: {leaked}"
     finally:
         forker.send_signal(signal.SIGTERM)

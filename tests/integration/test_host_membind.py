@@ -30,6 +30,8 @@ from corepin.enforcement.mempolicy import (
 )
 from corepin.testing.sysfs_tree import write_sysfs_tree
 from corepin.topology.model import CPUInfo, Topology
+from support import strategies
+from support.budget import examples
 from support.helpers import run_corepin
 
 ONLINE = sorted(os.sched_getaffinity(0))
@@ -106,8 +108,8 @@ def test_an_empty_node_set_is_refused_with_a_memory_policy_error() -> None:
         nodemask(CPUSet())
 
 
-@settings(max_examples=100, deadline=None)
-@given(st.sets(st.integers(min_value=0, max_value=1023), min_size=1, max_size=40))
+@settings(max_examples=examples(100))
+@given(strategies.cpu_id_sets(st.integers(min_value=0, max_value=1023), min_size=1, max_size=40))
 def test_the_mask_words_hold_exactly_the_nodes_and_maxnode_covers_them(nodes: set[int]) -> None:
     words, maxnode = nodemask(CPUSet(nodes))
     assert all(0 <= w < 1 << 64 for w in words)

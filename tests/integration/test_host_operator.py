@@ -24,7 +24,7 @@ from corepin.core.cpuset import CPUSet
 from corepin.testing.proc_tree import PF_KTHREAD, ProcTree
 from corepin.testing.sysfs_tree import write_sysfs_tree
 from corepin.topology.model import CPUInfo, Topology
-from support.helpers import allowed_cpus, corepin_argv, run_corepin, wait_for
+from support.helpers import allowed_cpus, corepin_argv, reap, run_corepin, wait_for
 
 ONLINE = CPUSet(os.sched_getaffinity(0))
 two_cpus = pytest.mark.skipif(len(ONLINE) < 2, reason="needs two CPUs")
@@ -70,7 +70,7 @@ def procs() -> Iterator[list[subprocess.Popen[Any]]]:
                     os.killpg(p.pid, signal.SIGKILL)
                 except (ProcessLookupError, PermissionError):
                     p.kill()
-        p.wait()
+        reap(p, None)
 
 
 THREADED = (

@@ -25,6 +25,7 @@ from corepin.core.errors import EnvironmentProblem, InputError
 from corepin.state.model import Assignment, HostState
 from corepin.testing.machines import dual_socket_ht
 from support.helpers import wait_for
+from support.ports import free_port
 
 #: Every metric name of the contract, as the exposition spells it.
 CONTRACT_NAMES = (
@@ -258,12 +259,6 @@ def test_a_port_in_use_is_an_environment_problem_naming_the_address() -> None:
 
 
 # ---------------------------------------------------------------------- a real Prometheus
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return int(s.getsockname()[1])
-
-
 def prometheus_query(base: str, query: str) -> list[dict[str, object]]:
     url = f"{base}/api/v1/query?" + urllib.parse.urlencode({"query": query})
     status, body, _ = get(url)

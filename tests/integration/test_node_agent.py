@@ -18,10 +18,11 @@ from corepin.kube.client import KubeClient
 from corepin.kube.resources import EVENTS, NCPT, NODES, NRT, PCB
 from corepin.testing import machines as synthetic
 from support.helpers import wait_for
-from support.node_harness import NODE, FakeNode, container, fake_node
+from support.node_harness import NODE, FakeNode, fake_node
+from support.paths import PEER_FIXTURES
+from support.pods import EXCLUSIVE, container
 
 C = CPUSet.parse
-EXCLUSIVE = {"corepin.io/cpu-policy": "exclusive"}
 
 
 @pytest.fixture
@@ -55,7 +56,7 @@ def ncpt(node: FakeNode) -> dict[str, Any]:
 
 def test_an_exclusive_pod_is_pinned_annotated_bound_and_published(node: FakeNode) -> None:
     agent = node.agent()
-    pod = node.pod("db", container("app", "2"), annotations=EXCLUSIVE)
+    pod = node.pod("db", container("app", "2", memory="64Mi"), annotations=EXCLUSIVE)
     node.run(pod)
     wait_for(lambda: node.annotation(pod) is not None, what="the corepin.io/cpus annotation")
     settle(node)
@@ -86,12 +87,12 @@ def test_shared_containers_follow_the_shared_pool_as_exclusive_pods_come_and_go(
     node: FakeNode,
 ) -> None:
     node.agent()
-    web = node.pod("web", container("app", "500m"))
+    web = node.pod("web", container("app", "500m", memory="64Mi"))
     node.run(web)
     settle(node)
     assert node.annotation(web) is None, "only containers with CPUs of their own are listed"
     assert node.cpus(web, "app") == node.topology.online_cpus
-    db = node.pod("db", container("app", "4"), annotations=EXCLUSIVE)
+    db = node.pod("db", container("app", "4", memory="64Mi"), annotations=EXCLUSIVE)
     node.run(db)
     wait_for(lambda: node.annotation(db) is not None, what="the exclusive pod")
     settle(node)
@@ -104,13 +105,15 @@ def test_shared_containers_follow_the_shared_pool_as_exclusive_pods_come_and_go(
 
 def test_share_and_levels_withhold_what_they_should(node: FakeNode) -> None:
     node.agent()
-    share = node.pod("s", container("app", "1"), annotations={"corepin.io/cpu-policy": "share"})
+    share = node.pod(
+        "s", container("app", "1", memory="64Mi"), annotations={"corepin.io/cpu-policy": "share"}
+    )
     core = node.pod(
         "c",
-        container("app", "1"),
+        container("app", "1", memory="64Mi"),
         annotations={**EXCLUSIVE, "corepin.io/exclusiveness-level": "Core"},
     )
-    web = node.pod("web", container("app", None))
+    web = node.pod("web", container("app"))
     for p in (share, core, web):
         node.run(p)
     wait_for(lambda: all(node.annotation(p) for p in (share, core)), what="two pinned pods")
@@ -132,14 +135,16 @@ def test_share_and_levels_withhold_what_they_should(node: FakeNode) -> None:
 
 def test_an_ineligible_container_runs_shared_and_the_pod_is_told_why(node: FakeNode) -> None:
     node.agent()
-    pod = node.pod("frac", container("app", "1500m"), annotations=EXCLUSIVE)
+    pod = node.pod("frac", container("app", "1500m", memory="64Mi"), annotations=EXCLUSIVE)
     node.run(pod)
     wait_for(lambda: events(node, pod, "CPUPolicyIgnored"), what="CPUPolicyIgnored")
     settle(node)
     assert node.cpus(pod, "app") == node.topology.online_cpus
     [event] = events(node, pod, "CPUPolicyIgnored")
     assert "1500m" in event["message"] and event["type"] == "Warning"
-    bad = node.pod("bad", container("app", "1"), annotations={"corepin.io/cpu-policy": "greedy"})
+    bad = node.pod(
+        "bad", container("app", "1", memory="64Mi"), annotations={"corepin.io/cpu-policy": "greedy"}
+    )
     node.run(bad)
     wait_for(lambda: events(node, bad, "CPUPolicyIgnored"), what="a refused annotation")
     assert "greedy" in events(node, bad, "CPUPolicyIgnored")[0]["message"]
@@ -147,10 +152,10 @@ def test_an_ineligible_container_runs_shared_and_the_pod_is_told_why(node: FakeN
 
 def test_when_cpus_are_short_the_pod_runs_shared_and_is_upgraded_later(node: FakeNode) -> None:
     node.agent()
-    big = node.pod("big", container("app", "28"), annotations=EXCLUSIVE)
+    big = node.pod("big", container("app", "28", memory="64Mi"), annotations=EXCLUSIVE)
     node.run(big)
     wait_for(lambda: node.annotation(big) is not None, what="the big pod")
-    late = node.pod("late", container("app", "4"), annotations=EXCLUSIVE)
+    late = node.pod("late", container("app", "4", memory="64Mi"), annotations=EXCLUSIVE)
     node.run(late)
     wait_for(lambda: events(node, late, "CPUPinFailed"), what="CPUPinFailed")
     settle(node)
@@ -166,7 +171,7 @@ def test_when_cpus_are_short_the_pod_runs_shared_and_is_upgraded_later(node: Fak
 
 def test_policy_flips_apply_live_in_every_direction(node: FakeNode) -> None:
     node.agent()
-    pod = node.pod("flip", container("app", "2"))
+    pod = node.pod("flip", container("app", "2", memory="64Mi"))
     node.run(pod)
     settle(node)
     online = node.topology.online_cpus
@@ -192,7 +197,7 @@ def test_policy_flips_apply_live_in_every_direction(node: FakeNode) -> None:
 
 def test_a_restarted_container_keeps_its_cpus_in_its_new_cgroup(node: FakeNode) -> None:
     node.agent()
-    pod = node.pod("r", container("app", "2"), annotations=EXCLUSIVE)
+    pod = node.pod("r", container("app", "2", memory="64Mi"), annotations=EXCLUSIVE)
     node.run(pod)
     wait_for(lambda: node.annotation(pod) is not None, what="first pin")
     settle(node)
@@ -204,7 +209,7 @@ def test_a_restarted_container_keeps_its_cpus_in_its_new_cgroup(node: FakeNode) 
 
 def test_a_terminated_container_gives_its_cpus_back(node: FakeNode) -> None:
     node.agent()
-    pod = node.pod("job", container("app", "2"), annotations=EXCLUSIVE)
+    pod = node.pod("job", container("app", "2", memory="64Mi"), annotations=EXCLUSIVE)
     node.run(pod)
     wait_for(lambda: node.annotation(pod) is not None, what="first pin")
     node.terminate(pod, "app")
@@ -216,7 +221,7 @@ def test_a_terminated_container_gives_its_cpus_back(node: FakeNode) -> None:
 
 def test_in_place_resize_grows_and_shrinks_around_the_kept_cpus(node: FakeNode) -> None:
     node.agent()
-    pod = node.pod("rs", container("app", "2"), annotations=EXCLUSIVE)
+    pod = node.pod("rs", container("app", "2", memory="64Mi"), annotations=EXCLUSIVE)
     node.run(pod)
     wait_for(lambda: node.annotation(pod) is not None, what="first pin")
     settle(node)
@@ -248,7 +253,7 @@ def resize(node: FakeNode, pod: dict[str, Any], containers: list[dict[str, Any]]
 
 def test_a_node_reservation_annotation_keeps_cpus_out_of_every_pool(node: FakeNode) -> None:
     node.agent()
-    web = node.pod("web", container("app", None))
+    web = node.pod("web", container("app"))
     node.run(web)
     settle(node)
     node.client.patch(
@@ -257,7 +262,7 @@ def test_a_node_reservation_annotation_keeps_cpus_out_of_every_pool(node: FakeNo
         {"metadata": {"annotations": {"corepin.io/reservation": '{"reservedCPUs": "0-1"}'}}},
     )
     wait_for(lambda: ncpt(node)["status"]["reservedCPUs"] == "0-1", what="the reservation")
-    big = node.pod("big", container("app", "30"), annotations=EXCLUSIVE)
+    big = node.pod("big", container("app", "30", memory="64Mi"), annotations=EXCLUSIVE)
     node.run(big)
     wait_for(lambda: events(node, big, "CPUPinFailed") or node.annotation(big), what="big")
     settle(node)
@@ -269,13 +274,13 @@ def test_a_node_reservation_annotation_keeps_cpus_out_of_every_pool(node: FakeNo
 
 def test_an_agent_restart_never_hands_a_cpu_out_twice(node: FakeNode) -> None:
     first = node.agent()
-    a = node.pod("a", container("app", "4"), annotations=EXCLUSIVE)
+    a = node.pod("a", container("app", "4", memory="64Mi"), annotations=EXCLUSIVE)
     node.run(a)
     wait_for(lambda: node.annotation(a) is not None, what="a")
     settle(node)
     held = node.cpus(a, "app")
     first.stop()
-    b = node.pod("b", container("app", "4"), annotations=EXCLUSIVE)
+    b = node.pod("b", container("app", "4", memory="64Mi"), annotations=EXCLUSIVE)
     node.run(b)
     node.agent()
     wait_for(lambda: node.annotation(b) is not None, what="b after the restart")
@@ -286,14 +291,14 @@ def test_an_agent_restart_never_hands_a_cpu_out_twice(node: FakeNode) -> None:
 
 def test_a_lost_checkpoint_is_rebuilt_from_the_agents_own_bindings(node: FakeNode) -> None:
     first = node.agent()
-    a = node.pod("a", container("app", "4"), annotations=EXCLUSIVE)
+    a = node.pod("a", container("app", "4", memory="64Mi"), annotations=EXCLUSIVE)
     node.run(a)
     wait_for(lambda: node.annotation(a) is not None, what="a")
     settle(node)
     held = node.cpus(a, "app")
     first.stop()
     (node.state_dir / "state.json").unlink()
-    b = node.pod("b", container("app", "4"), annotations=EXCLUSIVE)
+    b = node.pod("b", container("app", "4", memory="64Mi"), annotations=EXCLUSIVE)
     node.run(b)
     node.agent()
     wait_for(lambda: node.annotation(b) is not None, what="b")
@@ -304,7 +309,7 @@ def test_a_lost_checkpoint_is_rebuilt_from_the_agents_own_bindings(node: FakeNod
 def test_it_refuses_the_kubelets_static_cpu_manager_unless_asked_to_coexist(
     node: FakeNode, tmp_path: Path
 ) -> None:
-    pod = node.pod("legacy", container("app", "2"))
+    pod = node.pod("legacy", container("app", "2", memory="64Mi"))
     uid = pod["metadata"]["uid"]
     state = tmp_path / "cpu_manager_state"
     state.write_text(
@@ -333,7 +338,7 @@ def test_it_refuses_the_kubelets_static_cpu_manager_unless_asked_to_coexist(
 
 def test_resync_writes_nothing_when_nothing_drifted_and_repairs_drift(node: FakeNode) -> None:
     agent = node.agent()
-    pod = node.pod("d", container("app", "2"), annotations=EXCLUSIVE)
+    pod = node.pod("d", container("app", "2", memory="64Mi"), annotations=EXCLUSIVE)
     node.run(pod)
     wait_for(lambda: node.annotation(pod) is not None, what="d")
     settle(node)
@@ -351,16 +356,16 @@ def test_resync_writes_nothing_when_nothing_drifted_and_repairs_drift(node: Fake
 
 def test_dropped_watches_and_410_gone_lose_no_pod(node: FakeNode) -> None:
     node.agent()
-    a = node.pod("a", container("app", "2"), annotations=EXCLUSIVE)
+    a = node.pod("a", container("app", "2", memory="64Mi"), annotations=EXCLUSIVE)
     node.run(a)
     wait_for(lambda: node.annotation(a) is not None, what="a")
     api = node.api
     api.drop_watches()
-    b = node.pod("b", container("app", "2"), annotations=EXCLUSIVE)
+    b = node.pod("b", container("app", "2", memory="64Mi"), annotations=EXCLUSIVE)
     node.run(b)
     api.compact()
     api.drop_watches()
-    c = node.pod("c", container("app", "2"), annotations=EXCLUSIVE)
+    c = node.pod("c", container("app", "2", memory="64Mi"), annotations=EXCLUSIVE)
     node.run(c)
     wait_for(lambda: all(node.annotation(p) for p in (b, c)), what="pods after the faults")
     settle(node)
@@ -377,13 +382,13 @@ def test_a_binding_naming_cpus_the_node_lacks_or_someone_holds_is_refused_with_a
     node: FakeNode,
 ) -> None:
     node.agent()
-    holder = node.pod("holder", container("app", "2"), annotations=EXCLUSIVE)
+    holder = node.pod("holder", container("app", "2", memory="64Mi"), annotations=EXCLUSIVE)
     node.run(holder)
     wait_for(lambda: node.annotation(holder) is not None, what="the holder")
     settle(node)
     taken = node.cpus(holder, "app")
     for name, cpus in (("ghost", [99]), ("thief", sorted(taken)[:1])):
-        pod = node.pod(name, container("app", "1"))
+        pod = node.pod(name, container("app", "1", memory="64Mi"))
         node.client.create(
             PCB,
             {
@@ -404,7 +409,7 @@ def test_a_binding_naming_cpus_the_node_lacks_or_someone_holds_is_refused_with_a
             "it runs on the shared pool"
         )
     assert node.cpus(holder, "app") == taken, "nothing else was disturbed"
-    good = node.pod("good", container("app", "1"))
+    good = node.pod("good", container("app", "1", memory="64Mi"))
     node.client.create(
         PCB,
         {
@@ -422,14 +427,7 @@ def test_a_binding_naming_cpus_the_node_lacks_or_someone_holds_is_refused_with_a
     wait_for(lambda: node.cpus(good, "app") == C("31"), what="explicit CPU 31")
 
 
-NRT_CRD = (
-    Path(__file__).resolve().parents[2].parent
-    / "shared"
-    / "fixtures"
-    / "peer"
-    / "noderesourcetopology"
-    / "crd.yaml"
-)
+NRT_CRD = PEER_FIXTURES / "noderesourcetopology" / "crd.yaml"
 
 
 @pytest.mark.skipif(not NRT_CRD.exists(), reason="the NodeResourceTopology CRD fixture is absent")
@@ -440,7 +438,7 @@ def test_a_node_resource_topology_is_published_when_its_crd_is_served(node: Fake
 
     node.client.create(CRDS, yaml.safe_load(NRT_CRD.read_text()))
     node.agent()
-    pod = node.pod("db", container("app", "4"), annotations=EXCLUSIVE)
+    pod = node.pod("db", container("app", "4", memory="64Mi"), annotations=EXCLUSIVE)
     node.run(pod)
     wait_for(lambda: node.annotation(pod) is not None, what="the pin")
 
@@ -465,7 +463,7 @@ def test_a_node_resource_topology_is_published_when_its_crd_is_served(node: Fake
 
 def test_without_the_nrt_crd_the_agent_carries_on(node: FakeNode) -> None:
     agent = node.agent()
-    pod = node.pod("db", container("app", "1"), annotations=EXCLUSIVE)
+    pod = node.pod("db", container("app", "1", memory="64Mi"), annotations=EXCLUSIVE)
     node.run(pod)
     wait_for(lambda: node.annotation(pod) is not None, what="the pin")
     settle(node)
@@ -487,7 +485,7 @@ def test_shield_system_keeps_everything_outside_kubepods_off_exclusive_cpus(
         online = node.topology.online_cpus
         assert node.driver.read_cpus("corepin.system") == online
         assert sorted(node.driver.procs("corepin.system")) == sorted(d.pid for d in daemons)
-        pod = node.pod("db", container("app", "4"), annotations=EXCLUSIVE)
+        pod = node.pod("db", container("app", "4", memory="64Mi"), annotations=EXCLUSIVE)
         node.run(pod)
         wait_for(lambda: node.annotation(pod) is not None, what="the exclusive pod")
         settle(node)

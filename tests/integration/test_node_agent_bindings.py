@@ -22,13 +22,13 @@ from corepin.core.cpuset import CPUSet
 from corepin.enforcement.cgroups import CpuQuota
 from corepin.enforcement.layout import pod_cgroup_path
 from corepin.kube.client import KubeClient
-from corepin.kube.resources import EVENTS, NAMESPACES, NCPT, PCB, PODS
+from corepin.kube.resources import EVENTS, NAMESPACES, NCPT, PCB
 from corepin.testing import machines as synthetic
 from support.helpers import wait_for
-from support.node_harness import NODE, FakeNode, container, fake_node
+from support.node_harness import NODE, FakeNode, fake_node
+from support.pods import EXCLUSIVE, container
 
 C = CPUSet.parse
-EXCLUSIVE = {"corepin.io/cpu-policy": "exclusive"}
 PCB_API = "corepin.io/v1alpha1"
 
 
@@ -103,7 +103,9 @@ def test_a_binding_never_gives_a_tenth_of_a_cpu_24_cpus_nor_lifts_its_quota(
     node: FakeNode,
 ) -> None:
     node.agent()
-    pod = node.pod("small", container("app", "100m"))  # no annotation: the shared pool
+    pod = node.pod(
+        "small", container("app", "100m", memory="64Mi")
+    )  # no annotation: the shared pool
     named = C("4-27")
     user_binding(node, "grab", "small", named, status={"phase": "Validated"})
     node.run(pod)
@@ -126,7 +128,7 @@ def test_a_binding_never_gives_a_tenth_of_a_cpu_24_cpus_nor_lifts_its_quota(
 
 def test_a_binding_of_exactly_the_limit_is_applied(node: FakeNode) -> None:
     node.agent()
-    pod = node.pod("db", container("app", "2"))
+    pod = node.pod("db", container("app", "2", memory="64Mi"))
     user_binding(node, "db", "db", C("6-7"), status={"phase": "Validated"})
     node.run(pod)
     wait_for(lambda: node.cpus(pod, "app") == C("6-7"), what="CPUs 6-7")
@@ -139,14 +141,18 @@ def test_a_lost_checkpoint_restores_no_binding_a_tenant_labelled_as_the_agents(
     node: FakeNode,
 ) -> None:
     first = node.agent()
-    victim = node.pod("victim", container("app", "4"), annotations=EXCLUSIVE, namespace="shop")
+    victim = node.pod(
+        "victim", container("app", "4", memory="64Mi"), annotations=EXCLUSIVE, namespace="shop"
+    )
     node.run(victim)
     wait_for(lambda: node.annotation(victim) is not None, what="the victim pinned")
     settle(node)
     held = node.cpus(victim, "app")
     first.stop()
     (node.state_dir / "state.json").unlink()
-    tenant = node.pod("mine", container("app", "4"), annotations=EXCLUSIVE, namespace="evil")
+    tenant = node.pod(
+        "mine", container("app", "4", memory="64Mi"), annotations=EXCLUSIVE, namespace="evil"
+    )
     uid = tenant["metadata"]["uid"]
     forged = {
         "app.kubernetes.io/managed-by": "corepin-agent",
@@ -180,16 +186,8 @@ def test_no_cpu_is_withheld_for_a_binding_nobody_validated(
     node: FakeNode, status: dict[str, Any] | None
 ) -> None:
     node.agent()
-    node.client.create(
-        PODS,
-        {
-            "apiVersion": "v1",
-            "kind": "Pod",
-            "metadata": {"name": "huge", "namespace": "evil"},
-            "spec": {"containers": [container("app", "32")]},  # fits nowhere, never bound
-        },
-        "evil",
-    )
+    # fits nowhere, never bound
+    node.pod("huge", container("app", "32", memory="64Mi"), namespace="evil", node=None)
     user_binding(
         node,
         "huge",
@@ -201,7 +199,7 @@ def test_no_cpu_is_withheld_for_a_binding_nobody_validated(
     )
     settle(node)
     assert free(node) == node.topology.online_cpus
-    pod = node.pod("db", container("app", "2"), annotations=EXCLUSIVE)
+    pod = node.pod("db", container("app", "2", memory="64Mi"), annotations=EXCLUSIVE)
     node.run(pod)
     wait_for(lambda: node.annotation(pod) is not None, what="db pinned")
     settle(node)
@@ -214,21 +212,12 @@ def test_a_validated_binding_of_a_pod_being_bound_here_holds_its_cpus_briefly(
     """The scheduler's --bind-cpus flow: binding created, marked Validated for this node, and
     only then the pod bound. Meanwhile its CPUs are not handed to anyone else."""
     agent = node.agent()
-    node.client.create(
-        PODS,
-        {
-            "apiVersion": "v1",
-            "kind": "Pod",
-            "metadata": {"name": "next", "namespace": "default"},
-            "spec": {"containers": [container("app", "2")]},
-        },
-        "default",
-    )
+    node.pod("next", container("app", "2", memory="64Mi"), node=None)
     promised = C("2-3")
     user_binding(node, "next", "next", promised, status={"phase": "Validated", "nodeName": NODE})
     settle(node)
     wait_for(lambda: not free(node) & promised, what="the promised CPUs withheld")
-    other = node.pod("other", container("app", "28"), annotations=EXCLUSIVE)
+    other = node.pod("other", container("app", "28", memory="64Mi"), annotations=EXCLUSIVE)
     node.run(other)
     wait_for(lambda: node.annotation(other) is not None, what="other pinned")
     settle(node)
@@ -240,16 +229,7 @@ def test_a_validated_binding_of_a_pod_being_bound_here_holds_its_cpus_briefly(
     pod = node.run(node.get({"metadata": {"name": "next", "namespace": "default"}}))
     wait_for(lambda: node.cpus(pod, "app") == promised, what="next on its CPUs")
     # a validated binding whose pod never comes stops withholding after the grace
-    node.client.create(
-        PODS,
-        {
-            "apiVersion": "v1",
-            "kind": "Pod",
-            "metadata": {"name": "never", "namespace": "default"},
-            "spec": {"containers": [container("app", "1")]},
-        },
-        "default",
-    )
+    node.pod("never", container("app", "1", memory="64Mi"), node=None)
     spare = CPUSet.of(min(free(node)))
     user_binding(node, "never", "never", spare, status={"phase": "Validated", "nodeName": NODE})
     settle(node)

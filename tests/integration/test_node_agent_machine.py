@@ -12,7 +12,7 @@ import time
 from pathlib import Path
 from typing import Any
 
-from hypothesis import HealthCheck, settings
+from hypothesis import settings
 from hypothesis import strategies as st
 from hypothesis.stateful import RuleBasedStateMachine, invariant, precondition, rule
 
@@ -20,7 +20,9 @@ from corepin.core.cpuset import CPUSet
 from corepin.kube.client import KubeClient
 from corepin.kube.config import load_config
 from corepin.testing import machines as synthetic
-from support.node_harness import FakeNode, container
+from support.budget import examples
+from support.node_harness import FakeNode
+from support.pods import container
 
 TOPO = synthetic.named("single_socket_ht")  # 16 CPUs: shortage comes quickly
 
@@ -75,7 +77,8 @@ class AgentMachine(RuleBasedStateMachine):
         self.count += 1
         name = f"p{self.count}"
         annotations = {"corepin.io/cpu-policy": policy, "corepin.io/exclusiveness-level": level}
-        pod = self.node.pod(name, container("app", cpus), annotations=annotations)
+        app = container("app", cpus, memory="64Mi") if cpus else container("app")
+        pod = self.node.pod(name, app, annotations=annotations)
         self.pods[name] = self.node.run(pod)
         self.settle()
 
@@ -153,9 +156,4 @@ class AgentMachine(RuleBasedStateMachine):
 
 
 TestAgentMachine = AgentMachine.TestCase
-TestAgentMachine.settings = settings(
-    max_examples=4,
-    stateful_step_count=10,
-    deadline=None,
-    suppress_health_check=[HealthCheck.too_slow],
-)
+TestAgentMachine.settings = settings(max_examples=examples(4), stateful_step_count=10)

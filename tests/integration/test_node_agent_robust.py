@@ -31,18 +31,16 @@ import yaml
 from corepin.core.cpuset import CPUSet
 from corepin.enforcement.cgroups import CgroupV1, CpuQuota
 from corepin.enforcement.layout import container_cgroup_path, pod_cgroup_path
-from corepin.kube.client import KubeClient, Resource
-from corepin.kube.resources import EVENTS, PODS
+from corepin.kube.client import KubeClient
+from corepin.kube.resources import EVENTS, NCPT, PCB, PODS
 from corepin.testing import machines as synthetic
 from corepin.testing.sysfs_tree import write_sysfs_tree
 from support.helpers import corepin_argv, wait_for
-from support.node_harness import NODE, FakeNode, container, fake_node
+from support.node_harness import NODE, FakeNode, fake_node
+from support.paths import REPO
+from support.pods import EXCLUSIVE, container
 
-REPO = Path(__file__).resolve().parents[2]
 TOPO = synthetic.named("dual_socket_ht")  # 32 CPUs
-EXCLUSIVE = {"corepin.io/cpu-policy": "exclusive"}
-NCPT = Resource("corepin.io", "v1alpha1", "nodecputopologies", False, "NodeCPUTopology")
-PCB = Resource("corepin.io", "v1alpha1", "podcpubindings", True, "PodCPUBinding")
 
 
 # ---------------------------------------------------------------------- harness
@@ -174,7 +172,7 @@ def test_quota_is_removed_under_the_daemonsets_cgroup_root(
     daemonset = yaml.safe_load((REPO / "deploy" / "agent" / "daemonset.yaml").read_text())
     args = daemonset["spec"]["template"]["spec"]["containers"][0]["args"]
     assert "--cgroup-root=/host/sys/fs/cgroup" in args
-    pod = node.pod("db", container("app", "2"), annotations=EXCLUSIVE)
+    pod = node.pod("db", container("app", "2", memory="64Mi"), annotations=EXCLUSIVE)
     node.run(pod)
     set_kubelet_quota(node, pod, 2)
     agent = spawn(agents, node, fake_kubeconfig, host_layout(node))
@@ -230,7 +228,7 @@ def test_quota_is_removed_on_the_real_hierarchy_through_a_bind_mount(
     made: list[str] = []
     with fake_node(kube, TOPO, tmp_path) as n:  # (API objects only: its fake tree is unused)
         try:
-            pod = n.pod("db", container("app", "1"), annotations=EXCLUSIVE)
+            pod = n.pod("db", container("app", "1", memory="64Mi"), annotations=EXCLUSIVE)
             uid, cid = pod["metadata"]["uid"], "f" * 64
             pod_path = pod_cgroup_path("cgroupfs", "guaranteed", uid, cgroup_root=scratch)
             path = container_cgroup_path(
@@ -308,11 +306,11 @@ def test_a_pod_with_an_absurd_cpu_limit_stops_nobody(
 ) -> None:
     """A CPU limit of the JSON number 1e308 gets a Warning naming it; the three pods synced in
     the same batch are pinned to what the published topology says they hold."""
-    bad = container("app", "1")
+    bad = container("app", "1", memory="64Mi")
     bad["resources"] = {"limits": {"cpu": 1e308}, "requests": {"cpu": 1e308}}
     absurd = node.pod("absurd", bad, annotations=EXCLUSIVE)
     good = [
-        node.pod(f"good-{i}", container("app", str(n)), annotations=EXCLUSIVE)
+        node.pod(f"good-{i}", container("app", str(n), memory="64Mi"), annotations=EXCLUSIVE)
         for i, n in enumerate((3, 19, 4))
     ]
     for p in (absurd, *good):
@@ -361,14 +359,17 @@ def test_a_250_character_pod_name_gets_a_hashed_file_and_stops_nobody(
     """The long name's file is the documented hashed name; the shared-pool refresh goes on to
     the pods after it (their COREPIN_CPUS_SHARED follows the pool)."""
     long_name = "l" + "o" * 248 + "g"
-    shared = [node.pod(n, container("app", "500m")) for n in (long_name, "m-later", "z-later")]
+    shared = [
+        node.pod(n, container("app", "500m", memory="64Mi"))
+        for n in (long_name, "m-later", "z-later")
+    ]
     for p in shared:
         node.run(p)
     spawn(agents, node, fake_kubeconfig)
     files = node.tmp / "assignments"
     names = [documented_file_name("default", p["metadata"]["name"], "app") for p in shared]
     wait_for(lambda: all((files / n).exists() for n in names), timeout=30, what="three files")
-    db = node.pod("db", container("app", "4"), annotations=EXCLUSIVE)
+    db = node.pod("db", container("app", "4", memory="64Mi"), annotations=EXCLUSIVE)
     node.run(db)
     wait_for(lambda: node.annotation(db) is not None, timeout=30, what="db pinned")
     pool = TOPO.online_cpus - node.cpus(db, "app")
@@ -406,7 +407,10 @@ def test_200_create_delete_cycles_leave_no_table_file_or_binding_behind(node: Fa
     """After 200 pods came and went (exclusive, shared, failed pins, never-started), the agent's
     tables are as big as with the 5 pods still there, and there are 5 pods' files."""
     agent = node.agent()
-    live = [node.pod(f"live-{i}", container("app", "1"), annotations=EXCLUSIVE) for i in range(5)]
+    live = [
+        node.pod(f"live-{i}", container("app", "1", memory="64Mi"), annotations=EXCLUSIVE)
+        for i in range(5)
+    ]
     for p in live:
         node.run(p)
     wait_for(lambda: all(node.annotation(p) for p in live), what="5 live pods")
@@ -416,13 +420,13 @@ def test_200_create_delete_cycles_leave_no_table_file_or_binding_behind(node: Fa
     def cycle(i: int) -> None:
         kind = i % 4
         if kind == 0:
-            p = node.pod(f"c{i}", container("app", "2"), annotations=EXCLUSIVE)
+            p = node.pod(f"c{i}", container("app", "2", memory="64Mi"), annotations=EXCLUSIVE)
         elif kind == 1:
-            p = node.pod(f"c{i}", container("app", "1"))
+            p = node.pod(f"c{i}", container("app", "1", memory="64Mi"))
         elif kind == 2:  # more than the node has: a failed pin
-            p = node.pod(f"c{i}", container("app", "40"), annotations=EXCLUSIVE)
+            p = node.pod(f"c{i}", container("app", "40", memory="64Mi"), annotations=EXCLUSIVE)
         else:  # never started
-            p = node.pod(f"c{i}", container("app", "1"), annotations=EXCLUSIVE)
+            p = node.pod(f"c{i}", container("app", "1", memory="64Mi"), annotations=EXCLUSIVE)
         if kind != 3:
             node.run(p)
         assert agent.wait_idle(20)
@@ -449,8 +453,8 @@ def test_stale_files_are_removed_at_start_up_and_a_reused_name_never_reads_old_c
     node: FakeNode, agents: list[AgentProcess], fake_kubeconfig: Path
 ) -> None:
     first = spawn(agents, node, fake_kubeconfig)
-    web = node.pod("web-0", container("app", "2"), annotations=EXCLUSIVE)
-    gone = node.pod("gone", container("app", "1"), annotations=EXCLUSIVE)
+    web = node.pod("web-0", container("app", "2", memory="64Mi"), annotations=EXCLUSIVE)
+    gone = node.pod("gone", container("app", "1", memory="64Mi"), annotations=EXCLUSIVE)
     for p in (web, gone):
         node.run(p)
     files = node.tmp / "assignments"
@@ -463,7 +467,9 @@ def test_stale_files_are_removed_at_start_up_and_a_reused_name_never_reads_old_c
     node.delete(web)
     node.delete(gone)
     (files / "default.left-over.app").write_text("COREPIN_CPUS=0-3\nCOREPIN_POD_UID=x\n")
-    web = node.pod("web-0", container("app", "2"), annotations=EXCLUSIVE)  # not started yet
+    web = node.pod(
+        "web-0", container("app", "2", memory="64Mi"), annotations=EXCLUSIVE
+    )  # not started yet
     spawn(agents, node, fake_kubeconfig)
     wait_for(lambda: not os.listdir(files), timeout=30, what="every stale file removed")
     node.run(web)
@@ -480,7 +486,7 @@ def test_an_agent_binding_of_a_gone_pod_is_deleted_and_never_written(
     at start-up; a pod deleted while the agent is still telling the API about it leaves no
     binding behind."""
     first = spawn(agents, node, fake_kubeconfig)
-    db = node.pod("db", container("app", "2"), annotations=EXCLUSIVE)
+    db = node.pod("db", container("app", "2", memory="64Mi"), annotations=EXCLUSIVE)
     node.run(db)
     wait_for(lambda: node.annotation(db) is not None, timeout=30, what="db pinned")
     first.stop()
@@ -516,7 +522,7 @@ def test_an_agent_binding_of_a_gone_pod_is_deleted_and_never_written(
     wait_for(lambda: names() == {"db-app"}, timeout=30, what="the ghost's binding deleted")
     # the race: the pod goes while the publisher is still annotating it (a slow API)
     node.api.inject(r"/pods/late$", method="PATCH", status=None, delay=2.0, times=1)
-    late = node.pod("late", container("app", "1"), annotations=EXCLUSIVE)
+    late = node.pod("late", container("app", "1", memory="64Mi"), annotations=EXCLUSIVE)
     node.run(late)
     time.sleep(0.7)  # pinned; the publisher waits on the slow annotation patch
     node.delete(late)
@@ -531,7 +537,7 @@ def test_a_second_agent_of_the_node_waits_for_the_first_and_takes_over(
     node: FakeNode, agents: list[AgentProcess], fake_kubeconfig: Path
 ) -> None:
     first = spawn(agents, node, fake_kubeconfig)
-    db = node.pod("db", container("app", "2"), annotations=EXCLUSIVE)
+    db = node.pod("db", container("app", "2", memory="64Mi"), annotations=EXCLUSIVE)
     node.run(db)
     wait_for(lambda: node.annotation(db) is not None, timeout=30, what="db pinned")
     mine = node.cpus(db, "app")
@@ -572,7 +578,7 @@ def test_an_annotation_naming_no_container_gets_a_warning(node: FakeNode) -> Non
     node.agent()
     pod = node.pod(
         "typo",
-        container("app", "1"),
+        container("app", "1", memory="64Mi"),
         annotations={"corepin.io/cpu-policy.ap": "exclusive"},
     )
     node.run(pod)

@@ -21,16 +21,11 @@ from corepin.agent.node.enforce import ContainerCgroups
 from corepin.kube.client import KubeClient, Obj
 from corepin.kube.resources import CRDS
 from corepin.testing import machines as synthetic
-from support.node_harness import FakeNode, container, fake_node
+from support.node_harness import FakeNode, fake_node
+from support.paths import PEER_FIXTURES
+from support.pods import container
 
-NRT_CRD = (
-    Path(__file__).resolve().parents[2].parent
-    / "shared"
-    / "fixtures"
-    / "peer"
-    / "noderesourcetopology"
-    / "crd.yaml"
-)
+NRT_CRD = PEER_FIXTURES / "noderesourcetopology" / "crd.yaml"
 #: 2026-01-15T08:00:00Z
 NOW = 1768464000.0
 WATCHED = ("/apis/corepin.io/", "/apis/topology.node.k8s.io/")
@@ -100,7 +95,11 @@ def test_the_custom_resources_the_agent_writes_are_unchanged_to_the_byte(node: F
     first.publisher.later(("topology",), None)  # (a second time at least, as a heartbeat does)
     assert first.wait_idle(20)
     started = client.take(names)
-    pod = node.pod("db", container("app", "2"), annotations={"corepin.io/cpu-policy": "exclusive"})
+    pod = node.pod(
+        "db",
+        container("app", "2", memory="64Mi"),
+        annotations={"corepin.io/cpu-policy": "exclusive"},
+    )
     names[str(pod["metadata"]["uid"])] = "<pod-uid>"
     node.run(pod)
     assert first.wait_idle(20)

@@ -12,7 +12,8 @@ from pathlib import Path
 
 import pytest
 
-REPO = Path(__file__).resolve().parents[2]
+from support.paths import REPO
+
 UNIT = REPO / "packaging" / "systemd" / "corepin-reconcile.service"
 CLI = Path(sys.executable).parent / "corepin"
 

@@ -6,7 +6,6 @@ from __future__ import annotations
 import http.client
 import json
 import signal
-import socket
 import ssl
 import subprocess
 import time
@@ -23,17 +22,13 @@ from corepin.state.model import HostState
 from corepin.testing import machines as synthetic
 from fakeapi import TLSMaterial, make_tls
 from fakeapi.tls import CertFiles
-from support.helpers import corepin_argv, run_corepin, wait_for
-from support.placement_helpers import pod
-from support.placement_publish import install_crds, publish
+from support.helpers import corepin_argv, reap, run_corepin, wait_for
+from support.kube_helpers import install_crds
+from support.placement_publish import publish
+from support.pods import EXCLUSIVE, container, pod
+from support.ports import free_port
 
 SMALL = synthetic.named("single_socket_ht")
-
-
-def free_port() -> int:
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        return int(sock.getsockname()[1])
 
 
 def get(url: str) -> tuple[int, str]:
@@ -99,7 +94,11 @@ def test_the_extender_serves_filters_over_mutual_tls_and_stops_on_sigterm(
         base = f"http://127.0.0.1:{ops_port}"  # probes and scrapes: plain HTTP, no certificate
         wait_for(lambda: get(f"{base}/healthz")[0] == 200, timeout=30, what="extender ready")
         body = json.dumps(
-            {"Pod": pod("p", ("app", "2")), "Nodes": None, "NodeNames": ["n1", "n2"]}
+            {
+                "Pod": pod("p", container("app", "2", "2"), annotations=EXCLUSIVE),
+                "Nodes": None,
+                "NodeNames": ["n1", "n2"],
+            }
         ).encode()
         scheduler = tls.client("kube-scheduler")
         status, raw = _https(port, tls.ca.cert, scheduler, "POST", "/filter", body)
@@ -124,9 +123,7 @@ def test_the_extender_serves_filters_over_mutual_tls_and_stops_on_sigterm(
         )
         stop_within_5_s(proc)
     finally:
-        if proc.poll() is None:
-            proc.kill()
-            proc.wait()
+        reap(proc)
 
 
 @pytest.mark.parametrize(
@@ -159,9 +156,7 @@ def test_the_extender_serves_plain_http_without_tls_flags_and_warns_unless_told(
         said = proc.stderr.read()
         assert ("without client authentication" in said) is warned, said
     finally:
-        if proc.poll() is None:
-            proc.kill()
-            proc.wait()
+        reap(proc)
 
 
 def test_the_scheduler_binds_serves_its_metrics_and_stops_on_sigterm(
@@ -169,8 +164,10 @@ def test_the_scheduler_binds_serves_its_metrics_and_stops_on_sigterm(
 ) -> None:
     install_crds(kube)
     publish(kube, "n1", HostState.new(SMALL), SMALL)
-    body = pod("p", ("app", "2"), scheduler="corepin-scheduler", namespace="default")
-    del body["metadata"]["uid"], body["status"]
+    body = pod(
+        "p", container("app", "2", "2"), annotations=EXCLUSIVE, scheduler="corepin-scheduler"
+    )
+    del body["metadata"]["uid"]
     kube.create(PODS, body, "default")
     port = free_port()
     proc = subprocess.Popen(
@@ -202,9 +199,7 @@ def test_the_scheduler_binds_serves_its_metrics_and_stops_on_sigterm(
         )
         stop_within_5_s(proc)
     finally:
-        if proc.poll() is None:
-            proc.kill()
-            proc.wait()
+        reap(proc)
 
 
 def _unreachable_kubeconfig(tmp: Path) -> Path:

@@ -23,8 +23,9 @@ from corepin.kube.models import NodeCPUTopology
 from corepin.kube.nodestate import node_state
 from corepin.kube.resources import CRDS, NCPT
 from corepin.state.owners import ContainerOwner
-from support.crd_schema import DEPLOY, crd, load_yaml_docs
+from support.crd_schema import crd, load_yaml_docs
 from support.helpers import run_corepin
+from support.paths import DEPLOY
 
 EXAMPLE = DEPLOY / "samples" / "nodecputopology.yaml"
 

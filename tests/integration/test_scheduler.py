@@ -15,13 +15,15 @@ import pytest
 from corepin.agent.cluster.scheduler.scheduler import Scheduler, SchedulerSettings
 from corepin.core.cpuset import CPUSet
 from corepin.kube.client import KubeClient
-from corepin.kube.resources import EVENTS, NODES, PODS
+from corepin.kube.resources import EVENTS, NODES, PCB, PODS
 from corepin.placement.taints import failure_message, node_refusal
 from corepin.state.model import HostState
 from corepin.testing import machines as synthetic
 from support.helpers import wait_for
-from support.placement_helpers import pod, run_pods
-from support.placement_publish import PCB, install_crds, publish
+from support.kube_helpers import install_crds
+from support.placement_helpers import run_pods
+from support.placement_publish import publish
+from support.pods import EXCLUSIVE, container, corepin_annotations, pod
 
 SMALL = synthetic.named("single_socket_ht")  # 16 CPUs
 NAME = "corepin-scheduler"
@@ -113,9 +115,14 @@ def scheduler(kube: KubeClient, **changes: Any) -> Iterator[Scheduler]:
         s.stop()
 
 
-def pending(name: str, cpus: str, **kw: Any) -> dict[str, Any]:
-    body = pod(name, ("app", cpus), scheduler=NAME, namespace="default", **kw)
-    del body["metadata"]["uid"], body["status"]
+def pending(name: str, cpus: str, level: str | None = None) -> dict[str, Any]:
+    body = pod(
+        name,
+        container("app", cpus, cpus),
+        annotations=corepin_annotations(level=level),
+        scheduler=NAME,
+    )
+    del body["metadata"]["uid"]
     return body
 
 
@@ -128,7 +135,9 @@ def test_a_pod_that_fits_nowhere_stays_pending_with_why_per_node_until_a_node_fr
     kube: KubeClient,
 ) -> None:
     install_crds(kube)
-    full = run_pods(SMALL, [pod("big", ("app", "12"), running=True)])
+    full = run_pods(
+        SMALL, [pod("big", container("app", "12", "12"), annotations=EXCLUSIVE, running=True)]
+    )
     publish(kube, "a", full, SMALL)
     publish(kube, "b", full, SMALL)
     kube.create(NODES, {"apiVersion": "v1", "kind": "Node", "metadata": {"name": "bare"}})
@@ -158,7 +167,14 @@ def test_a_pod_that_fits_nowhere_stays_pending_with_why_per_node_until_a_node_fr
 def test_a_tainted_node_is_skipped(kube: KubeClient) -> None:
     install_crds(kube)
     publish(kube, "a", HostState.new(SMALL), SMALL)
-    publish(kube, "b", run_pods(SMALL, [pod("x", ("app", "4"), running=True)]), SMALL)
+    publish(
+        kube,
+        "b",
+        run_pods(
+            SMALL, [pod("x", container("app", "4", "4"), annotations=EXCLUSIVE, running=True)]
+        ),
+        SMALL,
+    )
     taint = {"key": "dedicated", "value": "db", "effect": "NoSchedule"}
     kube.patch(NODES, "b", {"spec": {"taints": [taint]}})
     with scheduler(kube):
@@ -209,7 +225,14 @@ def test_only_the_leader_binds_and_a_standby_takes_over(kube: KubeClient) -> Non
 
 def test_a_pod_deleted_while_pending_is_forgotten(kube: KubeClient) -> None:
     install_crds(kube)
-    publish(kube, "a", run_pods(SMALL, [pod("x", ("app", "14"), running=True)]), SMALL)
+    publish(
+        kube,
+        "a",
+        run_pods(
+            SMALL, [pod("x", container("app", "14", "14"), annotations=EXCLUSIVE, running=True)]
+        ),
+        SMALL,
+    )
     with scheduler(kube) as s:
         kube.create(PODS, pending("p", "4"), "default")
         wait_for(lambda: s.unschedulable >= 1, timeout=20, what="p found unschedulable")
@@ -222,7 +245,7 @@ def test_a_pod_deleted_while_pending_is_forgotten(kube: KubeClient) -> None:
 def test_the_agent_keeps_cpus_promised_by_a_binding_for_a_pod_not_running_yet(
     kube: KubeClient, tmp_path: Any
 ) -> None:
-    from support.node_harness import FakeNode, container
+    from support.node_harness import FakeNode
 
     fake = FakeNode(kube, SMALL, tmp_path, name="a")
     try:
@@ -244,16 +267,7 @@ def test_the_agent_keeps_cpus_promised_by_a_binding_for_a_pod_not_running_yet(
         # the scheduler's flow: the pod waits unbound, its binding is created and marked
         # Validated for node a (the agent holds CPUs only for validated bindings, and for a
         # pod not bound yet only when the status names its node), then the pod is bound
-        body = {
-            "apiVersion": "v1",
-            "kind": "Pod",
-            "metadata": {
-                "name": "later",
-                "namespace": "default",
-                "annotations": {"corepin.io/cpu-policy": "exclusive"},
-            },
-            "spec": {"containers": [container("app", "1")]},
-        }
+        body = pod("later", container("app", "1", memory="64Mi"), annotations=EXCLUSIVE)
         kube.create(PODS, body, "default")
         kube.create(PCB, promised, "default")
         kube.patch_status(
@@ -264,13 +278,11 @@ def test_the_agent_keeps_cpus_promised_by_a_binding_for_a_pod_not_running_yet(
         )
         time.sleep(0.3)
         # a pod pinned from its annotation meanwhile leaves the promised core alone
-        now = fake.pod(
-            "now", container("app", "2"), annotations={"corepin.io/cpu-policy": "exclusive"}
-        )
+        now = fake.pod("now", container("app", "2", memory="64Mi"), annotations=EXCLUSIVE)
         fake.run(now)
         assert agent.wait_idle(10)
         assert not fake.cpus(now, "app") & CPUSet.parse("0,8")
-        from support.placement_publish import NCPT
+        from corepin.kube.resources import NCPT
 
         free = CPUSet.parse(kube.get(NCPT, "a")["status"]["free"])
         assert not free & CPUSet.parse("0,8"), "promised CPUs are not published as free"
@@ -299,14 +311,16 @@ def test_a_heartbeat_revives_a_stale_node_and_keeps_its_answers_while_a_change_d
     feed.start(20)
     try:
         wait_for(lambda: cluster.view("a") is not None, what="node a read")
-        ask = pod_request(pod("p", ("app", "2")))
+        ask = pod_request(pod("p", container("app", "2", "2"), annotations=EXCLUSIVE))
         (stale,) = cluster.evaluate(ask, ["a"], time.time())
         assert not stale.ok and stale.code == "stale"
         view = cluster.view("a")
         publish(kube, "a", HostState.new(SMALL), SMALL)  # the agent is back: heartbeat only
         wait_for(lambda: cluster.evaluate(ask, ["a"], time.time())[0].ok, what="a fresh again")
         assert cluster.view("a") is view, "a heartbeat alone keeps the view and its answers"
-        busy = run_pods(SMALL, [pod("x", ("app", "14"), running=True)])
+        busy = run_pods(
+            SMALL, [pod("x", container("app", "14", "14"), annotations=EXCLUSIVE, running=True)]
+        )
         publish(kube, "a", busy, SMALL)
         wait_for(lambda: cluster.view("a") is not view, what="the change read")
         (full,) = cluster.evaluate(ask, ["a"], time.time())

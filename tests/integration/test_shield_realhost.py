@@ -20,7 +20,7 @@ from pathlib import Path
 import pytest
 
 from corepin.core.cpuset import CPUSet
-from support.helpers import corepin_argv, kill_and_remove_cgroup, run_corepin, wait_for
+from support.helpers import corepin_argv, kill_and_remove_cgroup, reap, run_corepin, wait_for
 
 CPUSET = Path("/sys/fs/cgroup/cpuset")
 
@@ -94,9 +94,7 @@ class Scope:
     def close(self) -> None:
         self.corepin("shield", "off")  # whatever a failed test left up
         for proc in self.procs:
-            if proc.poll() is None:
-                proc.kill()
-            proc.wait()
+            reap(proc, None)
         assert kill_and_remove_cgroup(self.path), f"could not clean up {self.path}"
 
 

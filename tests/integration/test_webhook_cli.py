@@ -4,120 +4,44 @@ for a bad certificate file or an unreachable API, exit 2 for a bad flag."""
 
 from __future__ import annotations
 
-import json
-import os
-import signal
 import socket
-import ssl
-import subprocess
 import time
-import urllib.error
-import urllib.request
 from collections.abc import Iterator
 from pathlib import Path
-from typing import Any
 
 import pytest
 import yaml
 
 from corepin.kube.client import KubeClient
-from corepin.kube.resources import CRDS, NCPT
+from corepin.kube.resources import NCPT
 from corepin.testing.machines import named
 from fakeapi import TLSMaterial
-from support.helpers import corepin_argv, run_corepin, wait_for
-from support.webhook_helpers import container, ncpt, pod, review
-
-REPO = Path(__file__).resolve().parents[2]
-EXCLUSIVE = {"corepin.io/cpu-policy": "exclusive"}
-
-
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        port: int = s.getsockname()[1]
-        return port
-
-
-def clean_env() -> dict[str, str]:
-    """This environment without a kubeconfig or an in-cluster account."""
-    return {
-        k: v
-        for k, v in os.environ.items()
-        if k not in ("KUBECONFIG", "KUBERNETES_SERVICE_HOST", "KUBERNETES_SERVICE_PORT")
-    }
-
-
-class Process:
-    def __init__(self, tls: TLSMaterial, *extra: str) -> None:
-        self.port = free_port()
-        self.context = ssl.create_default_context(cafile=str(tls.ca.cert))
-        self.proc = subprocess.Popen(
-            corepin_argv(
-                "webhook",
-                "--address",
-                f"127.0.0.1:{self.port}",
-                "--tls-cert",
-                str(tls.server.cert),
-                "--tls-key",
-                str(tls.server.key),
-                *extra,
-            ),
-            env=clean_env(),
-            stdout=subprocess.PIPE,
-            stderr=subprocess.PIPE,
-            text=True,
-        )
-        wait_for(self.healthy, timeout=30, what="the webhook's /healthz")
-
-    def url(self, path: str) -> str:
-        return f"https://127.0.0.1:{self.port}{path}"
-
-    def healthy(self) -> bool:
-        assert self.proc.poll() is None, self.proc.communicate()
-        try:
-            with urllib.request.urlopen(self.url("/healthz"), context=self.context) as r:
-                return bool(r.status == 200)
-        except (urllib.error.URLError, ConnectionError, ssl.SSLError):
-            return False
-
-    def post(self, path: str, body: dict[str, Any]) -> dict[str, Any]:
-        request = urllib.request.Request(
-            self.url(path),
-            data=json.dumps(body).encode(),
-            headers={"Content-Type": "application/json"},
-        )
-        with urllib.request.urlopen(request, context=self.context, timeout=10) as r:
-            answer: dict[str, Any] = json.loads(r.read())
-            return answer
-
-    def metrics(self) -> str:
-        with urllib.request.urlopen(self.url("/metrics"), context=self.context) as r:
-            text: str = r.read().decode()
-            return text
-
-    def terminate(self) -> tuple[int, float, str]:
-        started = time.monotonic()
-        self.proc.send_signal(signal.SIGTERM)
-        _, err = self.proc.communicate(timeout=10)
-        return self.proc.returncode, time.monotonic() - started, err
-
-    def kill(self) -> None:
-        if self.proc.poll() is None:
-            self.proc.kill()
-            self.proc.communicate()
+from support.helpers import run_corepin, wait_for
+from support.kube_helpers import install_crds
+from support.paths import REPO
+from support.pods import EXCLUSIVE, container, pod
+from support.ports import free_port
+from support.webhook_helpers import ncpt, review
+from support.webhook_process import WebhookProcess, clean_env
 
 
 @pytest.fixture
-def process(tls_material: TLSMaterial) -> Iterator[Process]:
-    proc = Process(tls_material)
+def process(tls_material: TLSMaterial) -> Iterator[WebhookProcess]:
+    proc = WebhookProcess(tls_material)
     yield proc
     proc.kill()
 
 
-def test_the_webhook_answers_over_https_and_stops_on_sigterm_within_5_s(process: Process) -> None:
-    answer = process.post("/mutate", review(pod(container("app", "2"), annotations=EXCLUSIVE)))
+def test_the_webhook_answers_over_https_and_stops_on_sigterm_within_5_s(
+    process: WebhookProcess,
+) -> None:
+    answer = process.post(
+        "/mutate", review(pod("web-0", container("app", "2"), annotations=EXCLUSIVE))
+    )
     assert answer["response"]["patchType"] == "JSONPatch"
-    refused = process.post("/validate", review(pod(container("app", None), annotations=EXCLUSIVE)))
+    refused = process.post(
+        "/validate", review(pod("web-0", container("app"), annotations=EXCLUSIVE))
+    )
     assert refused["response"]["allowed"] is False
     assert 'outcome="denied"} 1.0' in process.metrics()
     # an idle keep-alive connection must not hold the process up
@@ -130,26 +54,21 @@ def test_the_webhook_answers_over_https_and_stops_on_sigterm_within_5_s(process:
     assert seconds < 5
 
 
-def test_without_the_api_the_capacity_rule_is_off(process: Process) -> None:
-    huge = review(pod(container("app", "4096"), annotations=EXCLUSIVE))
+def test_without_the_api_the_capacity_rule_is_off(process: WebhookProcess) -> None:
+    huge = review(pod("web-0", container("app", "4096"), annotations=EXCLUSIVE))
     assert process.post("/validate", huge)["response"]["allowed"] is True
     assert "corepin_webhook_node_topologies 0.0" in process.metrics()
-
-
-def install_crds(kube: KubeClient) -> None:
-    for doc in yaml.safe_load_all((REPO / "deploy" / "crd" / "nodecputopologies.yaml").read_text()):
-        kube.create(CRDS, doc)
 
 
 def test_the_capacity_rule_follows_the_published_node_topologies(
     kube: KubeClient, fake_kubeconfig: Path, tls_material: TLSMaterial
 ) -> None:
-    install_crds(kube)
+    install_crds(kube, "nodecputopologies")
     kube.create(NCPT, ncpt("node-a", named("dual_socket_ht")))
-    proc = Process(tls_material, "--kubeconfig", str(fake_kubeconfig), "-v")
+    proc = WebhookProcess(tls_material, "--kubeconfig", str(fake_kubeconfig), "-v")
     try:
-        huge = review(pod(container("db", "40"), annotations=EXCLUSIVE))
-        small = review(pod(container("db", "8"), annotations=EXCLUSIVE))
+        huge = review(pod("web-0", container("db", "40"), annotations=EXCLUSIVE))
+        small = review(pod("web-0", container("db", "8"), annotations=EXCLUSIVE))
 
         def refused() -> bool:
             return proc.post("/validate", huge)["response"]["allowed"] is False

@@ -23,7 +23,7 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from hypothesis import HealthCheck, given, settings
+from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from corepin.api.http import OpsServer
@@ -34,11 +34,13 @@ from corepin.api.webhook.server import HttpsServer
 from corepin.api.webhook.tls import ServingCertificate, TLSFilesError
 from corepin.core.errors import EnvironmentProblem
 from fakeapi import TLSMaterial, make_tls
+from support import strategies
+from support.budget import examples
 from support.helpers import wait_for
-from support.webhook_helpers import container, pod, review
+from support.pods import EXCLUSIVE, container, pod
+from support.webhook_helpers import review
 
 Obj = dict[str, Any]
-EXCLUSIVE = {"corepin.io/cpu-policy": "exclusive"}
 UID = "705ab4f5-6393-11e8-b7cc-42010a800002"
 
 
@@ -128,8 +130,8 @@ def test_validate_and_mutate_answer_admission_reviews_over_one_kept_alive_connec
 ) -> None:
     conn = webhook.connection()
     headers = {"Content-Type": "application/json"}
-    good = body_of(pod(container("app", "2"), annotations=EXCLUSIVE))
-    bad = body_of(pod(container("app", "1500m"), annotations=EXCLUSIVE))
+    good = body_of(pod("web-0", container("app", "2"), annotations=EXCLUSIVE))
+    bad = body_of(pod("web-0", container("app", "1500m"), annotations=EXCLUSIVE))
     status, data, _ = webhook.request("POST", "/validate", good, headers, conn)
     first_socket = conn.sock
     assert status == 200
@@ -287,10 +289,14 @@ FUZZ = {
     ).replace(b'"x"', nested(100_000)),
     "huge array": b"[" + b"0," * 1_400_000 + b"0]",
     "huge container list": body_of(
-        pod(*(container(f"c{i}", "1") for i in range(3000)), annotations=EXCLUSIVE)
+        pod("web-0", *(container(f"c{i}", "1") for i in range(3000)), annotations=EXCLUSIVE)
     ),
     "many annotations": body_of(
-        pod(annotations={f"corepin.io/k{i}": "x" * 50 for i in range(20000)})
+        pod(
+            "web-0",
+            container("app", "2"),
+            annotations={f"corepin.io/k{i}": "x" * 50 for i in range(20000)},
+        )
     ),
     "long string": json.dumps({"apiVersion": "x" * 2_000_000}).encode(),
 }
@@ -356,13 +362,7 @@ def test_a_false_content_length_gets_an_answer_not_a_hang(webhook: Webhook) -> N
     assert received.endswith(b"\n400 Bad request syntax ('garbage')\n")
 
 
-json_values = st.recursive(
-    st.none() | st.booleans() | st.integers() | st.floats(allow_nan=False) | st.text(max_size=8),
-    lambda inner: (
-        st.lists(inner, max_size=4) | st.dictionaries(st.text(max_size=8), inner, max_size=4)
-    ),
-    max_leaves=20,
-)
+json_values = strategies.json_values(max_text=8, max_leaves=20)
 POD_PATHS = [
     ("request",),
     ("request", "uid"),
@@ -386,12 +386,12 @@ POD_PATHS = [
 ]
 
 
-@settings(max_examples=300, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@settings(max_examples=examples(300))
 @given(path=st.sampled_from(POD_PATHS), value=json_values, endpoint=st.sampled_from(["v", "m"]))
 def test_any_value_anywhere_in_a_review_gets_400_or_an_admission_review(
     path: tuple[Any, ...], value: object, endpoint: str
 ) -> None:
-    obj = pod(container("app", "2", env=[]), annotations=dict(EXCLUSIVE), volumes=[])
+    obj = pod("web-0", container("app", "2", env=[]), annotations=dict(EXCLUSIVE), volumes=[])
     doc: Any = review(obj)
     target = doc
     for key in path[:-1]:
@@ -550,6 +550,7 @@ def test_stop_closes_open_connections_and_returns_quickly(tls: TLSMaterial) -> N
         assert sock.recv(10) == b""
     with pytest.raises(OSError):
         socket.create_connection(("127.0.0.1", port), timeout=1).close()
+    sock.close()
 
 
 # ---------------------------------------------------------------------- certificates
@@ -607,7 +608,10 @@ def test_a_rotated_certificate_is_served_without_a_restart(tmp_path: Path) -> No
         assert hook.request("GET", "/healthz", conn=kept)[0] == 200
         kept.close()
         hook.cas = [second.ca.cert]  # new connections verify against the new CA
-        assert hook.request("POST", "/validate", body_of(pod()))[0] == 200
+        assert (
+            hook.request("POST", "/validate", body_of(pod("web-0", container("app", "2"))))[0]
+            == 200
+        )
     finally:
         hook.stop()
 
@@ -680,7 +684,7 @@ def test_a_busy_port_is_an_environment_problem(webhook: Webhook, tls: TLSMateria
 
 
 def test_many_clients_at_once_all_get_answers(webhook: Webhook) -> None:
-    body = body_of(pod(container("app", "2"), annotations=EXCLUSIVE))
+    body = body_of(pod("web-0", container("app", "2"), annotations=EXCLUSIVE))
     results: list[int] = []
     lock = threading.Lock()
 

@@ -1,4 +1,6 @@
-"""Named in-code topologies for the allocation tests (no files).
+"""Named in-code topologies for the allocation tests (no files), each named by its shape and its
+CPU count (the synthetic machines of `corepin.testing.machines` are numbered differently and
+have names of their own).
 
 `build(...)` numbers CPUs the way Linux does on x86: the first thread of every core first
 (0..cores-1), then the second threads (cores..2*cores-1), so CPU i and i+cores are SMT siblings.
@@ -72,39 +74,39 @@ def build(
     return Topology(rows, nodes, name=name)
 
 
-def single_socket_ht() -> Topology:
+def one_socket_8_cpus() -> Topology:
     """1 socket, 1 NUMA node, 1 L3, 4 cores x 2 threads (8 CPUs)."""
-    return build(1, 1, 1, 4, 2, name="single-socket-ht")
+    return build(1, 1, 1, 4, 2, name="one-socket-8-cpus")
 
 
-def dual_socket_ht() -> Topology:
+def two_sockets_24_cpus() -> Topology:
     """2 sockets x 1 NUMA x 1 L3 x 6 cores x 2 threads (24 CPUs), as DualSocketHT."""
-    return build(2, 1, 1, 6, 2, name="dual-socket-ht")
+    return build(2, 1, 1, 6, 2, name="two-sockets-24-cpus")
 
 
-def multi_numa_per_socket() -> Topology:
+def two_numa_per_socket_32_cpus() -> Topology:
     """2 sockets x 2 NUMA x 1 L3 x 4 cores x 2 threads (32 CPUs)."""
-    return build(2, 2, 1, 4, 2, name="multi-numa-per-socket")
+    return build(2, 2, 1, 4, 2, name="two-numa-per-socket-32-cpus")
 
 
-def multi_l3_per_numa() -> Topology:
+def four_l3_per_numa_64_cpus() -> Topology:
     """EPYC-like: 2 sockets x 1 NUMA x 4 L3 x 4 cores x 2 threads (64 CPUs)."""
-    return build(2, 1, 4, 4, 2, name="multi-l3-per-numa")
+    return build(2, 1, 4, 4, 2, name="four-l3-per-numa-64-cpus")
 
 
-def no_smt() -> Topology:
+def no_smt_16_cpus() -> Topology:
     """1 socket x 2 NUMA x 2 L3 x 4 cores x 1 thread (16 CPUs)."""
-    return build(1, 2, 2, 4, 1, name="no-smt")
+    return build(1, 2, 2, 4, 1, name="no-smt-16-cpus")
 
 
-def with_isolated() -> Topology:
-    """single_socket_ht with CPUs 2,3,6,7 (cores 2 and 3) isolated."""
-    return build(1, 1, 1, 4, 2, isolated=(2, 3, 6, 7), name="isolated")
+def isolated_8_cpus() -> Topology:
+    """one_socket_8_cpus with CPUs 2,3,6,7 (cores 2 and 3) isolated."""
+    return build(1, 1, 1, 4, 2, isolated=(2, 3, 6, 7), name="isolated-8-cpus")
 
 
-def with_offline() -> Topology:
-    """dual_socket_ht with CPUs 5 and 17 (both threads of core 5) and 20 offline."""
-    return build(2, 1, 1, 6, 2, offline=(5, 17, 20), name="offline")
+def offline_24_cpus() -> Topology:
+    """two_sockets_24_cpus with CPUs 5 and 17 (both threads of core 5) and 20 offline."""
+    return build(2, 1, 1, 6, 2, offline=(5, 17, 20), name="offline-24-cpus")
 
 
 def big(cpus: int) -> Topology:
@@ -120,11 +122,11 @@ def big(cpus: int) -> Topology:
 
 
 NAMED = {
-    "single-socket-ht": single_socket_ht,
-    "dual-socket-ht": dual_socket_ht,
-    "multi-numa-per-socket": multi_numa_per_socket,
-    "multi-l3-per-numa": multi_l3_per_numa,
-    "no-smt": no_smt,
-    "isolated": with_isolated,
-    "offline": with_offline,
+    "one-socket-8-cpus": one_socket_8_cpus,
+    "two-sockets-24-cpus": two_sockets_24_cpus,
+    "two-numa-per-socket-32-cpus": two_numa_per_socket_32_cpus,
+    "four-l3-per-numa-64-cpus": four_l3_per_numa_64_cpus,
+    "no-smt-16-cpus": no_smt_16_cpus,
+    "isolated-8-cpus": isolated_8_cpus,
+    "offline-24-cpus": offline_24_cpus,
 }

@@ -2,8 +2,8 @@
 
 `tests/conftest.py` turns these into the session fixtures `containerd` and `busybox_rootfs`;
 the tests that use them skip with `skip_reason()` when the host cannot run containers.
-`test_kubelet.py` builds a kubelet on them (fixture `test_kubelet`) that runs the pods of a
-fake API server's node as real containers.
+The kubelet harness (`kubelet_harness.py`, fixture `kubelet_harness`) builds a kubelet on them
+that runs the pods of a fake API server's node as real containers.
 
 - The daemon has its own root, state and sockets in a temp dir (CRI plugin off, no network, no
   registry): nothing is pulled and the host's containerd, if any, is not touched.

@@ -1,6 +1,5 @@
-"""Objects and a harness for the controller's tests: corepin's CRDs installed on the fake API
-server, NodeCPUTopologies of named machines, pods and PodCPUBindings, and a controller run
-against them."""
+"""Objects and a harness for the controller's tests: NodeCPUTopologies of named machines, pods
+created on the fake API server, PodCPUBindings, and a controller run against them."""
 
 from __future__ import annotations
 
@@ -29,17 +28,12 @@ from corepin.kube.models import (
     format_time,
     pod_owner,
 )
-from corepin.kube.resources import CRDS, PODS
+from corepin.kube.resources import PODS
 from corepin.topology.model import Topology
-from support.crd_schema import crd
+from support import pods
 from support.helpers import wait_for
 
 Obj = dict[str, Any]
-
-
-def install_crds(kube: KubeClient) -> None:
-    for plural in ("podcpubindings", "nodecputopologies"):
-        kube.create(CRDS, crd(plural))
 
 
 def ncpt(
@@ -133,31 +127,11 @@ def heartbeat(kube: KubeClient, node: str, when: dt.datetime | None = None) -> O
     raise AssertionError("could not write a heartbeat")
 
 
-def pod(
-    kube: KubeClient,
-    name: str,
-    node: str | None = "worker-1",
-    *,
-    namespace: str = "default",
-    containers: tuple[str, ...] = ("app",),
-    cpu: int | None = 1,
-) -> Obj:
-    """A pod whose containers each have a CPU limit (= request) of `cpu` (None: none)."""
-    resources = {} if cpu is None else {"limits": {"cpu": str(cpu)}, "requests": {"cpu": str(cpu)}}
-    spec: Obj = {
-        "containers": [
-            {"name": c, "image": "busybox:1.36", "resources": resources} for c in containers
-        ]
-    }
-    if node:
-        spec["nodeName"] = node
-    body = {
-        "apiVersion": "v1",
-        "kind": "Pod",
-        "metadata": {"name": name, "namespace": namespace},
-        "spec": spec,
-    }
-    return kube.create(PODS, body, namespace)
+def create_pod(kube: KubeClient, name: str, *containers: Obj, **fields: Any) -> Obj:
+    """Create `support.pods.pod(name, *containers, **fields)` through the API, bound to
+    worker-1 unless `node` says otherwise; the pod as the API server stored it."""
+    body = pods.pod(name, *containers, **{"node": "worker-1", **fields})
+    return kube.create(PODS, body, body["metadata"]["namespace"])
 
 
 def binding(

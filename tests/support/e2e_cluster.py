@@ -14,7 +14,8 @@ from typing import Any
 from corepin.kube.client import KubeClient
 from corepin.kube.resources import PODS
 from corepin.testing import machines as synthetic
-from support.node_harness import FakeNode, container
+from support.node_harness import FakeNode
+from support.pods import container, corepin_annotations, pod
 
 NAME = "corepin-scheduler"
 TOPOLOGIES = {
@@ -97,16 +98,9 @@ def workload(i: int, scheduler: str | None = NAME) -> tuple[dict[str, Any], bool
         policy, level, counts, fits = "exclusive", "cpu", [200], False
     if i == 33:  # a socket of 70 CPUs: no node has one
         policy, level, counts, fits = "exclusive", "socket", [70], False
-    annotations = {"corepin.io/cpu-policy": policy, "corepin.io/exclusiveness-level": level}
-    if i % 7 == 3:
-        annotations["corepin.io/workload-type"] = "memory-bound"
-    containers = [container(f"c{j}", str(n)) for j, n in enumerate(counts)]
-    body = {
-        "apiVersion": "v1",
-        "kind": "Pod",
-        "metadata": {"name": f"pod-{i:02d}", "namespace": "default", "annotations": annotations},
-        "spec": {"containers": containers},
-    }
-    if scheduler is not None:
-        body["spec"]["schedulerName"] = scheduler
+    annotations = corepin_annotations(
+        policy, level=level, workload="memory-bound" if i % 7 == 3 else None
+    )
+    containers = [container(f"c{j}", str(n), memory="64Mi") for j, n in enumerate(counts)]
+    body = pod(f"pod-{i:02d}", *containers, annotations=annotations, scheduler=scheduler)
     return body, fits

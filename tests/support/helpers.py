@@ -1,6 +1,6 @@
-"""Small helpers shared by several test modules: running the real `corepin` command, reading a
-process's allowed CPUs from /proc, polling for a condition, removing scratch cgroups, the
-published kubelet checkpoint vectors."""
+"""Small helpers shared by several test modules: running the real `corepin` command, reaping a
+child process, reading a process's allowed CPUs from /proc, polling for a condition, removing
+scratch cgroups, the published kubelet checkpoint vectors."""
 
 from __future__ import annotations
 
@@ -14,6 +14,8 @@ import time
 from collections.abc import Callable, Mapping
 from pathlib import Path
 from typing import Any
+
+from support.paths import PEER_FIXTURES
 
 
 def corepin_argv(*args: str) -> list[str]:
@@ -33,6 +35,17 @@ def run_corepin(
         env=None if env is None else dict(env),
         check=False,
     )
+
+
+def reap(proc: subprocess.Popen[Any], timeout: float | None = 10) -> None:
+    """End a child the test started if it still runs (SIGKILL), wait for it and close its
+    pipes."""
+    if proc.poll() is None:
+        proc.kill()
+    proc.wait(timeout)
+    for pipe in (proc.stdin, proc.stdout, proc.stderr):
+        if pipe is not None:
+            pipe.close()
 
 
 def allowed_cpus(pid: int) -> str:
@@ -76,14 +89,7 @@ def kill_and_remove_cgroup(base: Path, *, attempts: int = 100, pause: float = 0.
     return not base.exists()
 
 
-KUBELET_VECTORS_FILE = (
-    Path(__file__).resolve().parents[2].parent
-    / "shared"
-    / "fixtures"
-    / "peer"
-    / "kubelet_cpu_manager_state"
-    / "vectors.json"
-)
+KUBELET_VECTORS_FILE = PEER_FIXTURES / "kubelet_cpu_manager_state" / "vectors.json"
 
 
 def load_kubelet_vectors() -> list[dict[str, Any]]:

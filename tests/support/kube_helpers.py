@@ -2,9 +2,13 @@
 
 from __future__ import annotations
 
+import contextlib
 from typing import Any
 
-from corepin.kube.client import Resource
+from corepin.core.errors import ApiAlreadyExists
+from corepin.kube.client import KubeClient, Resource
+from corepin.kube.resources import CRDS
+from support.crd_schema import crd
 
 Obj = dict[str, Any]
 
@@ -12,27 +16,12 @@ WIDGETS = Resource("example.com", "v1", "widgets", True, "Widget")
 GADGETS = Resource("example.com", "v1", "gadgets", False, "Gadget")
 
 
-def pod(
-    name: str,
-    namespace: str = "default",
-    *,
-    labels: dict[str, str] | None = None,
-    node: str | None = None,
-    scheduler: str | None = None,
-    cpu: str | None = None,
-) -> Obj:
-    container: Obj = {"name": "app", "image": "busybox:1.36"}
-    if cpu is not None:
-        container["resources"] = {"limits": {"cpu": cpu, "memory": "64Mi"}}
-    spec: Obj = {"containers": [container]}
-    if node:
-        spec["nodeName"] = node
-    if scheduler:
-        spec["schedulerName"] = scheduler
-    meta: Obj = {"name": name, "namespace": namespace}
-    if labels:
-        meta["labels"] = labels
-    return {"apiVersion": "v1", "kind": "Pod", "metadata": meta, "spec": spec}
+def install_crds(kube: KubeClient, *plurals: str) -> None:
+    """Create corepin's CRDs as `deploy/crd` ships them (`plurals`: only these; default: all);
+    one the API server has already is left as it is."""
+    for plural in plurals or ("nodecputopologies", "podcpubindings"):
+        with contextlib.suppress(ApiAlreadyExists):
+            kube.create(CRDS, crd(plural))
 
 
 def widget_crd(*, scope: str = "Namespaced", status: bool = True) -> Obj:

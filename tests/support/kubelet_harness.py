@@ -1,6 +1,6 @@
-"""A test kubelet: the kubelet of one node, with real containers, for end-to-end tests of
-corepin's node agent (the fixture `test_kubelet` in conftest.py; its own tests are in
-test_test_kubelet.py).
+"""The kubelet harness: a stand-in for the kubelet of one node, running real containers, for
+end-to-end tests of corepin's node agent (a harness, not tests: the fixture `kubelet_harness` in
+conftest.py gives a started one; its own tests are tests/e2e/test_kubelet_harness.py).
 
 It watches, through the real API over HTTP (corepin's KubeClient and Informer), the pods bound
 to its node (`spec.nodeName`), and for each one does what the kubelet with the cgroupfs driver
@@ -61,7 +61,7 @@ import re
 import secrets
 import threading
 import time
-from collections.abc import Callable, Iterable, Mapping, Sequence
+from collections.abc import Callable, Iterable, Mapping
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -96,7 +96,7 @@ from support.podresources import (
 )
 
 Obj = dict[str, Any]
-log = logging.getLogger("test_kubelet")
+log = logging.getLogger("kubelet_harness")
 
 FIELD_MANAGER = "kubelet"
 DEFAULT_COMMAND = ("sleep", "3600")
@@ -161,61 +161,6 @@ def _count_cpus(text: str) -> int:
         low, _, high = part.partition("-")
         count += int(high or low) - int(low) + 1
     return count
-
-
-# ---------------------------------------------------------------------- manifests
-def container_manifest(
-    name: str = "app",
-    *,
-    requests: Mapping[str, str] | None = None,
-    limits: Mapping[str, str] | None = None,
-    command: Sequence[str] | None = None,
-    args: Sequence[str] | None = None,
-    env: Mapping[str, str] | None = None,
-    image: str = "busybox:1.36",
-) -> Obj:
-    """A pod container; the image name is only reported (every container runs busybox)."""
-    container: Obj = {"name": name, "image": image}
-    resources: Obj = {}
-    if requests:
-        resources["requests"] = dict(requests)
-    if limits:
-        resources["limits"] = dict(limits)
-    if resources:
-        container["resources"] = resources
-    if command is not None:
-        container["command"] = list(command)
-    if args is not None:
-        container["args"] = list(args)
-    if env:
-        container["env"] = [{"name": k, "value": v} for k, v in env.items()]
-    return container
-
-
-def pod_manifest(
-    name: str,
-    *containers: Obj,
-    namespace: str = "default",
-    node: str | None = None,
-    annotations: Mapping[str, str] | None = None,
-    labels: Mapping[str, str] | None = None,
-    restart_policy: str | None = None,
-    grace_seconds: int | None = None,
-) -> Obj:
-    """A pod (one `sleep 3600` container named app by default)."""
-    spec: Obj = {"containers": list(containers) or [container_manifest()]}
-    if node:
-        spec["nodeName"] = node
-    if restart_policy:
-        spec["restartPolicy"] = restart_policy
-    if grace_seconds is not None:
-        spec["terminationGracePeriodSeconds"] = grace_seconds
-    meta: Obj = {"name": name, "namespace": namespace}
-    if annotations:
-        meta["annotations"] = dict(annotations)
-    if labels:
-        meta["labels"] = dict(labels)
-    return {"apiVersion": "v1", "kind": "Pod", "metadata": meta, "spec": spec}
 
 
 # ---------------------------------------------------------------------- what tests read
@@ -318,13 +263,12 @@ class _Pod:
 
 
 class KubeletError(RuntimeError):
-    """A test kubelet operation could not be done (the message says why)."""
+    """A kubelet harness operation could not be done (the message says why)."""
 
 
-class TestKubelet:
-    """The kubelet of one node for end-to-end tests (see the module docstring)."""
-
-    __test__ = False  # not a pytest test class
+class KubeletHarness:
+    """The kubelet harness: the kubelet of one node for end-to-end tests (see the module
+    docstring)."""
 
     def __init__(
         self,
@@ -411,7 +355,7 @@ class TestKubelet:
             "cgroupfs",
         ]
 
-    def start(self, timeout: float = 15.0) -> TestKubelet:
+    def start(self, timeout: float = 15.0) -> KubeletHarness:
         """Create the scratch cgroup root and the QoS cgroups, register the Node, start watching
         pods. Raises KubeletError when the watch does not sync within `timeout`."""
         if self._started:

@@ -1,5 +1,8 @@
 """CPU topology shapes of the kubelet CPU manager's unit tests, as corepin Topology objects.
 
+Each is named after the kubelet's own fixture (`topo_dual_socket_ht` is `topoDualSocketHT`), and
+`get(name)` takes the kubelet's spelling.
+
 Each builder reproduces one fixture's facts (CPU -> core id, socket, NUMA node, uncore cache);
 the `core` field holds the fixture's CoreID, which is not always the lowest CPU of the core
 (allowed: ids only need to be unique and shared by siblings). Fixtures without uncore caches
@@ -24,22 +27,22 @@ def build(name: str, rows: Iterable[Row]) -> Topology:
     )
 
 
-def single_socket_ht() -> Topology:
+def topo_single_socket_ht() -> Topology:
     """topoSingleSocketHT: 8 CPUs, 4 cores, core i = {i, i+4}."""
     return build("topoSingleSocketHT", ((c, c % 4, 0, 0, None) for c in range(8)))
 
 
-def dual_socket_ht() -> Topology:
+def topo_dual_socket_ht() -> Topology:
     """topoDualSocketHT: 12 CPUs; even CPUs socket/NUMA 0, odd socket/NUMA 1; core i = {i, i+6}."""
     return build("topoDualSocketHT", ((c, c % 6, c % 2, c % 2, None) for c in range(12)))
 
 
-def dual_socket_no_ht() -> Topology:
+def topo_dual_socket_no_ht() -> Topology:
     """topoDualSocketNoHT: 8 CPUs, one per core, socket/NUMA 0 = 0-3, 1 = 4-7."""
     return build("topoDualSocketNoHT", ((c, c, c // 4, c // 4, None) for c in range(8)))
 
 
-def triple_socket_ht() -> Topology:
+def topo_triple_socket_ht() -> Topology:
     """topoTripleSocketHT: 18 CPUs, core = cpu // 2; CPUs 0-5 socket 1, 6-11 socket 0, 12-17
     socket 2 (NUMA node = socket)."""
     socket_of = {0: 1, 1: 0, 2: 2}
@@ -86,7 +89,7 @@ _QUAD: dict[int, list[tuple[int, tuple[int, int, int, int]]]] = {
 }  # fmt: skip
 
 
-def quad_socket_four_way_ht() -> Topology:
+def topo_quad_socket_four_way_ht() -> Topology:
     """topoQuadSocketFourWayHT: 288 CPUs, 72 cores of 4 threads, 4 sockets (NUMA = socket);
     core ids are the fixture's (e.g. core 64 = CPUs 1,13,25,38)."""
     rows = [
@@ -98,21 +101,21 @@ def quad_socket_four_way_ht() -> Topology:
     return build("topoQuadSocketFourWayHT", rows)
 
 
-def dual_socket_multi_numa_per_socket_ht() -> Topology:
+def topo_dual_socket_multi_numa_per_socket_ht() -> Topology:
     """topoDualSocketMultiNumaPerSocketHT (dual Xeon Gold 6230): 80 CPUs, core = cpu % 40,
     NUMA n = cores 10n..10n+9, sockets 0 = NUMA 0,1 and 1 = NUMA 2,3."""
     rows = ((c, c % 40, (c % 40) // 20, (c % 40) // 10, None) for c in range(80))
     return build("topoDualSocketMultiNumaPerSocketHT", rows)
 
 
-def fake_multi_socket_dual_socket_per_numa_ht() -> Topology:
+def fake_topo_multi_socket_dual_socket_per_numa_ht() -> Topology:
     """fakeTopoMultiSocketDualSocketPerNumaHT: the 6230 with sockets and NUMA nodes swapped:
     4 sockets of 10 cores, NUMA 0 = sockets 0,1 and NUMA 1 = sockets 2,3."""
     rows = ((c, c % 40, (c % 40) // 10, (c % 40) // 20, None) for c in range(80))
     return build("fakeTopoMultiSocketDualSocketPerNumaHT", rows)
 
 
-def dual_socket_multi_numa_per_socket_ht_large() -> Topology:
+def topo_dual_socket_multi_numa_per_socket_ht_large() -> Topology:
     """topoDualSocketMultiNumaPerSocketHTLarge (dual EPYC 7742, NPS=4): 256 CPUs, core =
     cpu % 128, NUMA n = cores 16n..16n+15, socket = core // 64."""
     rows = ((c, c % 128, (c % 128) // 64, (c % 128) // 16, None) for c in range(256))
@@ -122,7 +125,7 @@ def dual_socket_multi_numa_per_socket_ht_large() -> Topology:
 _GENOA_L3 = (0, 4, 8, 2, 6, 10, 3, 7, 11, 1, 5, 9)
 
 
-def dual_socket_single_numa_per_socket_ht_large_cache_groups() -> Topology:
+def topo_dual_socket_single_numa_per_socket_ht_large_cache_groups() -> Topology:
     """topoDualSocketSingleNumaPerSocketHTLargeCacheGroups (dual EPYC 9654): 384 CPUs, core =
     cpu % 192, socket = NUMA = core // 96, 24 uncore caches of 8 cores with the fixture's
     interleaved ids (cores 0-7 -> 0, 8-15 -> 4, 16-23 -> 8, 24-31 -> 2, ...; socket 1 adds 16)."""
@@ -134,30 +137,30 @@ def dual_socket_single_numa_per_socket_ht_large_cache_groups() -> Topology:
     return build("topoDualSocketSingleNumaPerSocketHTLargeCacheGroups", rows)
 
 
-def uncore_single_socket_no_smt() -> Topology:
+def topo_uncore_single_socket_no_smt() -> Topology:
     """topoUncoreSingleSocketNoSMT (inferred): 16 CPUs, no SMT, 4 uncore caches of 4 CPUs."""
     return build("topoUncoreSingleSocketNoSMT", ((c, c, 0, 0, c // 4) for c in range(16)))
 
 
-def uncore_dual_socket_no_smt() -> Topology:
+def topo_uncore_dual_socket_no_smt() -> Topology:
     """topoUncoreDualSocketNoSMT (inferred): 16 CPUs, no SMT, sockets/NUMA 0-7 and 8-15,
     uncore caches of 4 CPUs."""
     return build("topoUncoreDualSocketNoSMT", ((c, c, c // 8, c // 8, c // 4) for c in range(16)))
 
 
-def uncore_single_socket_multi_numa() -> Topology:
+def topo_uncore_single_socket_multi_numa() -> Topology:
     """topoUncoreSingleSocketMultiNuma (inferred): 16 CPUs, no SMT, one socket, NUMA 0-7 and
     8-15, uncore caches of 4 CPUs."""
     return build("topoUncoreSingleSocketMultiNuma", ((c, c, 0, c // 8, c // 4) for c in range(16)))
 
 
-def uncore_single_socket_smt() -> Topology:
+def topo_uncore_single_socket_smt() -> Topology:
     """topoUncoreSingleSocketSMT (inferred): 16 CPUs, core i = {i, i+8}, uncore caches of 4
     cores (0-3,8-11 and 4-7,12-15)."""
     return build("topoUncoreSingleSocketSMT", ((c, c % 8, 0, 0, (c % 8) // 4) for c in range(16)))
 
 
-def single_socket_single_numa_smt_small_uncore() -> Topology:
+def topo_single_socket_single_numa_smt_small_uncore() -> Topology:
     """topoSingleSocketSingleNumaPerSocketSMTSmallUncore (inferred): 128 CPUs, core i =
     {i, i+64}, 16 uncore caches of 4 cores (8 CPUs)."""
     return build(
@@ -166,7 +169,7 @@ def single_socket_single_numa_smt_small_uncore() -> Topology:
     )
 
 
-def small_single_socket_no_smt_uncore() -> Topology:
+def topo_small_single_socket_no_smt_uncore() -> Topology:
     """topoSmallSingleSocketSingleNumaPerSocketNoSMTUncore (inferred): 32 CPUs, no SMT, 4 uncore
     caches of 8 CPUs."""
     return build(
@@ -175,7 +178,7 @@ def small_single_socket_no_smt_uncore() -> Topology:
     )
 
 
-def large_single_socket_smt_uncore() -> Topology:
+def topo_large_single_socket_smt_uncore() -> Topology:
     """topoLargeSingleSocketSingleNumaPerSocketSMTUncore (inferred): 256 CPUs, core i =
     {i, i+128}, 16 uncore caches of 8 cores (16 CPUs)."""
     return build(
@@ -184,7 +187,7 @@ def large_single_socket_smt_uncore() -> Topology:
     )
 
 
-def dual_socket_sub_numa_ht_monolithic_uncore() -> Topology:
+def topo_dual_socket_sub_numa_ht_monolithic_uncore() -> Topology:
     """topoDualSocketSubNumaPerSocketHTMonolithicUncore (inferred): 240 CPUs, core i =
     {i, i+120}, sockets of 60 cores, 2 NUMA nodes of 30 cores per socket, one uncore cache per
     socket."""
@@ -196,27 +199,29 @@ def dual_socket_sub_numa_ht_monolithic_uncore() -> Topology:
 
 
 ALL: dict[str, Callable[[], Topology]] = {
-    "topoSingleSocketHT": single_socket_ht,
-    "topoDualSocketHT": dual_socket_ht,
-    "topoDualSocketNoHT": dual_socket_no_ht,
-    "topoTripleSocketHT": triple_socket_ht,
-    "topoQuadSocketFourWayHT": quad_socket_four_way_ht,
-    "topoDualSocketMultiNumaPerSocketHT": dual_socket_multi_numa_per_socket_ht,
-    "fakeTopoMultiSocketDualSocketPerNumaHT": fake_multi_socket_dual_socket_per_numa_ht,
-    "topoDualSocketMultiNumaPerSocketHTLarge": dual_socket_multi_numa_per_socket_ht_large,
+    "topoSingleSocketHT": topo_single_socket_ht,
+    "topoDualSocketHT": topo_dual_socket_ht,
+    "topoDualSocketNoHT": topo_dual_socket_no_ht,
+    "topoTripleSocketHT": topo_triple_socket_ht,
+    "topoQuadSocketFourWayHT": topo_quad_socket_four_way_ht,
+    "topoDualSocketMultiNumaPerSocketHT": topo_dual_socket_multi_numa_per_socket_ht,
+    "fakeTopoMultiSocketDualSocketPerNumaHT": fake_topo_multi_socket_dual_socket_per_numa_ht,
+    "topoDualSocketMultiNumaPerSocketHTLarge": topo_dual_socket_multi_numa_per_socket_ht_large,
     "topoDualSocketSingleNumaPerSocketHTLargeCacheGroups": (
-        dual_socket_single_numa_per_socket_ht_large_cache_groups
+        topo_dual_socket_single_numa_per_socket_ht_large_cache_groups
     ),
-    "topoUncoreSingleSocketNoSMT": uncore_single_socket_no_smt,
-    "topoUncoreDualSocketNoSMT": uncore_dual_socket_no_smt,
-    "topoUncoreSingleSocketMultiNuma": uncore_single_socket_multi_numa,
-    "topoUncoreSingleSocketSMT": uncore_single_socket_smt,
+    "topoUncoreSingleSocketNoSMT": topo_uncore_single_socket_no_smt,
+    "topoUncoreDualSocketNoSMT": topo_uncore_dual_socket_no_smt,
+    "topoUncoreSingleSocketMultiNuma": topo_uncore_single_socket_multi_numa,
+    "topoUncoreSingleSocketSMT": topo_uncore_single_socket_smt,
     "topoSingleSocketSingleNumaPerSocketSMTSmallUncore": (
-        single_socket_single_numa_smt_small_uncore
+        topo_single_socket_single_numa_smt_small_uncore
     ),
-    "topoSmallSingleSocketSingleNumaPerSocketNoSMTUncore": small_single_socket_no_smt_uncore,
-    "topoLargeSingleSocketSingleNumaPerSocketSMTUncore": large_single_socket_smt_uncore,
-    "topoDualSocketSubNumaPerSocketHTMonolithicUncore": dual_socket_sub_numa_ht_monolithic_uncore,
+    "topoSmallSingleSocketSingleNumaPerSocketNoSMTUncore": topo_small_single_socket_no_smt_uncore,
+    "topoLargeSingleSocketSingleNumaPerSocketSMTUncore": topo_large_single_socket_smt_uncore,
+    "topoDualSocketSubNumaPerSocketHTMonolithicUncore": (
+        topo_dual_socket_sub_numa_ht_monolithic_uncore
+    ),
 }
 
 _built: dict[str, Topology] = {}

@@ -1,13 +1,13 @@
 """A node for node-agent tests: the fake API server, corepin's CRDs, a Node object, a fake cgroup
 v1 tree in the kubelet's cgroupfs layout, and a stand-in kubelet that reports containers.
 
-`FakeNode.pod(...)` creates a pod bound to the node through the API; `run(pod)` creates its
-container cgroups (with the files the kernel shows) and reports the containers running in the
-pod's status as the kubelet does (`containerd://<64 hex>` ids, QoS class); `restart`,
-`terminate` and `delete` do what their names say. `agent()` starts a real `NodeAgent` against
-all of it (the same classes `corepin agent` wires), `cpus(pod, container)` reads back what the
-agent wrote into the container's cgroup. The real-container version of this (containerd, real
-cgroups) is `tests/support/kubelet_harness.py`.
+`FakeNode.pod(...)` creates a pod (`support.pods.pod`) bound to the node through the API;
+`run(pod)` creates its container cgroups (with the files the kernel shows) and reports the
+containers running in the pod's status as the kubelet does (`containerd://<64 hex>` ids, QoS
+class); `restart`, `terminate` and `delete` do what their names say. `agent()` starts a real
+`NodeAgent` against all of it (the same classes `corepin agent` wires), `cpus(pod, container)`
+reads back what the agent wrote into the container's cgroup. The real-container version of
+this (containerd, real cgroups) is `tests/support/kubelet_harness.py`.
 """
 
 from __future__ import annotations
@@ -21,8 +21,6 @@ from collections.abc import Iterator, Mapping
 from pathlib import Path
 from typing import Any
 
-import yaml
-
 from corepin.agent.node.agent import NodeAgent
 from corepin.agent.node.enforce import ContainerCgroups
 from corepin.agent.node.settings import NodeSettings
@@ -31,10 +29,11 @@ from corepin.enforcement.cgroups import CgroupV1
 from corepin.enforcement.faketree import make_fake_v1
 from corepin.enforcement.layout import container_cgroup_path, pod_cgroup_path
 from corepin.kube.client import KubeClient
-from corepin.kube.resources import CRDS, NODES, PODS
+from corepin.kube.resources import NODES, PODS
 from corepin.topology.model import Topology
+from support import pods
+from support.kube_helpers import install_crds
 
-REPO = Path(__file__).resolve().parents[2]
 NODE = "node-a"
 
 
@@ -48,15 +47,6 @@ def qos_of(containers: list[Mapping[str, Any]]) -> str:
             if res not in lim or str(req.get(res, lim[res])) != str(lim[res]):
                 return "Burstable"
     return "Guaranteed"
-
-
-def container(name: str, cpu: str | None = None, memory: str | None = "64Mi") -> dict[str, Any]:
-    """A container spec; `cpu` sets request = limit (None: no CPU resources)."""
-    resources: dict[str, Any] = {}
-    if cpu is not None:
-        limits = {"cpu": cpu, **({"memory": memory} if memory else {})}
-        resources = {"limits": limits, "requests": dict(limits)}
-    return {"name": name, "image": "busybox", "resources": resources}
 
 
 class FakeNode:
@@ -78,10 +68,7 @@ class FakeNode:
         self.state_dir = tmp / "state"
         self.agents: list[NodeAgent] = []
         self.api: Any = None  # the fake API server, when a test needs its controls
-        for crd in ("nodecputopologies.yaml", "podcpubindings.yaml"):
-            for doc in yaml.safe_load_all((REPO / "deploy" / "crd" / crd).read_text()):
-                with contextlib.suppress(Exception):
-                    client.create(CRDS, doc)
+        install_crds(client)
         self.node = client.create(
             NODES, {"apiVersion": "v1", "kind": "Node", "metadata": {"name": name}}
         )
@@ -112,28 +99,11 @@ class FakeNode:
             agent.stop()
 
     # ------------------------------------------------------------------ pods
-    def pod(
-        self,
-        name: str,
-        *containers: dict[str, Any],
-        annotations: Mapping[str, str] | None = None,
-        namespace: str = "default",
-        node: str | None = None,
-    ) -> dict[str, Any]:
-        body = {
-            "apiVersion": "v1",
-            "kind": "Pod",
-            "metadata": {
-                "name": name,
-                "namespace": namespace,
-                "annotations": dict(annotations or {}),
-            },
-            "spec": {
-                "nodeName": node or self.name,
-                "containers": list(containers) or [container("app", "1")],
-            },
-        }
-        return self.client.create(PODS, body, namespace)
+    def pod(self, name: str, *containers: dict[str, Any], **fields: Any) -> dict[str, Any]:
+        """Create `support.pods.pod(name, *containers, **fields)` through the API, bound to
+        this node unless `node` names another; the pod as the API server stored it."""
+        body = pods.pod(name, *containers, **{"node": self.name, **fields})
+        return self.client.create(PODS, body, body["metadata"]["namespace"])
 
     def get(self, pod: Mapping[str, Any]) -> dict[str, Any]:
         meta = pod["metadata"]
@@ -286,4 +256,4 @@ def new_uid() -> str:
     return str(uuid.uuid4())
 
 
-__all__ = ["NODE", "FakeNode", "container", "fake_node", "new_uid", "os"]
+__all__ = ["NODE", "FakeNode", "fake_node", "new_uid", "os"]

@@ -1,4 +1,5 @@
-"""Shared pieces of the placement tests: pods, and nodes published the way the agent does.
+"""Shared pieces of the placement tests: nodes published the way the agent does (the pods
+are `support.pods`).
 
 `published(state, topology)` is the agent's own `node_status` of a node state wrapped in a
 NodeCPUTopology object (so the placement core reads exactly what an agent would publish);
@@ -8,8 +9,6 @@ NodeCPUTopology object (so the placement core reads exactly what an agent would 
 from __future__ import annotations
 
 import datetime as dt
-import itertools
-import uuid
 from collections.abc import Mapping
 from typing import Any
 
@@ -23,61 +22,10 @@ from corepin.state.model import HostState
 from corepin.topology.model import Topology
 
 EPOCH = 1_800_000_000.0
-_ids = itertools.count(1)
 
 
 def stamp(seconds: float = EPOCH) -> str:
     return format_time(dt.datetime.fromtimestamp(seconds, dt.UTC))
-
-
-def pod(
-    name: str,
-    *containers: tuple[str, str | None],
-    policy: str | None = "exclusive",
-    level: str | None = None,
-    workload: str | None = None,
-    annotations: Mapping[str, str] | None = None,
-    running: bool = False,
-    namespace: str = "ns",
-    node: str | None = None,
-    scheduler: str | None = None,
-) -> dict[str, Any]:
-    """A pod; each container is (name, cpu) with request = limit (None: no CPU resources)."""
-    notes: dict[str, str] = {}
-    if policy is not None:
-        notes["corepin.io/cpu-policy"] = policy
-    if level is not None:
-        notes["corepin.io/exclusiveness-level"] = level
-    if workload is not None:
-        notes["corepin.io/workload-type"] = workload
-    notes.update(annotations or {})
-    specs = []
-    statuses = []
-    for cname, cpu in containers or (("app", "1"),):
-        res = {"limits": {"cpu": cpu}, "requests": {"cpu": cpu}} if cpu else {}
-        specs.append({"name": cname, "image": "busybox", "resources": res})
-        if running:
-            cid = f"{next(_ids):064x}"
-            statuses.append(
-                {"name": cname, "containerID": f"containerd://{cid}", "state": {"running": {}}}
-            )
-    spec: dict[str, Any] = {"containers": specs}
-    if node:
-        spec["nodeName"] = node
-    if scheduler:
-        spec["schedulerName"] = scheduler
-    return {
-        "apiVersion": "v1",
-        "kind": "Pod",
-        "metadata": {
-            "name": name,
-            "namespace": namespace,
-            "uid": str(uuid.uuid5(uuid.NAMESPACE_DNS, f"{namespace}/{name}")),
-            "annotations": notes,
-        },
-        "spec": spec,
-        "status": {"containerStatuses": statuses} if running else {},
-    }
 
 
 def run_pods(

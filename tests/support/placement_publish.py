@@ -5,27 +5,13 @@ from __future__ import annotations
 
 import contextlib
 import time
-from pathlib import Path
-
-import yaml
 
 from corepin.agent.node.nodetopology import node_status
-from corepin.kube.client import KubeClient, Resource
-from corepin.kube.resources import CRDS, NODES
+from corepin.kube.client import KubeClient
+from corepin.kube.resources import NCPT, NODES
 from corepin.state.model import HostState
 from corepin.topology.model import Topology
 from support.placement_helpers import stamp
-
-REPO = Path(__file__).resolve().parents[2]
-NCPT = Resource("corepin.io", "v1alpha1", "nodecputopologies", False, "NodeCPUTopology")
-PCB = Resource("corepin.io", "v1alpha1", "podcpubindings", True, "PodCPUBinding")
-
-
-def install_crds(kube: KubeClient) -> None:
-    for name in ("nodecputopologies.yaml", "podcpubindings.yaml"):
-        for doc in yaml.safe_load_all((REPO / "deploy" / "crd" / name).read_text()):
-            with contextlib.suppress(Exception):
-                kube.create(CRDS, doc)
 
 
 def publish(

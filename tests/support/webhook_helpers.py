@@ -1,4 +1,4 @@
-"""Builders shared by the webhook tests: AdmissionReviews, pods, NodeCPUTopologies, and the
+"""Builders shared by the webhook tests: AdmissionReviews, NodeCPUTopologies, and the
 JSONPatch of an answer applied with the `jsonpatch` package (an RFC 6902 implementation that is
 not ours)."""
 
@@ -7,7 +7,6 @@ from __future__ import annotations
 import base64
 import copy
 import json
-from pathlib import Path
 from typing import Any
 
 import jsonpatch
@@ -15,55 +14,14 @@ import jsonpatch
 from corepin.core.cpuset import CPUSet
 from corepin.kube import models as m
 from corepin.topology.model import Topology
+from support.paths import PEER_FIXTURES
 
 Obj = dict[str, Any]
 
-FIXTURES = Path(__file__).resolve().parents[2].parent / "shared" / "fixtures"
-ADMISSION_FIXTURE = FIXTURES / "peer" / "admission_v1" / "admission.k8s.io.v1.AdmissionReview.json"
+ADMISSION_FIXTURE = PEER_FIXTURES / "admission_v1" / "admission.k8s.io.v1.AdmissionReview.json"
 ADMISSION_FIXTURE_YAML = ADMISSION_FIXTURE.with_suffix(".yaml")
 POD_KIND = {"group": "", "version": "v1", "kind": "Pod"}
 POD_RESOURCE = {"group": "", "version": "v1", "resource": "pods"}
-
-
-def container(
-    name: str = "app",
-    cpu: str | None = "2",
-    request: str | None = None,
-    **extra: Any,
-) -> Obj:
-    """A container; `cpu` is the CPU limit, `request` the CPU request (default: none, which
-    the API server defaults to the limit)."""
-    c: Obj = {"name": name, "image": "registry.example/app:1"}
-    resources: Obj = {}
-    if cpu is not None:
-        resources["limits"] = {"cpu": cpu, "memory": "64Mi"}
-    if request is not None:
-        resources["requests"] = {"cpu": request}
-    if resources:
-        c["resources"] = resources
-    c.update(extra)
-    return c
-
-
-def pod(
-    *containers: Obj,
-    annotations: dict[str, str] | None = None,
-    labels: dict[str, str] | None = None,
-    name: str = "web-0",
-    namespace: str = "shop",
-    **spec: Any,
-) -> Obj:
-    meta: Obj = {"name": name, "namespace": namespace}
-    if annotations is not None:
-        meta["annotations"] = annotations
-    if labels is not None:
-        meta["labels"] = labels
-    return {
-        "apiVersion": "v1",
-        "kind": "Pod",
-        "metadata": meta,
-        "spec": {"containers": list(containers) or [container()], **spec},
-    }
 
 
 def review(

@@ -34,11 +34,9 @@ from typing import Any
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
-import yaml
 from agent_scenario import (
     CGROUP,
     NODE,
-    TESTS,
     Kubelet,
     allowed,
     parse,
@@ -48,8 +46,9 @@ from agent_scenario import (
 
 from corepin.kube.client import KubeClient
 from corepin.kube.config import load_config
-from corepin.kube.resources import CRDS, NODES, PODS
+from corepin.kube.resources import NODES, PODS
 from fakeapi import FakeApiServer
+from support.kube_helpers import install_crds
 
 #: a process with a second thread that writes its thread id to argv[1] and sleeps
 TWO_THREADS = (
@@ -123,9 +122,7 @@ def main(workdir: Path) -> int:
     with FakeApiServer(bookmark_interval=0.5) as api:
         kubeconfig = api.write_kubeconfig(workdir / "kubeconfig")
         client = KubeClient.from_config(load_config(kubeconfig, env={}), timeout=30)
-        for name in ("nodecputopologies.yaml", "podcpubindings.yaml"):
-            for doc in yaml.safe_load_all((TESTS.parent / "deploy" / "crd" / name).read_text()):
-                client.create(CRDS, doc)
+        install_crds(client)
         client.create(NODES, {"apiVersion": "v1", "kind": "Node", "metadata": {"name": NODE}})
         kubelet = Kubelet(client)
         layouts = Layouts(kubelet, workdir)

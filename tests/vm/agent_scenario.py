@@ -30,14 +30,15 @@ from typing import Any
 TESTS = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(TESTS))
 
-import yaml  # noqa: E402
 
 from corepin.enforcement.layout import container_cgroup_path, pod_cgroup_path  # noqa: E402
 from corepin.kube.client import KubeClient  # noqa: E402
 from corepin.kube.config import load_config  # noqa: E402
-from corepin.kube.resources import CRDS, NODES, PODS  # noqa: E402
+from corepin.kube.resources import NODES, PODS  # noqa: E402
 from fakeapi import FakeApiServer  # noqa: E402
-from support.node_harness import container, qos_of  # noqa: E402
+from support import pods  # noqa: E402
+from support.kube_helpers import install_crds  # noqa: E402
+from support.node_harness import qos_of  # noqa: E402
 
 CGROUP = Path("/sys/fs/cgroup")
 KUBELET_ROOT = "corepin-e2e"
@@ -81,20 +82,10 @@ class Kubelet:
         self.groups.append(path)
 
     def pod(self, name: str, cpu: str | None) -> tuple[dict[str, Any], int, str]:
-        spec = container("app", cpu) if cpu else container("app", None, memory=None)
-        if cpu is None:  # burstable: a request without a limit
-            spec["resources"] = {"requests": {"cpu": "100m"}}
-        body = {
-            "apiVersion": "v1",
-            "kind": "Pod",
-            "metadata": {
-                "name": name,
-                "namespace": "default",
-                # corepin pins a Guaranteed pod's containers exclusively when the pod asks
-                "annotations": {"corepin.io/cpu-policy": "exclusive"} if cpu else {},
-            },
-            "spec": {"nodeName": NODE, "containers": [spec]},
-        }
+        app = pods.container  # (without a CPU: burstable, a request without a limit)
+        spec = app("app", cpu, memory="64Mi") if cpu else app("app", request="100m")
+        # corepin pins a Guaranteed pod's containers exclusively when the pod asks
+        body = pods.pod(name, spec, annotations=pods.EXCLUSIVE if cpu else {}, node=NODE)
         pod = self.client.create(PODS, body, "default")
         qos = qos_of(pod["spec"]["containers"]).lower()
         uid = pod["metadata"]["uid"]
@@ -197,9 +188,7 @@ def main(workdir: Path) -> int:
     with FakeApiServer(bookmark_interval=0.5) as api:
         kubeconfig = api.write_kubeconfig(workdir / "kubeconfig")
         client = KubeClient.from_config(load_config(kubeconfig, env={}), timeout=30)
-        for name in ("nodecputopologies.yaml", "podcpubindings.yaml"):
-            for doc in yaml.safe_load_all((TESTS.parent / "deploy" / "crd" / name).read_text()):
-                client.create(CRDS, doc)
+        install_crds(client)
         client.create(NODES, {"apiVersion": "v1", "kind": "Node", "metadata": {"name": NODE}})
         kubelet = Kubelet(client)
         agent: subprocess.Popen[bytes] | None = None

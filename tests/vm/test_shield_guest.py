@@ -17,10 +17,11 @@ from __future__ import annotations
 import json
 import os
 from collections.abc import Iterator
-from pathlib import Path
 from typing import Any
 
 import pytest
+
+from support.paths import REPO
 
 vm = pytest.importorskip("vm", reason="the VM test bed (tests/vm, branch vmbed) is not here")
 
@@ -32,7 +33,6 @@ pytestmark = [
     pytest.mark.vm,
     pytest.mark.skipif(REASON is not None, reason=REASON or ""),
 ]
-REPO = Path(__file__).resolve().parents[2]
 
 
 def _shape() -> Any:

@@ -14,10 +14,11 @@ from __future__ import annotations
 
 import json
 from collections.abc import Iterator
-from pathlib import Path
 from typing import Any
 
 import pytest
+
+from support.paths import REPO
 
 vm = pytest.importorskip("vm", reason="the VM test bed (tests/vm) is not here")
 
@@ -27,7 +28,6 @@ pytestmark = [
     pytest.mark.vm,
     pytest.mark.skipif(REASON is not None, reason=REASON or ""),
 ]
-REPO = Path(__file__).resolve().parents[2]
 SHAPE = "numa4-nosmt"
 
 

@@ -18,7 +18,7 @@ from __future__ import annotations
 import time
 from typing import Any
 
-from hypothesis import HealthCheck, given, settings
+from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from corepin.agent.cluster.controller.controller import BINDINGS, TOPOLOGIES
@@ -28,17 +28,21 @@ from corepin.kube.config import load_config
 from corepin.kube.resources import PODS
 from corepin.topology.model import Topology
 from fakeapi import FakeApiServer
+from support import strategies
+from support.budget import examples
 from support.controller_helpers import (
     allocation,
     binding,
     create_binding,
-    install_crds,
+    create_pod,
     ncpt,
     publish,
     republish,
     running,
     settle,
 )
+from support.kube_helpers import install_crds
+from support.pods import container
 
 Obj = dict[str, Any]
 
@@ -77,7 +81,7 @@ binding_ops = st.tuples(
     st.just("binding"),
     st.integers(0, BINDINGS_N - 1).map(lambda i: f"b{i}"),
     pod_names,
-    st.sets(st.integers(0, 8), min_size=1, max_size=2),  # CPU 8: not on the node
+    strategies.cpu_id_sets(st.integers(0, 8), min_size=1, max_size=2),  # CPU 8: not on the node
     st.sampled_from(["CPU", "Core", "NUMA"]),
 )
 ops = st.one_of(
@@ -92,11 +96,9 @@ ops = st.one_of(
 
 
 def apply(kube: KubeClient, op: tuple[Any, ...]) -> None:
-    from support.controller_helpers import pod
-
     try:
         if op[0] == "pod":
-            pod(kube, op[1], node=op[2])
+            create_pod(kube, op[1], container("app", "1", "1"), node=op[2])
         elif op[0] == "delete-pod":
             kube.delete(PODS, op[1], "default")
         elif op[0] == "schedule":
@@ -189,11 +191,7 @@ def problems(kube: KubeClient) -> list[str]:
     return found
 
 
-@settings(
-    max_examples=15,
-    deadline=None,
-    suppress_health_check=[HealthCheck.too_slow],
-)
+@settings(max_examples=examples(15))
 @given(
     first=st.lists(binding_ops, min_size=2, max_size=4),
     then=st.lists(ops, max_size=6),
@@ -208,13 +206,7 @@ def test_final_phases_match_the_oracle(
         try:
             install_crds(kube)
             publish(kube, ncpt("worker-1", SMALL))
-            agent_pod = kube.create(
-                PODS,
-                {"metadata": {"name": "agent-pod", "namespace": "default"},
-                 "spec": {"nodeName": "worker-1",
-                          "containers": [{"name": "a", "image": "busybox"}]}},
-                "default",
-            )  # fmt: skip
+            agent_pod = create_pod(kube, "agent-pod", container("a"))
             # the agent's record, confirmed by the allocation its node's status publishes
             republish(
                 kube,

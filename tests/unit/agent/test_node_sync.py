@@ -5,11 +5,10 @@ CPUs and could get them holds exactly what it asked."""
 
 from __future__ import annotations
 
-import uuid
 from typing import Any
 
 import pytest
-from hypothesis import HealthCheck, settings
+from hypothesis import settings
 from hypothesis import strategies as st
 from hypothesis.stateful import RuleBasedStateMachine, invariant, precondition, rule
 
@@ -19,41 +18,12 @@ from corepin.core.cpuset import CPUSet
 from corepin.kube.podplan import plan_pod, qos_class
 from corepin.state.model import HostState
 from corepin.testing import machines as synthetic
+from support.budget import examples
+from support.pods import container, pod
 
 C = CPUSet.parse
 TOPO = synthetic.named("dual_socket_ht")
 POLICY = get_policy("topology-aware")
-
-
-def pod(
-    name: str,
-    containers: dict[str, str | None],
-    annotations: dict[str, str] | None = None,
-    *,
-    running: dict[str, str] | None = None,
-    terminated: tuple[str, ...] = (),
-    uid: str = "",
-) -> dict[str, Any]:
-    """A pod dict; `containers` maps a name to its CPU (request = limit, None: none);
-    `running` maps a name to its container id."""
-    specs = []
-    for cname, cpu in containers.items():
-        res = {"limits": {"cpu": cpu}, "requests": {"cpu": cpu}} if cpu else {}
-        specs.append({"name": cname, "resources": res})
-    statuses = []
-    for cname, cid in (running or {}).items():
-        state = {"terminated": {"exitCode": 0}} if cname in terminated else {"running": {}}
-        statuses.append({"name": cname, "containerID": f"containerd://{cid}", "state": state})
-    return {
-        "metadata": {
-            "name": name,
-            "namespace": "ns",
-            "uid": uid or str(uuid.uuid5(uuid.NAMESPACE_DNS, name)),
-            "annotations": annotations or {},
-        },
-        "spec": {"containers": specs},
-        "status": {"containerStatuses": statuses},
-    }
 
 
 def cid(n: int) -> str:
@@ -105,7 +75,8 @@ def test_plans_follow_the_annotations_and_eligibility(
     count: int,
     problem: str,
 ) -> None:
-    plan = plan_pod(pod("p", containers, annotations, running={"a": cid(1)}))
+    specs = [container(n, cpu, cpu) for n, cpu in containers.items()]
+    plan = plan_pod(pod("p", *specs, annotations=annotations, running={"a": cid(1)}))
     [c] = plan.containers
     assert (c.policy, c.count) == (policy, count)
     assert problem in c.problem
@@ -113,7 +84,7 @@ def test_plans_follow_the_annotations_and_eligibility(
 
 
 def test_a_container_id_with_path_characters_is_never_running() -> None:
-    bad = pod("p", {"a": "1"}, running={"a": "../../etc"})
+    bad = pod("p", container("a", "1", "1"), running={"a": "../../etc"})
     [c] = plan_pod(bad).containers
     assert not c.running and c.container_id == "" and "../../etc" in c.bad_id
     _, notes = sync_pod(HostState.new(TOPO), plan_pod(bad), SyncContext(TOPO, POLICY))
@@ -141,7 +112,12 @@ def test_qos_classes_are_computed_as_kubernetes_does() -> None:
 def test_grow_adds_cpus_next_to_the_kept_ones_and_shrink_keeps_the_cache() -> None:
     kept = C("0,16")
     added = grow(
-        TOPO, kept, 2, TOPO.online_cpus - kept, POLICY, plan_pod(pod("p", {"a": "4"})).containers[0]
+        TOPO,
+        kept,
+        2,
+        TOPO.online_cpus - kept,
+        POLICY,
+        plan_pod(pod("p", container("a", "4", "4"))).containers[0],
     )
     assert not added & kept and len(added) == 2
     assert TOPO.l3s_in(added) == TOPO.l3s_in(kept)
@@ -177,7 +153,12 @@ class PodEvents(RuleBasedStateMachine):
             return
         self.counter += 1
         annotations = {"corepin.io/cpu-policy": policy, "corepin.io/exclusiveness-level": level}
-        self.pods[name] = pod(name, {"app": cpus}, annotations, running={"app": cid(self.counter)})
+        self.pods[name] = pod(
+            name,
+            container("app", cpus, cpus),
+            annotations=annotations,
+            running={"app": cid(self.counter)},
+        )
         self._sync(name)
 
     @precondition(lambda self: bool(self.pods))
@@ -239,9 +220,4 @@ class PodEvents(RuleBasedStateMachine):
 KIND = {"share": "share", "exclusive": "exclusive"}
 
 TestPodEvents = PodEvents.TestCase
-TestPodEvents.settings = settings(
-    max_examples=60,
-    stateful_step_count=30,
-    deadline=None,
-    suppress_health_check=[HealthCheck.too_slow],
-)
+TestPodEvents.settings = settings(max_examples=examples(60), stateful_step_count=30)

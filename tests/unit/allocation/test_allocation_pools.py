@@ -76,7 +76,7 @@ def test_cpu_quantities() -> None:
 
 
 def test_reserved_cpus_by_count_are_chosen_by_topology_and_by_list_as_given() -> None:
-    topo = T.dual_socket_ht()
+    topo = T.two_sockets_24_cpus()
     two = reserved_cpus(topo, 2)
     assert len(two) == 2
     assert len(topo.cores_in(two)) == 1, "two reserved CPUs are one whole core"
@@ -101,7 +101,7 @@ def _take(
 
 
 def test_shared_pool_shrinks_and_grows_as_exclusive_holds_come_and_go() -> None:
-    topo = T.single_socket_ht()
+    topo = T.one_socket_8_cpus()
     pools = NodePools.for_topology(topo, reserved=CPUSet.of(0))
     assert pools.shared_pool == topo.online_cpus, "non-strict reserved CPUs run shared work"
     assert pools.free == CPUSet.parse("1-7")
@@ -116,7 +116,7 @@ def test_shared_pool_shrinks_and_grows_as_exclusive_holds_come_and_go() -> None:
 
 
 def test_share_holds_leave_the_free_set_but_stay_in_the_shared_pool() -> None:
-    topo = T.single_socket_ht()
+    topo = T.one_socket_8_cpus()
     pools = NodePools.for_topology(topo)
     held = pools.hold("share", CPUSet.parse("2-3"))
     assert held.shared_pool == topo.online_cpus
@@ -128,7 +128,7 @@ def test_share_holds_leave_the_free_set_but_stay_in_the_shared_pool() -> None:
 
 
 def test_strict_reservation_keeps_reserved_cpus_off_shared_work() -> None:
-    topo = T.single_socket_ht()
+    topo = T.one_socket_8_cpus()
     reserved = reserved_cpus(topo, 2)
     pools = NodePools.for_topology(topo, reserved=reserved, strict=True)
     assert pools.shared_pool.isdisjoint(reserved)
@@ -137,7 +137,7 @@ def test_strict_reservation_keeps_reserved_cpus_off_shared_work() -> None:
 
 
 def test_infra_cpus_are_neither_free_nor_shared() -> None:
-    topo = T.single_socket_ht()
+    topo = T.one_socket_8_cpus()
     pools = NodePools.for_topology(topo, infra=CPUSet.parse("3,7"))
     assert pools.shared_pool == CPUSet.parse("0-2,4-6")
     assert pools.free == CPUSet.parse("0-2,4-6")
@@ -149,7 +149,7 @@ def test_infra_cpus_are_neither_free_nor_shared() -> None:
 
 
 def test_isolated_cpus_are_free_but_kept_off_the_shared_pool_unless_asked() -> None:
-    topo = T.with_isolated()
+    topo = T.isolated_8_cpus()
     pools = NodePools.for_topology(topo)
     assert pools.shared_pool == CPUSet.parse("0-1,4-5")
     assert pools.free == topo.online_cpus, "isolated CPUs are free for exclusive requests"
@@ -160,7 +160,7 @@ def test_isolated_cpus_are_free_but_kept_off_the_shared_pool_unless_asked() -> N
 
 
 def test_overlapping_reserved_offline_or_unknown_holds_are_refused_by_reason() -> None:
-    topo = T.single_socket_ht()
+    topo = T.one_socket_8_cpus()
     pools = NodePools.for_topology(topo, reserved=CPUSet.of(7))
     pools, d = _take(pools, topo, Request(2, level="core"))
     cases = [
@@ -178,7 +178,7 @@ def test_overlapping_reserved_offline_or_unknown_holds_are_refused_by_reason() -
 
 
 def test_shared_and_best_effort_decisions_withhold_nothing() -> None:
-    topo = T.single_socket_ht()
+    topo = T.one_socket_8_cpus()
     pools = NodePools.for_topology(topo)
     pools, a = _take(pools, topo, Request(1, workload="best-effort"), "workload-aware")
     pools, b = _take(pools, topo, Request(1, exclusive=False))
@@ -189,7 +189,7 @@ def test_shared_and_best_effort_decisions_withhold_nothing() -> None:
 
 
 def test_best_effort_decisions_spread_over_the_least_used_cpus() -> None:
-    topo = T.single_socket_ht()
+    topo = T.one_socket_8_cpus()
     pools = NodePools.for_topology(topo)
     wa = get_policy("workload-aware")
     usage: dict[int, int] = {}
@@ -203,7 +203,7 @@ def test_best_effort_decisions_spread_over_the_least_used_cpus() -> None:
 
 
 def test_filling_the_machine_then_one_more_request_is_rejected_without_overlap() -> None:
-    topo = T.multi_numa_per_socket()
+    topo = T.two_numa_per_socket_32_cpus()
     pools = NodePools.for_topology(topo)
     for _ in range(8):
         pools, _d = _take(pools, topo, Request(4))
@@ -217,7 +217,7 @@ def test_filling_the_machine_then_one_more_request_is_rejected_without_overlap()
 
 
 def test_keep_shared_refuses_an_exclusive_decision_that_empties_the_shared_pool() -> None:
-    topo = T.single_socket_ht()
+    topo = T.one_socket_8_cpus()
     pools = NodePools.for_topology(topo).hold("exclusive", CPUSet.parse("0-5"))
     policy = get_policy("topology-aware")
     assert len(decide(pools, topo, Request(2), policy).cpus) == 2
@@ -227,7 +227,7 @@ def test_keep_shared_refuses_an_exclusive_decision_that_empties_the_shared_pool(
 
 
 def test_a_numa_hint_naming_a_node_the_machine_lacks_is_refused() -> None:
-    topo = T.multi_numa_per_socket()
+    topo = T.two_numa_per_socket_32_cpus()
     with pytest.raises(RequestError, match="NUMA node"):
         corepin.allocate(topo, 1, options=("numa=9",))
     assert len(corepin.allocate(topo, 1, options=("numa=1",))) == 1
@@ -237,7 +237,7 @@ def test_a_numa_hint_naming_a_node_the_machine_lacks_is_refused() -> None:
 
 
 def test_the_top_level_allocate_returns_a_cpuset() -> None:
-    topo = T.dual_socket_ht()
+    topo = T.two_sockets_24_cpus()
     assert corepin.allocate(topo, 2) == CPUSet.parse("0,12")
     assert corepin.allocate(topo, 2, available=CPUSet.parse("1-23")) == CPUSet.parse("1,13")
     assert corepin.allocate(topo, 1, options=("level=core",), available="1-23") == CPUSet.of(1)
@@ -245,13 +245,13 @@ def test_the_top_level_allocate_returns_a_cpuset() -> None:
 
 @pytest.mark.parametrize("policy", POLICY_NAMES)
 def test_allocate_works_with_every_policy(policy: str) -> None:
-    topo = T.dual_socket_ht()
+    topo = T.two_sockets_24_cpus()
     got = corepin.allocate(topo, 4, policy=policy)
     assert len(got) == 4
 
 
 def test_allocate_accepts_options_as_a_mapping() -> None:
-    topo = T.single_socket_ht()
+    topo = T.one_socket_8_cpus()
     got = corepin.allocate(topo, 2, options={"smt": "spread"})
     assert got == CPUSet.parse("0-1")
     assert corepin.allocate(topo, 2, options={"full-pcpus-only": True}) == CPUSet.parse("0,4")
@@ -283,14 +283,14 @@ def test_allocate_accepts_options_as_a_mapping() -> None:
     ],
 )
 def test_allocate_rejects_bad_input_naming_the_value(kwargs: dict[str, object], match: str) -> None:
-    topo = T.single_socket_ht()
+    topo = T.one_socket_8_cpus()
     with pytest.raises(corepin.InputError, match=match) as info:
         corepin.allocate(topo, **kwargs)  # type: ignore[arg-type]
     assert info.value.exit_code == 2
 
 
 def test_allocate_rejects_offline_available_cpus() -> None:
-    topo = T.with_offline()
+    topo = T.offline_24_cpus()
     with pytest.raises(RequestError, match="offline"):
         corepin.allocate(topo, 1, available=CPUSet.of(5))
 

@@ -5,7 +5,7 @@ from __future__ import annotations
 from functools import cache
 
 import pytest
-from hypothesis import HealthCheck, given, settings
+from hypothesis import given, settings
 from hypothesis import strategies as st
 
 import support.alloc_topologies as T
@@ -18,9 +18,10 @@ from corepin.core.cpuset import CPUSet
 from corepin.core.errors import AllocationError, RequestError
 from corepin.state.model import STRICT_RESERVATION, Assignment, HostState
 from corepin.topology.model import Topology
-from support import odd_shapes
+from support import strategies
+from support.budget import examples
 
-SETTINGS = settings(max_examples=150, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+SETTINGS = settings(max_examples=examples(150))
 
 
 @cache
@@ -31,13 +32,7 @@ def _topology(shape: tuple[int, int, int, int, int], isolated: bool) -> Topology
     return T.build(sockets, numa, l3, cores, threads, isolated=iso)
 
 
-shapes = st.tuples(
-    st.integers(1, 2),
-    st.integers(1, 2),
-    st.integers(1, 3),
-    st.integers(1, 4),
-    st.sampled_from([1, 2]),
-)
+shapes = strategies.build_shapes()
 
 
 @st.composite
@@ -45,8 +40,7 @@ def scenarios(draw: st.DrawFn, *, isolated: bool | None = None) -> tuple[Topolog
     iso = draw(st.booleans()) if isolated is None else isolated
     topo = _topology(draw(shapes), iso)
     online = topo.online_cpus.sorted()
-    keep = draw(st.lists(st.booleans(), min_size=len(online), max_size=len(online)))
-    avail = CPUSet(c for c, k in zip(online, keep, strict=True) if k)
+    avail = draw(strategies.cpu_subsets(online))
     n = draw(st.integers(1, len(online) + 1))
     return topo, avail, n
 
@@ -185,7 +179,7 @@ def sequences(draw: st.DrawFn) -> tuple[Topology, int, list[tuple[str, object]]]
     return topo, reserved, ops
 
 
-@settings(max_examples=80, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@settings(max_examples=examples(80))
 @given(seq=sequences())
 def test_exclusive_decisions_never_overlap_and_reserved_cpus_are_never_handed_out(
     seq: tuple[Topology, int, list[tuple[str, object]]],
@@ -247,15 +241,14 @@ def _library(name: str) -> Topology:
     "policy",
     ["topology-aware", "workload-aware", "kubelet-static"],
 )
-@settings(max_examples=120, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@settings(max_examples=examples(120))
 @given(data=st.data())
 def test_on_hybrid_offline_and_sixteen_numa_machines_results_stay_within_available(
     policy: str, data: st.DataObject
 ) -> None:
     topo = _library(data.draw(st.sampled_from(LIBRARY)))
     online = topo.online_cpus.sorted()
-    keep = data.draw(st.lists(st.booleans(), min_size=len(online), max_size=len(online)))
-    avail = CPUSet(c for c, k in zip(online, keep, strict=True) if k)
+    avail = data.draw(strategies.cpu_subsets(online))
     n = data.draw(st.integers(1, len(online)))
     request = _requests(data.draw, policy, n)
     try:
@@ -269,7 +262,7 @@ def test_on_hybrid_offline_and_sixteen_numa_machines_results_stay_within_availab
 
 # ----------------------------------------------------------------------------- odd machines
 # AMD compute units (single-thread cores sharing an L2) and arm64 SoCs whose L3 and NUMA node
-# span several packages (tests/support/odd_shapes.py): the same invariants hold.
+# span several packages (tests/support/strategies.py): the same invariants hold.
 
 
 @cache
@@ -286,8 +279,8 @@ def _odd(spec: object) -> Topology:
 
 odd_machines = st.one_of(
     st.sampled_from(["amd_compute_units", "arm_dynamiq"]),
-    odd_shapes.cluster_specs(),
-    odd_shapes.compute_unit_specs(),
+    strategies.cluster_specs(),
+    strategies.compute_unit_specs(),
 ).map(_odd)
 
 
@@ -297,8 +290,7 @@ def test_on_compute_unit_and_dynamiq_machines_every_policy_gives_n_available_cpu
     data: st.DataObject, topo: Topology, policy: str
 ) -> None:
     online = topo.online_cpus.sorted()
-    keep = data.draw(st.lists(st.booleans(), min_size=len(online), max_size=len(online)))
-    avail = CPUSet(c for c, k in zip(online, keep, strict=True) if k)
+    avail = data.draw(strategies.cpu_subsets(online))
     n = data.draw(st.integers(1, len(online) + 1))
     request = _requests(data.draw, policy, n)
     try:
@@ -332,7 +324,7 @@ def odd_sequences(draw: st.DrawFn) -> tuple[Topology, int, list[tuple[str, objec
     return topo, reserved, ops
 
 
-@settings(max_examples=80, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@settings(max_examples=examples(80))
 @given(seq=odd_sequences())
 def test_on_compute_unit_and_dynamiq_machines_exclusive_decisions_never_overlap(
     seq: tuple[Topology, int, list[tuple[str, object]]],

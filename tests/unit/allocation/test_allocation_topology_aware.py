@@ -5,7 +5,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 
 import pytest
-from hypothesis import HealthCheck, given, settings
+from hypothesis import given, settings
 from hypothesis import strategies as st
 
 import support.alloc_topologies as T
@@ -15,6 +15,9 @@ from corepin.allocation.types import Request
 from corepin.core.cpuset import CPUSet
 from corepin.core.errors import AllocationError, RequestError, SMTAlignmentError
 from corepin.topology.model import Topology
+from support import strategies
+from support.budget import examples
+from support.paths import SYSFS_FIXTURES
 
 POLICY = TopologyAwarePolicy()
 
@@ -37,92 +40,92 @@ def _topo(name: str) -> Topology:
 CASES = [
     Case(
         "two CPUs on an empty hyperthreaded socket take one whole core",
-        "single-socket-ht",
+        "one-socket-8-cpus",
         2,
         "0,4",
     ),
     Case(
         "six CPUs on an empty dual socket machine take three whole cores of socket 0",
-        "dual-socket-ht",
+        "two-sockets-24-cpus",
         6,
         "0-2,12-14",
     ),
     Case(
         "a partly used socket is filled first so the empty socket stays whole (best fit)",
-        "dual-socket-ht",
+        "two-sockets-24-cpus",
         4,
         "1-2,13-14",
         available="1-11,13-23",
     ),
     Case(
         "twelve CPUs span the two NUMA nodes of one socket: all of node 0 then two cores of node 1",
-        "multi-numa-per-socket",
+        "two-numa-per-socket-32-cpus",
         12,
         "0-5,16-21",
     ),
     Case(
         "fewest NUMA nodes beats best fit: one whole node of socket 1 rather than two half nodes",
-        "multi-numa-per-socket",
+        "two-numa-per-socket-32-cpus",
         6,
         "8-10,24-26",
         available="2-3,6-15,17-19,21-31",
     ),
     Case(
         "eight CPUs fill exactly one L3 instance",
-        "multi-l3-per-numa",
+        "four-l3-per-numa-64-cpus",
         8,
         "0-3,32-35",
     ),
     Case(
         "eight CPUs skip an L3 with only seven free and take a whole one instead of two",
-        "multi-l3-per-numa",
+        "four-l3-per-numa-64-cpus",
         8,
         "4-7,36-39",
         available="1-63",
     ),
     Case(
         "four CPUs go to the partly used L3 (six free) rather than an empty one",
-        "multi-l3-per-numa",
+        "four-l3-per-numa-64-cpus",
         4,
         "1-2,33-34",
         available="1-31,33-63",
     ),
     Case(
         "an odd count takes whole cores plus the free sibling of a partly used core",
-        "single-socket-ht",
+        "one-socket-8-cpus",
         3,
         "1,4-5",
         available="1-7",
     ),
     Case(
         "five CPUs without SMT fill one L3 and take one CPU of the next in the same node",
-        "no-smt",
+        "no-smt-16-cpus",
         5,
         "0-4",
     ),
     Case(
         "isolated CPUs are taken first for an exclusive request",
-        "isolated",
+        "isolated-8-cpus",
         2,
         "2,6",
     ),
     Case(
         "with prefer_isolated false isolated CPUs are avoided",
-        "isolated",
+        "isolated-8-cpus",
         2,
         "0,4",
         kwargs={"prefer_isolated": False},
     ),
     Case(
         "a NUMA hint places the CPUs in the hinted node",
-        "multi-numa-per-socket",
+        "two-numa-per-socket-32-cpus",
         2,
         "12,28",
         kwargs={"numa_hint": CPUSet.of(3)},
     ),
     Case(
         "a NUMA hint that cannot hold the request falls back to the best node",
-        "multi-numa-per-socket",
+        "two-numa-per-socket-32-cpus",
         4,
         "0-1,16-17",
         available="0-12,16-28",
@@ -130,21 +133,21 @@ CASES = [
     ),
     Case(
         "smt spread takes one thread of distinct cores",
-        "single-socket-ht",
+        "one-socket-8-cpus",
         2,
         "0-1",
         kwargs={"smt": "spread"},
     ),
     Case(
         "offline CPUs are never chosen: the larger socket whole, then one CPU of the other",
-        "offline",
+        "offline-24-cpus",
         12,
         "0,6-11,18-19,21-23",
         available=None,
     ),
     Case(
         "level core withholds the sibling of a single chosen CPU",
-        "single-socket-ht",
+        "one-socket-8-cpus",
         1,
         "1",
         available="1-7",
@@ -153,7 +156,7 @@ CASES = [
     ),
     Case(
         "level core skips a core whose sibling is taken",
-        "single-socket-ht",
+        "one-socket-8-cpus",
         2,
         "1,5",
         available="1-7",
@@ -162,7 +165,7 @@ CASES = [
     ),
     Case(
         "level l3 uses a fully free L3 in the partly used node and reserves all of it",
-        "multi-l3-per-numa",
+        "four-l3-per-numa-64-cpus",
         3,
         "4-5,36",
         available="1-63",
@@ -171,7 +174,7 @@ CASES = [
     ),
     Case(
         "level numa reserves the whole first entirely free NUMA node",
-        "multi-numa-per-socket",
+        "two-numa-per-socket-32-cpus",
         2,
         "4,20",
         available="1-31",
@@ -180,7 +183,7 @@ CASES = [
     ),
     Case(
         "level socket reserves the whole socket that is entirely free",
-        "dual-socket-ht",
+        "two-sockets-24-cpus",
         2,
         "6,18",
         available="1-23",
@@ -189,7 +192,7 @@ CASES = [
     ),
     Case(
         "full-pcpus-only takes only whole free cores",
-        "single-socket-ht",
+        "one-socket-8-cpus",
         2,
         "1,5",
         available="1-7",
@@ -214,7 +217,7 @@ def test_topology_aware_table(case: Case) -> None:
 
 
 def test_the_explanation_lists_the_levels_tried_and_why() -> None:
-    topo = T.multi_l3_per_numa()
+    topo = T.four_l3_per_numa_64_cpus()
     d = POLICY.decide(topo, Request(4), CPUSet.parse("1-31,33-63"))
     levels = [s.level for s in d.explanation]
     assert levels[0] == "pool"
@@ -230,7 +233,7 @@ def test_the_explanation_lists_the_levels_tried_and_why() -> None:
 
 
 def test_a_skipped_pool_is_explained() -> None:
-    topo = T.with_isolated()
+    topo = T.isolated_8_cpus()
     d = POLICY.decide(topo, Request(6), topo.online_cpus)
     assert d.explanation[0].level == "pool"
     assert d.explanation[0].reason.startswith("skipped")
@@ -239,17 +242,17 @@ def test_a_skipped_pool_is_explained() -> None:
 @pytest.mark.parametrize(
     ("topology", "count", "available", "kwargs", "reason"),
     [
-        ("single-socket-ht", 9, None, {}, "not_enough_cpus"),
-        ("single-socket-ht", 3, None, {"smt": "whole-cores"}, "smt_alignment"),
-        ("single-socket-ht", 4, "0-2,4", {"smt": "whole-cores"}, "smt_alignment"),
+        ("one-socket-8-cpus", 9, None, {}, "not_enough_cpus"),
+        ("one-socket-8-cpus", 3, None, {"smt": "whole-cores"}, "smt_alignment"),
+        ("one-socket-8-cpus", 4, "0-2,4", {"smt": "whole-cores"}, "smt_alignment"),
         (
-            "multi-numa-per-socket",
+            "two-numa-per-socket-32-cpus",
             1,
             "1-3,5-7,9-11,13-31",
             {"level": "numa"},
             "level_unsatisfiable",
         ),
-        ("dual-socket-ht", 13, None, {"level": "socket"}, "level_unsatisfiable"),
+        ("two-sockets-24-cpus", 13, None, {"level": "socket"}, "level_unsatisfiable"),
     ],
     ids=[
         "more CPUs than available is not_enough_cpus",
@@ -264,7 +267,7 @@ def test_unsatisfiable_requests_raise_typed_errors(
 ) -> None:
     topo = _topo(topology)
     avail = CPUSet.parse(available) if available is not None else topo.online_cpus
-    if topology == "dual-socket-ht":
+    if topology == "two-sockets-24-cpus":
         avail = topo.online_cpus - CPUSet.of(0)  # socket 0 no longer entirely free
     with pytest.raises(AllocationError) as info:
         POLICY.decide(topo, Request(count, **kwargs), avail)  # type: ignore[arg-type]
@@ -275,7 +278,7 @@ def test_unsatisfiable_requests_raise_typed_errors(
 
 
 def test_unknown_policy_option_is_a_request_error_naming_it() -> None:
-    topo = T.single_socket_ht()
+    topo = T.one_socket_8_cpus()
     with pytest.raises(RequestError, match="distribute-cpus-across-numa"):
         POLICY.decide(
             topo, Request(1, options={"distribute-cpus-across-numa": "true"}), topo.online_cpus
@@ -310,14 +313,14 @@ def test_requests_validate_themselves(kwargs: dict[str, object], match: str) -> 
 
 
 def test_shared_requests_get_the_shared_pool_without_isolated_cpus() -> None:
-    topo = T.with_isolated()
+    topo = T.isolated_8_cpus()
     d = POLICY.decide(topo, Request(1, exclusive=False), topo.online_cpus)
     assert str(d.cpus) == "0-1,4-5"
     assert not d.withheld
 
 
 def test_level_helpers_agree_with_the_topology() -> None:
-    topo = T.multi_numa_per_socket()
+    topo = T.two_numa_per_socket_32_cpus()
     assert len(units_of(topo, "core")) == 16
     assert len(units_of(topo, "numa")) == 4
     assert units_of(topo, "socket")[1] == CPUSet.parse("8-15,24-31")
@@ -339,17 +342,10 @@ def test_a_large_machine_is_decided_without_enumerating_combinations() -> None:
 def test_a_request_spanning_numa_nodes_keeps_to_nodes_that_share_an_l3() -> None:
     """On the fake 2-package, 4-die, 16-node machine every L3 (die) holds two NUMA nodes of 4
     CPUs; 6 CPUs need two nodes, and the second must be the L3 sibling of the first."""
-    from pathlib import Path
 
     from corepin.topology.discover import discover
 
-    root = (
-        Path(__file__).resolve().parents[3].parent
-        / "shared"
-        / "fixtures"
-        / "sysfs"
-        / "intel-fake-2p4die-16numa-ht"
-    )
+    root = SYSFS_FIXTURES / "intel-fake-2p4die-16numa-ht"
     if not root.is_dir():
         pytest.skip("fixture intel-fake-2p4die-16numa-ht is absent")
     topo = discover(str(root))
@@ -485,10 +481,7 @@ def test_the_four_numa_per_socket_miss_is_full_core_on_the_benchmark_machine() -
 def _whole_core_scenarios(draw: st.DrawFn, states: str = "wsu") -> tuple[Topology, CPUSet, int]:
     """A hyperthreaded machine whose cores are entirely free (w), have one free thread (s) or
     none (u), drawn from `states`."""
-    shape = draw(
-        st.tuples(st.integers(1, 2), st.integers(1, 2), st.integers(1, 3), st.integers(1, 4))
-    )
-    topo = T.build(*shape, 2)
+    topo = T.build(*draw(strategies.build_shapes(threads=st.just(2))))
     cores = topo.core_ids()
     drawn = draw(st.lists(st.sampled_from(states), min_size=len(cores), max_size=len(cores)))
     avail = CPUSet()
@@ -502,7 +495,7 @@ def _whole_core_scenarios(draw: st.DrawFn, states: str = "wsu") -> tuple[Topolog
     return topo, avail, n
 
 
-@settings(max_examples=150, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@settings(max_examples=examples(150))
 @given(scenario=_whole_core_scenarios("wu"))
 def test_without_stray_threads_every_decision_is_full_core(
     scenario: tuple[Topology, CPUSet, int],
@@ -515,7 +508,7 @@ def test_without_stray_threads_every_decision_is_full_core(
     assert _partial_cores(topo, d.cpus) <= n % 2
 
 
-@settings(max_examples=150, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@settings(max_examples=examples(150))
 @given(scenario=_whole_core_scenarios())
 def test_one_cpu_takes_a_stray_thread_whenever_there_is_one(
     scenario: tuple[Topology, CPUSet, int],

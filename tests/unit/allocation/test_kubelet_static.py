@@ -12,7 +12,7 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 
 import pytest
-from hypothesis import HealthCheck, given, settings
+from hypothesis import given, settings
 from hypothesis import strategies as st
 
 import support.kubelet_topologies as K
@@ -32,6 +32,8 @@ from corepin.allocation.types import Request
 from corepin.core.cpuset import EMPTY, CPUSet
 from corepin.core.errors import AllocationError, RequestError, SMTAlignmentError
 from corepin.topology.model import CPUInfo, Topology
+from support import strategies
+from support.budget import examples
 
 P = CPUSet.parse
 
@@ -638,7 +640,7 @@ def scenarios(draw: st.DrawFn) -> tuple[Topology, CPUSet, int, dict[str, str], C
     return topo, avail, n, options, hint
 
 
-@settings(max_examples=150, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@settings(max_examples=examples(150))
 @given(scenarios())
 def test_static_allocate_gives_exactly_n_available_cpus_or_a_typed_error(
     scenario: tuple[Topology, CPUSet, int, dict[str, str], CPUSet | None],
@@ -661,7 +663,7 @@ def test_static_allocate_gives_exactly_n_available_cpus_or_a_typed_error(
                 assert topo.siblings_of(cpu).issubset(got)
 
 
-@settings(max_examples=100, deadline=None)
+@settings(max_examples=examples(100))
 @given(scenarios())
 def test_packed_and_distributed_never_leave_the_available_set(
     scenario: tuple[Topology, CPUSet, int, dict[str, str], CPUSet | None],
@@ -785,7 +787,7 @@ _BOOL_OPTIONS = (
 )
 
 
-@settings(max_examples=150, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@settings(max_examples=examples(150))
 @given(data=st.data(), name=st.sampled_from(_named_names()))
 def test_on_every_named_synthetic_machine_any_option_combo_stays_inside_available(
     data: st.DataObject, name: str
@@ -795,8 +797,7 @@ def test_on_every_named_synthetic_machine_any_option_combo_stays_inside_availabl
     if len(online) > 64:  # large machines: a random window keeps the example cheap
         start = data.draw(st.integers(0, len(online) - 64))
         online = online[start : start + 64]
-    keep = data.draw(st.lists(st.booleans(), min_size=len(online), max_size=len(online)))
-    avail = CPUSet(c for c, k in zip(online, keep, strict=True) if k)
+    avail = data.draw(strategies.cpu_subsets(online))
     n = data.draw(st.integers(1, max(1, len(avail) + 1)))
     chosen = data.draw(st.sets(st.sampled_from(_BOOL_OPTIONS)))
     options = {o: "true" for o in chosen}

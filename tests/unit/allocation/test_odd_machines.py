@@ -29,7 +29,7 @@ from pathlib import Path
 
 import pytest
 import yaml
-from hypothesis import HealthCheck, given, settings
+from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from corepin import CPUSet, Topology
@@ -51,8 +51,9 @@ from corepin.testing import (
 from corepin.testing.machines import ClusterSpec, SyntheticSpec, clustered, named, synthetic
 from corepin.topology.discover import discover
 from corepin.topology.model import CPUInfo, NUMANode
+from support.budget import examples
 from support.helpers import run_corepin
-from support.odd_shapes import cluster_specs, compute_unit_specs
+from support.strategies import cluster_specs, compute_unit_specs
 
 #: what a 2.6/3.x-era kernel lacks (no die_id, core_cpus_list, cluster_id or cache ids)
 OLD = frozenset({"die_id", "core_cpus_list", "cluster_id", "cache_id"})
@@ -379,7 +380,7 @@ def scratch() -> Iterator[Path]:
         shutil.rmtree(root, ignore_errors=True)
 
 
-PROPERTY = settings(max_examples=60, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+PROPERTY = settings(max_examples=examples(60))
 
 
 @PROPERTY

@@ -14,7 +14,7 @@ from __future__ import annotations
 from functools import cache
 
 import pytest
-from hypothesis import HealthCheck, given, settings
+from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from corepin.agent.host.agent import HostAgent
@@ -27,6 +27,7 @@ from corepin.core.errors import AllocationError, RequestError
 from corepin.state import Assignment, HostState
 from corepin.testing import machines as synthetic
 from corepin.topology.model import CPUInfo, Topology
+from support.budget import examples
 
 MACHINES = [name for name in synthetic.NAMED if not name.startswith("large_1024")]
 
@@ -61,7 +62,7 @@ events = st.lists(
 
 
 @pytest.mark.parametrize("name", MACHINES)
-@settings(max_examples=25, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@settings(max_examples=examples(25))
 @given(trace=events)
 def test_simulator_host_mode_and_state_agree(name: str, trace: list[tuple[str, int, str, bool]]):
     topo = machine(name)

@@ -24,6 +24,8 @@ from corepin.cli.main import main
 from corepin.core.cpuset import CPUSet
 from corepin.core.errors import AllocationError
 from corepin.topology.model import CPUInfo, Topology
+from support.budget import examples
+from support.paths import SYSFS_FIXTURES
 
 
 # ------------------------------------------------------------------------------ topologies
@@ -478,13 +480,7 @@ class TestOutput:
 def test_simulate_runs_on_a_real_machine_sysfs_tree(
     tmp_path: Path, capsys: pytest.CaptureFixture[str]
 ) -> None:
-    root = (
-        Path(__file__).resolve().parents[3].parent
-        / "shared"
-        / "fixtures"
-        / "sysfs"
-        / "intel-2s-8c-ht-32cpu"
-    )
+    root = SYSFS_FIXTURES / "intel-2s-8c-ht-32cpu"
     if not root.is_dir():
         pytest.skip("real-machine sysfs fixtures are not present")
     trace = write_trace(
@@ -518,7 +514,7 @@ def test_replay_options_reach_every_exclusive_request_of_every_policy() -> None:
         assert result.full_core_ratio == 1.0
 
 
-@settings(max_examples=25, deadline=None)
+@settings(max_examples=examples(25))
 @given(
     seed=st.integers(0, 2**31),
     machine=st.sampled_from(["dual_socket_ht", "multi_numa_per_socket", "sixteen_numa"]),

@@ -28,15 +28,15 @@ from corepin.api.webhook.config import (
 from corepin.api.webhook.patch import pointer
 from corepin.api.webhook.review import ReviewError, decode_body
 from corepin.core.errors import InputError
+from support.budget import examples
+from support.pods import EXCLUSIVE, container, pod
 from support.webhook_helpers import (
     ADMISSION_FIXTURE,
     ADMISSION_FIXTURE_YAML,
     POD_KIND,
     POD_RESOURCE,
     apply,
-    container,
     patch_ops,
-    pod,
     review,
 )
 
@@ -47,7 +47,6 @@ STEERED = WebhookConfig(
     node_selector=(("corepin.io/node", "true"),),
     tolerations=(Toleration("corepin.io/dedicated", "", "NoSchedule"),),
 )
-EXCLUSIVE = {"corepin.io/cpu-policy": "exclusive"}
 ASSIGNMENTS_VOLUME = {
     "name": "corepin-assignments",
     "hostPath": {"path": "/run/corepin/assignments", "type": "DirectoryOrCreate"},
@@ -134,8 +133,9 @@ def sample_with_pod(obj: Obj, operation: str = "CREATE") -> Obj:
 
 def test_the_sample_request_about_a_pod_is_mutated_with_a_base64_json_patch() -> None:
     obj = pod(
+        "web-0",
         container("app", "2"),
-        container("sidecar", cpu=None),
+        container("sidecar"),
         annotations={
             "qos.gocrane.io/cpu-manager": "exclusive",
             "corepin.io/cpu-policy.sidecar": "none",
@@ -163,7 +163,7 @@ def test_the_sample_request_about_a_pod_is_mutated_with_a_base64_json_patch() ->
 
 
 def test_a_refusal_has_the_status_of_a_metav1_status() -> None:
-    obj = pod(container("app", "1500m"), annotations=EXCLUSIVE, namespace="namespaceValue")
+    obj = pod("web-0", container("app", "1500m"), annotations=EXCLUSIVE, namespace="namespaceValue")
     answer = admit(sample_with_pod(obj), "validate", PLAIN)
     response = answer["response"]
     assert set(response) == {"uid", "allowed", "status"}
@@ -175,7 +175,7 @@ def test_a_refusal_has_the_status_of_a_metav1_status() -> None:
 
 
 def test_answers_are_plain_json_types_only() -> None:
-    answer = mutate(pod(annotations=EXCLUSIVE), STEERED)
+    answer = mutate(pod("web-0", container("app", "2"), annotations=EXCLUSIVE), STEERED)
     assert json.loads(json.dumps(answer)) == answer
 
 
@@ -210,13 +210,19 @@ def test_answers_are_plain_json_types_only() -> None:
 def test_malformed_corepin_and_alias_annotations_are_refused_naming_the_key(
     annotations: dict[str, str] | None, labels: dict[str, str] | None, names: list[str]
 ) -> None:
-    text = message(validate(pod(annotations=annotations, labels=labels)))
+    text = message(
+        validate(pod("web-0", container("app", "2"), annotations=annotations, labels=labels))
+    )
     for name in names:
         assert name in text, text
 
 
 def test_the_refusal_of_a_bad_value_lists_the_values_that_work() -> None:
-    text = message(validate(pod(annotations={"corepin.io/cpu-policy": "dedicated"})))
+    text = message(
+        validate(
+            pod("web-0", container("app", "2"), annotations={"corepin.io/cpu-policy": "dedicated"})
+        )
+    )
     assert "none, share, exclusive" in text
 
 
@@ -233,7 +239,7 @@ def test_the_refusal_of_a_bad_value_lists_the_values_that_work() -> None:
     ids=json.dumps,
 )
 def test_well_formed_annotations_are_allowed(annotations: dict[str, str]) -> None:
-    assert validate(pod(container("app", "2"), annotations=annotations))["response"] == {
+    assert validate(pod("web-0", container("app", "2"), annotations=annotations))["response"] == {
         "uid": "705ab4f5-6393-11e8-b7cc-42010a800002",
         "allowed": True,
     }
@@ -243,7 +249,7 @@ def test_well_formed_annotations_are_allowed(annotations: dict[str, str]) -> Non
 @pytest.mark.parametrize(
     ("c", "why"),
     [
-        (container("app", cpu=None), "it has no CPU limit"),
+        (container("app"), "it has no CPU limit"),
         (container("app", "1500m"), "its CPU limit '1500m' is not a whole number >= 1"),
         (container("app", "500m", "500m"), "its CPU limit '500m' is not a whole number >= 1"),
         (container("app", "0"), "its CPU limit '0' is not a whole number >= 1"),
@@ -256,7 +262,7 @@ def test_well_formed_annotations_are_allowed(annotations: dict[str, str]) -> Non
 def test_an_ineligible_exclusive_or_share_container_is_refused_with_what_to_change(
     c: Obj, why: str, policy: str
 ) -> None:
-    text = message(validate(pod(c, annotations={"corepin.io/cpu-policy": policy})))
+    text = message(validate(pod("web-0", c, annotations={"corepin.io/cpu-policy": policy})))
     assert text.startswith(f"container 'app': corepin.io/cpu-policy asks for {policy} CPUs")
     assert why in text
     assert "whole number >= 1" in text and "corepin.io/cpu-policy.app: none" in text
@@ -274,24 +280,23 @@ def test_an_ineligible_exclusive_or_share_container_is_refused_with_what_to_chan
     ids=["limit only", "equal", "2000m limit", "1000m request", "number"],
 )
 def test_an_eligible_container_is_allowed(c: Obj) -> None:
-    assert validate(pod(c, annotations=EXCLUSIVE))["response"]["allowed"] is True
+    assert validate(pod("web-0", c, annotations=EXCLUSIVE))["response"]["allowed"] is True
 
 
 def test_the_refusal_names_the_annotation_the_policy_came_from() -> None:
-    per_container = pod(container("db", "1500m"), annotations={"corepin.io/cpu-policy.db": "share"})
+    per_container = pod(
+        "web-0", container("db", "1500m"), annotations={"corepin.io/cpu-policy.db": "share"}
+    )
     assert message(validate(per_container)).startswith(
         "container 'db': corepin.io/cpu-policy.db asks for share CPUs"
     )
-    crane = pod(container("db", None), annotations={"qos.gocrane.io/cpu-manager": "exclusive"})
+    crane = pod("web-0", container("db"), annotations={"qos.gocrane.io/cpu-manager": "exclusive"})
     assert "qos.gocrane.io/cpu-manager asks for exclusive" in message(validate(crane))
 
 
 def test_every_ineligible_container_is_named() -> None:
     obj = pod(
-        container("a", "1500m"),
-        container("b", "2"),
-        container("c", None),
-        annotations=EXCLUSIVE,
+        "web-0", container("a", "1500m"), container("b", "2"), container("c"), annotations=EXCLUSIVE
     )
     text = message(validate(obj))
     assert "container 'a'" in text and "container 'c'" in text and "container 'b'" not in text
@@ -299,12 +304,13 @@ def test_every_ineligible_container_is_named() -> None:
 
 def test_containers_that_ask_for_none_need_no_limit() -> None:
     obj = pod(
+        "web-0",
         container("app", "2"),
-        container("sidecar", None),
+        container("sidecar"),
         annotations={**EXCLUSIVE, "corepin.io/cpu-policy.sidecar": "none"},
     )
     assert validate(obj)["response"]["allowed"] is True
-    plain = pod(container("app", None), container("job", "250m"))
+    plain = pod("web-0", container("app"), container("job", "250m"))
     assert validate(plain)["response"] == {
         "uid": "705ab4f5-6393-11e8-b7cc-42010a800002",
         "allowed": True,
@@ -312,12 +318,12 @@ def test_containers_that_ask_for_none_need_no_limit() -> None:
 
 
 def test_a_malformed_quantity_is_refused_naming_the_container_and_field() -> None:
-    text = message(validate(pod(container("app", "two"), annotations=EXCLUSIVE)))
+    text = message(validate(pod("web-0", container("app", "two"), annotations=EXCLUSIVE)))
     assert "container 'app'" in text and "spec.containers[0].resources.limits.cpu" in text
 
 
 def test_a_long_list_of_problems_is_cut_to_five_and_counted() -> None:
-    obj = pod(*(container(f"c{i}", None) for i in range(8)), annotations=EXCLUSIVE)
+    obj = pod("web-0", *(container(f"c{i}") for i in range(8)), annotations=EXCLUSIVE)
     text = message(validate(obj))
     assert text.count("container 'c") == 5 and text.endswith("; and 3 more")
 
@@ -325,6 +331,7 @@ def test_a_long_list_of_problems_is_cut_to_five_and_counted() -> None:
 # ---------------------------------------------------------------------- validate: warnings
 def test_warnings_name_a_container_the_pod_lacks_an_init_container_and_unknown_keys() -> None:
     obj = pod(
+        "web-0",
         container("app", "2"),
         annotations={
             "corepin.io/cpu-policy.ap": "exclusive",
@@ -347,7 +354,7 @@ def test_warnings_name_a_container_the_pod_lacks_an_init_container_and_unknown_k
 def test_an_update_that_leaves_the_request_alone_is_allowed_even_for_a_bad_pod() -> None:
     # a pod admitted while the webhook was down (failurePolicy Ignore) must stay updatable:
     # the agent writes corepin.io/cpus, controllers remove finalizers, users relabel
-    old = pod(container("app", "1500m"), annotations={"corepin.io/cpu-policy": "exclusiv"})
+    old = pod("web-0", container("app", "1500m"), annotations={"corepin.io/cpu-policy": "exclusiv"})
     new = copy.deepcopy(old)
     new["metadata"]["annotations"]["corepin.io/cpus"] = "{}"
     new["metadata"]["labels"] = {"tier": "web"}
@@ -369,19 +376,21 @@ def test_an_update_that_leaves_the_request_alone_is_allowed_even_for_a_bad_pod()
 def test_an_update_that_changes_the_request_is_judged(
     before: dict[str, str], after: dict[str, str], expect: str
 ) -> None:
-    old = pod(container("app", "1500m"), annotations=before)
-    new = pod(container("app", "1500m"), annotations=after)
+    old = pod("web-0", container("app", "1500m"), annotations=before)
+    new = pod("web-0", container("app", "1500m"), annotations=after)
     assert expect in message(validate(new, operation="UPDATE", old=old))
 
 
 def test_an_update_that_changes_the_workload_label_is_judged() -> None:
-    old = pod(labels={"cslab.ece.ntua.gr/workload-type": "CPUBound"})
-    new = pod(labels={"cslab.ece.ntua.gr/workload-type": "Quick"})
+    old = pod(
+        "web-0", container("app", "2"), labels={"cslab.ece.ntua.gr/workload-type": "CPUBound"}
+    )
+    new = pod("web-0", container("app", "2"), labels={"cslab.ece.ntua.gr/workload-type": "Quick"})
     assert "cslab.ece.ntua.gr/workload-type" in message(validate(new, operation="UPDATE", old=old))
 
 
 def test_an_update_without_an_old_object_is_judged_in_full() -> None:
-    new = pod(container("app", "1500m"), annotations=EXCLUSIVE)
+    new = pod("web-0", container("app", "1500m"), annotations=EXCLUSIVE)
     assert "container 'app'" in message(validate(new, operation="UPDATE", old=None))
 
 
@@ -416,7 +425,7 @@ def test_an_update_without_an_old_object_is_judged_in_full() -> None:
 def test_requests_not_about_creating_or_updating_a_pod_are_allowed_untouched(
     change: Obj, endpoint: str
 ) -> None:
-    body = review(pod(container("app", None), annotations=EXCLUSIVE), operation="UPDATE")
+    body = review(pod("web-0", container("app"), annotations=EXCLUSIVE), operation="UPDATE")
     body["request"].update(change)
     assert admit(body, endpoint, STEERED)["response"] == {  # type: ignore[arg-type]
         "uid": "705ab4f5-6393-11e8-b7cc-42010a800002",
@@ -522,7 +531,7 @@ def test_decode_body_turns_every_bad_body_into_a_review_error(data: bytes, probl
 
 # ---------------------------------------------------------------------- mutate
 def test_a_pod_without_a_corepin_annotation_is_allowed_with_no_patch() -> None:
-    obj = pod(container("app", "2"), annotations={"team": "a"}, labels={"app": "web"})
+    obj = pod("web-0", container("app", "2"), annotations={"team": "a"}, labels={"app": "web"})
     assert mutate(obj, STEERED)["response"] == {
         "uid": "705ab4f5-6393-11e8-b7cc-42010a800002",
         "allowed": True,
@@ -531,9 +540,10 @@ def test_a_pod_without_a_corepin_annotation_is_allowed_with_no_patch() -> None:
 
 def test_each_exclusive_or_share_container_gets_its_count_and_the_mount() -> None:
     obj = pod(
+        "web-0",
         container("app", "4"),
         container("cache", "1"),
-        container("log", None),
+        container("log"),
         annotations={
             "corepin.io/cpu-policy": "exclusive",
             "corepin.io/cpu-policy.cache": "share",
@@ -554,7 +564,10 @@ def test_each_exclusive_or_share_container_gets_its_count_and_the_mount() -> Non
 
 def test_the_mount_points_at_the_configured_host_directory() -> None:
     config = WebhookConfig(assignment_dir_host="/var/run/corepin/files")
-    out = apply(pod(annotations=EXCLUSIVE), mutate(pod(annotations=EXCLUSIVE), config))
+    out = apply(
+        pod("web-0", container("app", "2"), annotations=EXCLUSIVE),
+        mutate(pod("web-0", container("app", "2"), annotations=EXCLUSIVE), config),
+    )
     assert out["spec"]["volumes"] == [
         {
             "name": "corepin-assignments",
@@ -565,7 +578,7 @@ def test_the_mount_points_at_the_configured_host_directory() -> None:
 
 def test_an_empty_host_directory_mounts_nothing_and_sets_only_the_count() -> None:
     # for namespaces whose Pod Security level forbids hostPath volumes
-    obj = pod(container("app", "3"), annotations=EXCLUSIVE)
+    obj = pod("web-0", container("app", "3"), annotations=EXCLUSIVE)
     out = apply(obj, mutate(obj, WebhookConfig(assignment_dir_host="")))
     app = out["spec"]["containers"][0]
     assert app["env"] == [{"name": "COREPIN_NUM_CPUS", "value": "3"}]
@@ -573,7 +586,7 @@ def test_an_empty_host_directory_mounts_nothing_and_sets_only_the_count() -> Non
 
 
 def test_an_ineligible_container_is_not_patched() -> None:
-    obj = pod(container("app", "1500m"), annotations=EXCLUSIVE)
+    obj = pod("web-0", container("app", "1500m"), annotations=EXCLUSIVE)
     out = apply(obj, mutate(obj))
     assert out["spec"]["containers"] == obj["spec"]["containers"]
     assert "volumes" not in out["spec"]
@@ -621,7 +634,7 @@ def test_an_ineligible_container_is_not_patched() -> None:
 def test_alias_annotations_are_copied_to_their_corepin_keys(
     annotations: dict[str, str] | None, labels: dict[str, str] | None, copied: dict[str, str]
 ) -> None:
-    obj = pod(container("app", None), annotations=annotations, labels=labels)
+    obj = pod("web-0", container("app"), annotations=annotations, labels=labels)
     answer = mutate(obj)
     out = apply(obj, answer)
     if labels is not None:  # the label-only pod had no annotations at all: a new object
@@ -639,13 +652,14 @@ def test_json_pointers_escape_slash_and_tilde() -> None:
         "/metadata/annotations/corepin.io~1cpu-policy"
     )
     assert pointer("a~b/c", 0) == "/a~0b~1c/0"
-    obj = pod(annotations=EXCLUSIVE)
+    obj = pod("web-0", container("app", "2"), annotations=EXCLUSIVE)
     out = apply(obj, mutate(obj, WebhookConfig(node_selector=(("x.io/a~b", "1"),))))
     assert out["spec"]["nodeSelector"] == {"x.io/a~b": "1"}
 
 
 def test_existing_arrays_are_appended_to() -> None:
     obj = pod(
+        "web-0",
         container(
             "app",
             "2",
@@ -677,6 +691,7 @@ def test_existing_arrays_are_appended_to() -> None:
 
 def test_the_volume_name_does_not_clash_with_the_pods_volumes() -> None:
     obj = pod(
+        "web-0",
         container("app", "2", volumeMounts=[{"name": "corepin-assignments", "mountPath": "/x"}]),
         annotations=EXCLUSIVE,
         volumes=[
@@ -694,6 +709,7 @@ def test_the_volume_name_does_not_clash_with_the_pods_volumes() -> None:
 
 def test_an_existing_volume_of_the_assignment_directory_is_reused() -> None:
     obj = pod(
+        "web-0",
         container("app", "2"),
         annotations=EXCLUSIVE,
         volumes=[{"name": "pins", "hostPath": {"path": "/run/corepin/assignments/"}}],
@@ -705,6 +721,7 @@ def test_an_existing_volume_of_the_assignment_directory_is_reused() -> None:
 
 def test_a_mount_path_taken_by_another_volume_is_left_with_a_warning() -> None:
     obj = pod(
+        "web-0",
         container("app", "2", volumeMounts=[{"name": "cfg", "mountPath": "/etc/corepin"}]),
         annotations=EXCLUSIVE,
         volumes=[{"name": "cfg", "configMap": {"name": "cfg"}}],
@@ -721,6 +738,7 @@ def test_a_mount_path_taken_by_another_volume_is_left_with_a_warning() -> None:
 
 def test_a_wrong_count_in_the_pods_own_env_is_replaced() -> None:
     obj = pod(
+        "web-0",
         container(
             "app",
             "3",
@@ -743,18 +761,28 @@ def test_a_wrong_count_in_the_pods_own_env_is_replaced() -> None:
 def test_scheduler_name_is_set_unless_the_pod_chose_another_scheduler() -> None:
     config = WebhookConfig(scheduler_name="corepin-scheduler")
     for chosen in (None, "default-scheduler"):
-        obj = pod(annotations=EXCLUSIVE, **({"schedulerName": chosen} if chosen else {}))
+        obj = pod(
+            "web-0",
+            container("app", "2"),
+            annotations=EXCLUSIVE,
+            **{"schedulerName": chosen} if chosen else {},
+        )
         assert apply(obj, mutate(obj, config))["spec"]["schedulerName"] == "corepin-scheduler"
-    other = pod(annotations=EXCLUSIVE, schedulerName="volcano")
+    other = pod("web-0", container("app", "2"), annotations=EXCLUSIVE, schedulerName="volcano")
     answer = mutate(other, config)
     assert apply(other, answer)["spec"]["schedulerName"] == "volcano"
     assert "'volcano'" in answer["response"]["warnings"][0]
-    plain = pod(annotations=EXCLUSIVE)
+    plain = pod("web-0", container("app", "2"), annotations=EXCLUSIVE)
     assert "schedulerName" not in apply(plain, mutate(plain))["spec"]
 
 
 def test_a_node_selector_key_with_another_value_is_left_with_a_warning() -> None:
-    obj = pod(annotations=EXCLUSIVE, nodeSelector={"corepin.io/node": "false"})
+    obj = pod(
+        "web-0",
+        container("app", "2"),
+        annotations=EXCLUSIVE,
+        nodeSelector={"corepin.io/node": "false"},
+    )
     answer = mutate(obj, STEERED)
     assert apply(obj, answer)["spec"]["nodeSelector"] == {"corepin.io/node": "false"}
     assert any("nodeSelector['corepin.io/node']" in w for w in answer["response"]["warnings"])
@@ -762,23 +790,23 @@ def test_a_node_selector_key_with_another_value_is_left_with_a_warning() -> None
 
 def test_scheduling_fields_go_to_every_pod_with_a_corepin_annotation() -> None:
     # a pod that asks for `none` on purpose is still a corepin pod
-    obj = pod(container("app", None), annotations={"corepin.io/cpu-policy": "none"})
+    obj = pod("web-0", container("app"), annotations={"corepin.io/cpu-policy": "none"})
     out = apply(obj, mutate(obj, STEERED))
     assert out["spec"]["schedulerName"] == "corepin-scheduler"
     assert out["spec"]["containers"] == obj["spec"]["containers"]
 
 
 def test_mutate_leaves_updates_and_malformed_pods_alone() -> None:
-    obj = pod(annotations=EXCLUSIVE)
+    obj = pod("web-0", container("app", "2"), annotations=EXCLUSIVE)
     assert "patch" not in mutate(obj, STEERED, operation="UPDATE", old=obj)["response"]
-    bad = pod(annotations={"corepin.io/cpu-policy": "all"})
+    bad = pod("web-0", container("app", "2"), annotations={"corepin.io/cpu-policy": "all"})
     response = mutate(bad, STEERED)["response"]
     assert response["allowed"] is True and "patch" not in response
     assert "corepin did not change this pod" in response["warnings"][0]
 
 
 def test_the_namespace_in_the_assignment_file_comes_from_the_request() -> None:
-    obj = pod(annotations=EXCLUSIVE, namespace="")
+    obj = pod("web-0", container("app", "2"), annotations=EXCLUSIVE, namespace="")
     out = apply(obj, mutate(obj, namespace="payments"))
     file_env = out["spec"]["containers"][0]["env"][2]
     assert file_env["value"] == "/etc/corepin/payments.$(COREPIN_POD_NAME).app"
@@ -786,13 +814,15 @@ def test_the_namespace_in_the_assignment_file_comes_from_the_request() -> None:
 
 # ---------------------------------------------------------------------- idempotence
 IDEMPOTENT_CASES = {
-    "bare": pod(annotations=EXCLUSIVE),
+    "bare": pod("web-0", container("app", "2"), annotations=EXCLUSIVE),
     "aliases and labels": pod(
+        "web-0",
         container("app", "2"),
         annotations={"qos.gocrane.io/cpu-manager": "share"},
         labels={"cslab.ece.ntua.gr/workload-type": "CPUBound"},
     ),
     "many containers, odd names": pod(
+        "web-0",
         container("a/b~c", "2"),
         container("x", "1", env=[{"name": "A", "value": "1"}]),
         annotations=EXCLUSIVE,
@@ -865,10 +895,10 @@ def pods(draw: st.DrawFn) -> Obj:
         spec["tolerations"] = [{"key": "corepin.io/dedicated", "operator": "Exists"}]
     if draw(st.booleans()):
         spec["nodeSelector"] = {draw(label_texts): "x"}
-    return pod(*containers, annotations=annotations, **spec)
+    return pod("web-0", *containers, annotations=annotations, **spec)
 
 
-@settings(max_examples=150, deadline=None)
+@settings(max_examples=examples(150))
 @given(obj=pods(), steered=st.booleans())
 def test_every_patch_applies_and_a_second_mutation_adds_nothing(obj: Obj, steered: bool) -> None:
     config = STEERED if steered else PLAIN

@@ -5,7 +5,6 @@ the webhook keeps of NodeCPUTopologies."""
 from __future__ import annotations
 
 import copy
-from pathlib import Path
 from typing import Any
 
 import pytest
@@ -18,7 +17,9 @@ from corepin.api.webhook.admission import admit
 from corepin.api.webhook.capacity import Catalog, ClusterCapacity, Hold
 from corepin.api.webhook.config import WebhookConfig
 from corepin.testing.machines import SyntheticSpec, named, synthetic
-from support.webhook_helpers import container, ncpt, pod, review
+from support.paths import REPO
+from support.pods import container, pod
+from support.webhook_helpers import ncpt, review
 
 Obj = dict[str, Any]
 DUAL = named("dual_socket_ht")  # 2 sockets x 8 cores x 2 threads: 32 CPUs, sockets of 16
@@ -86,7 +87,7 @@ def test_a_level_no_node_can_give_at_all_says_so() -> None:
 
 
 def test_the_readme_example_message_is_what_a_user_gets() -> None:
-    readme = (Path(__file__).resolve().parents[3] / "README.md").read_text()
+    readme = (REPO / "README.md").read_text()
     text = capacity(ncpt("node-a", DUAL)).check([Hold("db", "exclusive", 40)], "core")
     assert text is not None
     quoted = " ".join(text.split("; ask for")[0].split())
@@ -189,6 +190,7 @@ def test_unreadable_topologies_are_skipped_and_remembered() -> None:
 def test_validate_refuses_a_pod_no_node_could_hold_and_names_the_container() -> None:
     cluster = capacity(ncpt("node-a", DUAL))
     obj = pod(
+        "web-0",
         container("db", "40"),
         annotations={
             "corepin.io/cpu-policy": "exclusive",
@@ -200,18 +202,18 @@ def test_validate_refuses_a_pod_no_node_could_hold_and_names_the_container() -> 
     assert response["status"]["message"].startswith(
         "container 'db' asks for 40 exclusive CPUs at exclusiveness level core"
     )
-    fits = pod(container("db", "8"), annotations={"corepin.io/cpu-policy": "exclusive"})
+    fits = pod("web-0", container("db", "8"), annotations={"corepin.io/cpu-policy": "exclusive"})
     assert admit(review(fits), "validate", WebhookConfig(), cluster)["response"]["allowed"]
 
 
 def test_without_nodes_the_capacity_rule_is_skipped() -> None:
-    obj = pod(container("db", "4000"), annotations={"corepin.io/cpu-policy": "exclusive"})
+    obj = pod("web-0", container("db", "4000"), annotations={"corepin.io/cpu-policy": "exclusive"})
     assert admit(review(obj), "validate", WebhookConfig(), None)["response"]["allowed"] is True
 
 
 @pytest.mark.parametrize("endpoint", ["mutate"])
 def test_mutate_never_asks_the_capacity_rule(endpoint: str) -> None:
     cluster = capacity(ncpt("node-a", SINGLE))
-    obj = pod(container("db", "4000"), annotations={"corepin.io/cpu-policy": "exclusive"})
+    obj = pod("web-0", container("db", "4000"), annotations={"corepin.io/cpu-policy": "exclusive"})
     response = admit(review(obj), endpoint, WebhookConfig(), cluster)["response"]  # type: ignore[arg-type]
     assert response["allowed"] is True and "patch" in response

@@ -13,7 +13,9 @@ from pathlib import Path
 import grimp
 import pytest
 
-SRC = Path(__file__).resolve().parents[3] / "src" / "corepin"
+from support import paths
+
+SRC = paths.SRC / "corepin"
 GENERATED = SRC / "api" / "grpc" / "gen"
 MODULE_LINES = 600
 CLASS_LINES = 400

@@ -8,19 +8,21 @@ import pickle
 import re
 
 import pytest
-from hypothesis import HealthCheck, example, given, settings
+from hypothesis import example, given, settings
 from hypothesis import strategies as st
 
 from corepin import CPUSet
 from corepin.core.cpuset import MAX_CPUS
 from corepin.core.errors import CPUSetParseError, InputError
+from support import strategies
+from support.budget import examples
 
-PROPS = settings(max_examples=120, deadline=None, suppress_health_check=[HealthCheck.too_slow])
-FUZZ = settings(max_examples=200, deadline=None)
+PROPS = settings(max_examples=examples(120))
+FUZZ = settings(max_examples=examples(200))
 
 # Mostly small ids (where ranges and overlaps happen), sometimes anywhere below the bound.
 cpu_ids = st.one_of(st.integers(0, 80), st.integers(0, MAX_CPUS - 1))
-id_sets = st.frozensets(cpu_ids, max_size=40)
+id_sets = strategies.cpu_id_sets(cpu_ids, max_size=40)
 cpusets = id_sets.map(CPUSet)
 
 

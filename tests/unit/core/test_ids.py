@@ -17,6 +17,7 @@ from corepin.core.ids import (
     validate_qos,
     validate_runtime,
 )
+from support.budget import examples
 
 HEX64 = "3f4e" * 16
 UID = "0f8c2a6e-3b1d-4c2e-9a57-1d2e3f4a5b6c"
@@ -156,7 +157,7 @@ def test_pids_must_be_positive_ints() -> None:
             validate_pid(bad)
 
 
-@settings(max_examples=200)
+@settings(max_examples=examples(200))
 @given(st.text(max_size=80))
 def test_no_accepted_component_can_escape_its_directory(text: str) -> None:
     try:
@@ -168,7 +169,7 @@ def test_no_accepted_component_can_escape_its_directory(text: str) -> None:
     assert value.isascii() and 0 < len(value) <= 255
 
 
-@settings(max_examples=200)
+@settings(max_examples=examples(200))
 @given(st.text(alphabet="0123456789abcdef-_/.xX", max_size=70))
 def test_any_accepted_container_id_is_64_hex(text: str) -> None:
     try:

@@ -55,22 +55,22 @@ time.sleep(60)
 @pytest.fixture
 def tree() -> Iterator[tuple[int, int]]:
     """(parent pid, child pid): each with extra threads, the child a separate process."""
-    proc = subprocess.Popen([sys.executable, "-c", TREE], stdout=subprocess.PIPE, text=True)
-    try:
-        assert proc.stdout is not None
-        child = int(proc.stdout.readline())
-        deadline = time.monotonic() + 10
-        while time.monotonic() < deadline:
-            if len(list_threads(proc.pid)) >= 4 and len(list_threads(child)) >= 3:
-                break
-            time.sleep(0.01)
-        yield proc.pid, child
-    finally:
-        for pid in descendants(proc.pid):
-            with contextlib.suppress(ProcessLookupError):
-                os.kill(pid, 9)
-        proc.kill()
-        proc.wait()
+    with subprocess.Popen([sys.executable, "-c", TREE], stdout=subprocess.PIPE, text=True) as proc:
+        try:
+            assert proc.stdout is not None
+            child = int(proc.stdout.readline())
+            deadline = time.monotonic() + 10
+            while time.monotonic() < deadline:
+                if len(list_threads(proc.pid)) >= 4 and len(list_threads(child)) >= 3:
+                    break
+                time.sleep(0.01)
+            yield proc.pid, child
+        finally:
+            for pid in descendants(proc.pid):
+                with contextlib.suppress(ProcessLookupError):
+                    os.kill(pid, 9)
+            proc.kill()
+            proc.wait()
 
 
 def all_threads(pids: list[int]) -> list[tuple[int, int]]:

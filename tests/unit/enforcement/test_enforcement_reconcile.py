@@ -7,7 +7,7 @@ import tempfile
 from pathlib import Path
 
 import pytest
-from hypothesis import HealthCheck, given, settings
+from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from corepin.core.cpuset import CPUSet
@@ -18,6 +18,7 @@ from corepin.enforcement.faketree import make_fake_v1, make_fake_v2
 from corepin.enforcement.layout import container_cgroup_path
 from corepin.enforcement.reconcile import CgroupTarget, Reconciler, reconcile
 from corepin.topology.model import CPUInfo, Topology
+from support.budget import examples
 
 ALL = CPUSet.parse("0-7")
 NODES = CPUSet.parse("0-1")
@@ -276,11 +277,7 @@ def scenarios(draw: st.DrawFn) -> tuple[list[str], dict[str, CPUSet], dict[str, 
     return paths, initial, {p: desired[p] for p in chosen}
 
 
-@settings(
-    max_examples=int(os.environ.get("COREPIN_HYPOTHESIS_EXAMPLES", "60")),
-    deadline=None,
-    suppress_health_check=[HealthCheck.too_slow],
-)
+@settings(max_examples=examples(60))
 @given(scenarios())
 def test_any_consistent_desired_state_is_reached_without_a_refused_write(
     scenario: tuple[list[str], dict[str, CPUSet], dict[str, CPUSet]],

@@ -17,6 +17,7 @@ from corepin.enforcement.resctrl import (
     check_cbm,
     parse_schemata,
 )
+from support.budget import examples
 
 
 def fake_resctrl(
@@ -168,7 +169,7 @@ def test_sparse_masks_allow_holes_when_the_machine_says_so() -> None:
     assert check_cbm(0x0F0F, info) == 0x0F0F
 
 
-@settings(max_examples=200)
+@settings(max_examples=examples(200))
 @given(st.integers(1, 0xFFFFF))
 def test_accepted_masks_are_one_run_of_bits_within_cbm_mask(mask: int) -> None:
     info = ResctrlInfo(l3_domains=(0,), cbm_mask=0xFFFFF, min_cbm_bits=1)

@@ -11,7 +11,6 @@ from __future__ import annotations
 import itertools
 import os
 import signal
-import socket
 import subprocess
 import time
 import urllib.error
@@ -30,21 +29,16 @@ from fakeapi import FakeApiServer
 from fakeapi.kubeconfig import write_kubeconfig
 from support.blackhole import BlackholeProxy
 from support.helpers import corepin_argv, wait_for
-from support.node_harness import FakeNode, container
+from support.node_harness import FakeNode
+from support.pods import EXCLUSIVE, container
+from support.ports import free_port
 
 NODE = "n1"
-EXCLUSIVE = {"corepin.io/cpu-policy": "exclusive"}
 IDLE = 6.0  # the agent's --api-idle-timeout in these tests
 
 pytestmark = pytest.mark.skipif(
     len(os.sched_getaffinity(0)) < 2, reason="an exclusive CPU needs at least 2 CPUs"
 )
-
-
-def free_port() -> int:
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        return int(sock.getsockname()[1])
 
 
 def healthz(port: int) -> int:
@@ -115,7 +109,7 @@ def node(kube: KubeClient, tmp_path: Path) -> FakeNode:
 
 
 def run_exclusive(node: FakeNode, name: str) -> None:
-    node.run(node.pod(name, container("app", "1"), annotations=EXCLUSIVE))
+    node.run(node.pod(name, container("app", "1", memory="64Mi"), annotations=EXCLUSIVE))
 
 
 @pytest.fixture

@@ -7,6 +7,7 @@ import json
 import socket
 import threading
 import time
+from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
@@ -33,11 +34,24 @@ from corepin.kube.errors import api_error
 from corepin.kube.resources import CONFIGMAPS, CRDS, LEASES, NODES, PODS
 from corepin.kube.transport import Cancel, Cancelled
 from fakeapi import FakeApiServer, TLSMaterial
-from support.kube_helpers import WIDGETS, pod, widget, widget_crd
+from support.kube_helpers import WIDGETS, widget, widget_crd
+from support.pods import pod
+
+_opened: list[KubeClient] = []
 
 
 def client_for(path: Path) -> KubeClient:
-    return KubeClient.from_config(load_config(path, env={}), timeout=10)
+    """A client for the kubeconfig at `path`, closed when the test ends."""
+    client = KubeClient.from_config(load_config(path, env={}), timeout=10)
+    _opened.append(client)
+    return client
+
+
+@pytest.fixture(autouse=True)
+def _close_clients() -> Iterator[None]:
+    yield
+    while _opened:
+        _opened.pop().close()
 
 
 def install_widgets(kube: KubeClient) -> None:

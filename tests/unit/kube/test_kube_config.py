@@ -4,6 +4,7 @@ account; what each kubeconfig field turns into; clear errors for what is unusabl
 from __future__ import annotations
 
 import base64
+import contextlib
 import os
 from pathlib import Path
 
@@ -172,7 +173,8 @@ def test_a_client_built_from_kubeconfig_env_reaches_the_server(
 ) -> None:
     path = fake_api.write_kubeconfig(tmp_path / "kc")
     client = KubeClient.from_config(load_config(None, env={"KUBECONFIG": str(path)}))
-    assert client.list(PODS, "default")["items"] == []
+    with contextlib.closing(client):
+        assert client.list(PODS, "default")["items"] == []
 
 
 def test_ca_data_in_kubeconfig_verifies_the_server(
@@ -182,4 +184,5 @@ def test_ca_data_in_kubeconfig_verifies_the_server(
         path = api.write_kubeconfig(tmp_path / "kc", token="t", embed=True)
         assert "certificate-authority-data" in path.read_text()
         client = KubeClient.from_config(load_config(path, env={}))
-        assert client.check()["major"] == "1"
+        with contextlib.closing(client):
+            assert client.check()["major"] == "1"

@@ -9,7 +9,7 @@ from corepin.kube.client import KubeClient
 from corepin.kube.events import COMBINED_PREFIX, EventRecorder, ObjectReference
 from corepin.kube.resources import EVENTS, EVENTS_V1, PODS
 from fakeapi import FakeApiServer
-from support.kube_helpers import pod
+from support.pods import pod
 
 
 class Clock:

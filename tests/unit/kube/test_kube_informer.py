@@ -23,7 +23,8 @@ from corepin.kube.informer import Informer, resource_version
 from corepin.kube.resources import CONFIGMAPS, PODS
 from fakeapi import FakeApiServer
 from fakeapi.errors import ApiFailure
-from support.kube_helpers import pod
+from support.budget import examples
+from support.pods import pod
 
 Obj = dict[str, Any]
 
@@ -388,7 +389,7 @@ def run_steps(api: FakeApiServer, steps: list[tuple[Any, Any, Any]]) -> None:
             time.sleep(arg / 1000)
 
 
-@settings(max_examples=30, deadline=None, suppress_health_check=list(HealthCheck))
+@settings(max_examples=examples(30), suppress_health_check=list(HealthCheck))
 @given(steps=st.lists(STEP, min_size=5, max_size=30))
 def test_random_changes_and_faults_end_with_the_servers_state(
     tmp_path_factory: Any, steps: list[Any]
@@ -462,7 +463,7 @@ def test_a_good_watch_resets_the_backoff_so_the_next_incident_starts_small(
     assert second - first < 1.0, second - first
 
 
-@settings(max_examples=200, deadline=None)
+@settings(max_examples=examples(200))
 @given(
     failures=st.integers(0, 80),
     initial=st.floats(0.01, 2.0),

@@ -24,7 +24,10 @@ from corepin.core.errors import InputError
 from corepin.core.quantity import parse_quantity
 from corepin.kube import models as m
 from corepin.testing.machines import NAMED
-from support.crd_schema import SHARED, crd, errors, load_yaml_docs, version_schema
+from support import strategies
+from support.budget import examples
+from support.crd_schema import crd, errors, load_yaml_docs, version_schema
+from support.paths import DEPLOY, PEER_FIXTURES
 
 NCPT_SCHEMA = version_schema(crd("nodecputopologies"), "v1alpha1")
 PCB_SCHEMA = version_schema(crd("podcpubindings"), "v1alpha1")
@@ -37,8 +40,8 @@ TOPOLOGIES = {name: NAMED[name]() for name in SMALL_TOPOLOGIES}
 
 LOWER = "abcdefghijklmnopqrstuvwxyz0123456789"
 names = st.text(alphabet=LOWER, min_size=1, max_size=12)
-cpusets = st.sets(st.integers(0, 511), max_size=24).map(CPUSet)
-nonempty_cpusets = st.sets(st.integers(0, 511), min_size=1, max_size=24).map(CPUSet)
+cpusets = strategies.cpusets(st.integers(0, 511), max_size=24)
+nonempty_cpusets = strategies.cpusets(st.integers(0, 511), min_size=1, max_size=24)
 zones = st.sampled_from(
     [UTC, timezone(timedelta(hours=5, minutes=30)), timezone(-timedelta(hours=8))]
 )
@@ -147,13 +150,7 @@ def _meta_fields(meta: m.ObjectMeta) -> dict[str, Any]:
     return {f: getattr(meta, f) for f in m.ObjectMeta.__dataclass_fields__}
 
 
-json_values = st.recursive(
-    st.none() | st.booleans() | st.integers() | st.floats(allow_nan=False) | st.text(max_size=12),
-    lambda children: (
-        st.lists(children, max_size=4) | st.dictionaries(st.text(max_size=12), children, max_size=4)
-    ),
-    max_leaves=20,
-)
+json_values = strategies.json_values(max_text=12, max_leaves=20)
 
 
 # ---------------------------------------------------------------------- round trips
@@ -169,13 +166,13 @@ def test_pod_cpu_binding_round_trips(pcb: m.PodCPUBinding) -> None:
     assert m.PodCPUBinding.from_dict(json.loads(json.dumps(wire))) == pcb
 
 
-@settings(max_examples=60)
+@settings(max_examples=examples(60))
 @given(ncpts)
 def test_node_cpu_topology_on_the_wire_passes_the_crd_schema(ncpt: m.NodeCPUTopology) -> None:
     assert errors(NCPT_SCHEMA, ncpt.to_dict()) == []
 
 
-@settings(max_examples=60)
+@settings(max_examples=examples(60))
 @given(pcbs)
 def test_pod_cpu_binding_on_the_wire_passes_the_crd_schema(pcb: m.PodCPUBinding) -> None:
     assert errors(PCB_SCHEMA, pcb.to_dict()) == []
@@ -191,7 +188,7 @@ def _add_unknown_fields(value: Any) -> Any:
     return value
 
 
-@settings(max_examples=30)
+@settings(max_examples=examples(30))
 @given(ncpts)
 def test_unknown_fields_of_a_node_cpu_topology_are_ignored(ncpt: m.NodeCPUTopology) -> None:
     wire = _add_unknown_fields(ncpt.to_dict())
@@ -207,7 +204,7 @@ def test_unknown_fields_of_a_node_cpu_topology_are_ignored(ncpt: m.NodeCPUTopolo
     assert (parsed.spec, parsed.status) == (ncpt.spec, ncpt.status)
 
 
-@settings(max_examples=30)
+@settings(max_examples=examples(30))
 @given(pcbs)
 def test_unknown_fields_of_a_pod_cpu_binding_are_ignored(pcb: m.PodCPUBinding) -> None:
     wire = _add_unknown_fields(pcb.to_dict())
@@ -218,7 +215,6 @@ def test_unknown_fields_of_a_pod_cpu_binding_are_ignored(pcb: m.PodCPUBinding) -
 
 
 def test_examples_read_as_models_and_write_back_the_same() -> None:
-    from support.crd_schema import DEPLOY
 
     for name in ("nodecputopology.yaml", "podcpubinding-explicit.yaml"):
         (doc,) = load_yaml_docs(DEPLOY / "samples" / name)
@@ -547,7 +543,7 @@ def test_node_resource_topology_refuses_unknown_manager_settings(
         m.node_resource_topology("n", topology, free=CPUSet(), **kwargs)  # type: ignore[arg-type]
 
 
-NRT_CRD = SHARED / "fixtures" / "peer" / "noderesourcetopology" / "crd.yaml"
+NRT_CRD = PEER_FIXTURES / "noderesourcetopology" / "crd.yaml"
 
 
 @pytest.mark.parametrize("name", SMALL_TOPOLOGIES)
@@ -800,7 +796,7 @@ def _only_input_errors(call: Any, *args: Any) -> None:
         call(*args)
 
 
-@settings(max_examples=300)
+@settings(max_examples=examples(300))
 @given(json_values)
 def test_arbitrary_json_raises_only_input_errors(value: Any) -> None:
     for parser in (
@@ -839,7 +835,7 @@ def _replace(value: Any, path: tuple[Any, ...], new: Any) -> Any:
     return out
 
 
-@settings(max_examples=300)
+@settings(max_examples=examples(300))
 @given(st.data(), st.sampled_from([GOOD_NCPT, GOOD_PCB]), json_values)
 def test_valid_objects_with_one_part_replaced_raise_only_input_errors(
     data: st.DataObject, good: dict[str, Any], junk: Any
@@ -857,7 +853,7 @@ annotation_keys = st.sampled_from(
 ) | st.text(max_size=20)  # fmt: skip
 
 
-@settings(max_examples=300)
+@settings(max_examples=examples(300))
 @given(st.dictionaries(annotation_keys, st.text(max_size=30) | json_values.map(json.dumps),
                        max_size=5),
        st.dictionaries(annotation_keys, st.text(max_size=30), max_size=3))  # fmt: skip

@@ -10,7 +10,7 @@ from __future__ import annotations
 from typing import Any
 
 import pytest
-from hypothesis import HealthCheck, given, settings
+from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from corepin.agent.node.sync import PodEvent, SyncContext, pod_assignments, sync_pod
@@ -30,7 +30,9 @@ from corepin.placement.score import (
 )
 from corepin.state.model import HostState
 from corepin.testing import machines as synthetic
-from support.placement_helpers import EPOCH, pod, published, run_pods
+from support.budget import examples
+from support.placement_helpers import EPOCH, published, run_pods
+from support.pods import EXCLUSIVE, container, corepin_annotations, pod
 
 C = CPUSet.parse
 SMALL = synthetic.named("single_socket_ht")  # 16 CPUs, 8 cores
@@ -48,72 +50,82 @@ FIT_CASES = [
         "an empty node gives a pod of 4 exclusive CPUs 4 CPUs",
         SMALL,
         [],
-        pod("p", ("app", "4")),
+        pod("p", container("app", "4", "4"), annotations=EXCLUSIVE),
         True,
         "",
     ),
     (
         "a node with 3 free CPUs refuses 4 exclusive CPUs and says how many are free",
         SMALL,
-        [pod("big", ("app", "13"), running=True)],
-        pod("p", ("app", "4")),
+        [pod("big", container("app", "13", "13"), annotations=EXCLUSIVE, running=True)],
+        pod("p", container("app", "4", "4"), annotations=EXCLUSIVE),
         False,
         "only 3 free",
     ),
     (
         "the last free CPUs are never taken from the shared pool",
         SMALL,
-        [pod("big", ("app", "14"), running=True)],
-        pod("p", ("app", "2")),
+        [pod("big", container("app", "14", "14"), annotations=EXCLUSIVE, running=True)],
+        pod("p", container("app", "2", "2"), annotations=EXCLUSIVE),
         False,
         "leave no CPU in the shared pool",
     ),
     (
         "a share container takes free CPUs that stay in the shared pool",
         SMALL,
-        [pod("big", ("app", "14"), running=True)],
-        pod("p", ("app", "2"), policy="share"),
+        [pod("big", container("app", "14", "14"), annotations=EXCLUSIVE, running=True)],
+        pod("p", container("app", "2", "2"), annotations=corepin_annotations("share")),
         True,
         "",
     ),
     (
         "containers are decided in order: the second one no longer fits and is named",
         SMALL,
-        [pod("big", ("app", "10"), running=True)],
-        pod("p", ("first", "3"), ("second", "3")),
+        [pod("big", container("app", "10", "10"), annotations=EXCLUSIVE, running=True)],
+        pod(
+            "p", container("first", "3", "3"), container("second", "3", "3"), annotations=EXCLUSIVE
+        ),
         False,
         "container 'second'",
     ),
     (
         "a request the agent would ignore (1500m) asks for nothing and fits a full node",
         SMALL,
-        [pod("big", ("app", "15"), running=True)],
-        pod("p", ("app", "1500m")),
+        [pod("big", container("app", "15", "15"), annotations=EXCLUSIVE, running=True)],
+        pod("p", container("app", "1500m", "1500m"), annotations=EXCLUSIVE),
         True,
         "",
     ),
     (
         "a pod without a corepin annotation fits anywhere",
         SMALL,
-        [pod("big", ("app", "15"), running=True)],
-        pod("p", ("app", "2"), policy=None),
+        [pod("big", container("app", "15", "15"), annotations=EXCLUSIVE, running=True)],
+        pod("p", container("app", "2", "2")),
         True,
         "",
     ),
     (
         "level numa needs a whole free NUMA node",
         MULTI,
-        [pod(f"n{i}", ("app", "1"), level="numa", running=True) for i in range(3)]
-        + [pod("one", ("app", "1"), running=True)],
-        pod("p", ("app", "2"), level="numa"),
+        [
+            pod(
+                f"n{i}",
+                container("app", "1", "1"),
+                annotations=corepin_annotations(level="numa"),
+                running=True,
+            )
+            for i in range(3)
+        ]
+        + [pod("one", container("app", "1", "1"), annotations=EXCLUSIVE, running=True)],
+        pod("p", container("app", "2", "2"), annotations=corepin_annotations(level="numa")),
         False,
         "container 'app' asks for 2 exclusive CPU(s) at exclusiveness level numa",
     ),
     (
         "level socket takes a whole free socket when one is free",
         DUAL,
-        [pod("one", ("app", "1"), running=True)],
-        pod("p", ("app", "4"), level="socket"),
+        [pod("one", container("app", "1", "1"), annotations=EXCLUSIVE, running=True)],
+        pod("p", container("app", "4", "4"), annotations=corepin_annotations(level="socket")),
         True,
         "",
     ),
@@ -141,8 +153,16 @@ def test_fit(topology: Any, before: list[Any], new: dict[str, Any], ok: bool, wo
 
 
 def test_a_pod_fits_with_the_cpus_the_agent_then_gives_it() -> None:
-    state = run_pods(DUAL, [pod("a", ("app", "3"), running=True)])
-    new = pod("b", ("x", "2"), ("y", "4"), level="core", running=True)
+    state = run_pods(
+        DUAL, [pod("a", container("app", "3", "3"), annotations=EXCLUSIVE, running=True)]
+    )
+    new = pod(
+        "b",
+        container("x", "2", "2"),
+        container("y", "4", "4"),
+        annotations=corepin_annotations(level="core"),
+        running=True,
+    )
     result = fit(view_of(state, DUAL), pod_request(new))
     after, _ = sync_pod(state, plan_pod(new), SyncContext(DUAL, get_policy("topology-aware")))
     got = {a.container.container: a.cpus for a in pod_assignments(after, new["metadata"]["uid"])}
@@ -150,7 +170,9 @@ def test_a_pod_fits_with_the_cpus_the_agent_then_gives_it() -> None:
 
 
 def test_explicit_cpus_of_a_binding_must_be_free() -> None:
-    state = run_pods(SMALL, [pod("a", ("app", "2"), running=True)])
+    state = run_pods(
+        SMALL, [pod("a", container("app", "2", "2"), annotations=EXCLUSIVE, running=True)]
+    )
     view = view_of(state, SMALL)
     taken = next(iter(state)).cpus
     binding = {
@@ -160,25 +182,40 @@ def test_explicit_cpus_of_a_binding_must_be_free() -> None:
             "containers": [{"name": "app", "cpuSet": [{"cpuID": c} for c in taken]}],
         }
     }
-    refused = fit(view, pod_request(pod("p", ("app", "2")), binding))
+    refused = fit(
+        view, pod_request(pod("p", container("app", "2", "2"), annotations=EXCLUSIVE), binding)
+    )
     assert not refused.ok and "already held" in refused.reason
     free = list(view.pools.free)[:2]
     binding["spec"]["containers"][0]["cpuSet"] = [{"cpuID": c} for c in free]
-    placed = fit(view, pod_request(pod("p", ("app", "2")), binding))
+    placed = fit(
+        view, pod_request(pod("p", container("app", "2", "2"), annotations=EXCLUSIVE), binding)
+    )
     assert placed.ok and placed.placed[0].cpus == CPUSet(free)
 
 
 def test_reserved_cpus_are_never_offered() -> None:
     state = HostState.new(SMALL, reserved=C("0-3"))
-    result = fit(view_of(state, SMALL), pod_request(pod("p", ("app", "11"))))
+    result = fit(
+        view_of(state, SMALL),
+        pod_request(pod("p", container("app", "11", "11"), annotations=EXCLUSIVE)),
+    )
     assert result.ok and not result.placed[0].cpus & C("0-3")
     # 12 fit: reserved CPUs still run shared work unless the reservation is strict
-    assert fit(view_of(state, SMALL), pod_request(pod("p", ("app", "12")))).ok
-    assert not fit(view_of(state, SMALL), pod_request(pod("p", ("app", "13")))).ok
+    assert fit(
+        view_of(state, SMALL),
+        pod_request(pod("p", container("app", "12", "12"), annotations=EXCLUSIVE)),
+    ).ok
+    assert not fit(
+        view_of(state, SMALL),
+        pod_request(pod("p", container("app", "13", "13"), annotations=EXCLUSIVE)),
+    ).ok
     strict = HostState.new(SMALL, reserved=C("0-3"), options={"strict-cpu-reservation": "true"})
     view = view_of(strict, SMALL, options={"strict-cpu-reservation": "true"})
     assert view.pools.shared_pool == C("4-15")
-    assert not fit(view, pod_request(pod("p", ("app", "12")))).ok
+    assert not fit(
+        view, pod_request(pod("p", container("app", "12", "12"), annotations=EXCLUSIVE))
+    ).ok
 
 
 def test_node_problems_come_first_each_with_what_to_do() -> None:
@@ -199,7 +236,9 @@ def test_node_problems_come_first_each_with_what_to_do() -> None:
 def test_published_pools_count_what_the_rows_cannot_name() -> None:
     """The view trusts the published free set: a hold with no row (a kubelet import) still
     counts, so the node offers exactly what the agent has."""
-    state = run_pods(SMALL, [pod("a", ("app", "4"), running=True)])
+    state = run_pods(
+        SMALL, [pod("a", container("app", "4", "4"), annotations=EXCLUSIVE, running=True)]
+    )
     ncpt = published(state, SMALL)
     body = ncpt.to_dict()
     body["status"]["allocations"] = []
@@ -221,11 +260,12 @@ pod_shapes = st.tuples(
 
 def _make(i: int, shape: Any, running: bool) -> dict[str, Any]:
     counts, policy, level, workload = shape
-    containers = [(f"c{j}", str(n)) for j, n in enumerate(counts)]
-    return pod(f"p{i}", *containers, policy=policy, level=level, workload=workload, running=running)
+    containers = [container(f"c{j}", str(n), str(n)) for j, n in enumerate(counts)]
+    annotations = corepin_annotations(policy, level=level, workload=workload)
+    return pod(f"p{i}", *containers, annotations=annotations, running=running)
 
 
-@settings(max_examples=150, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@settings(max_examples=examples(150))
 @given(
     topology=st.sampled_from([SMALL, DUAL, MULTI]),
     policy=st.sampled_from(POLICIES),
@@ -276,8 +316,10 @@ def _scores(profile: str, new: dict[str, Any], *states: HostState, topo: Any = D
 
 def test_maximum_utilization_packs_and_balanced_spreads() -> None:
     empty = HostState.new(DUAL)
-    busy = run_pods(DUAL, [pod("a", ("app", "16"), running=True)])
-    new = pod("p", ("app", "2"))
+    busy = run_pods(
+        DUAL, [pod("a", container("app", "16", "16"), annotations=EXCLUSIVE, running=True)]
+    )
+    new = pod("p", container("app", "2", "2"), annotations=EXCLUSIVE)
     packed = _scores(MAXIMUM_UTILIZATION, new, empty, busy)
     spread = _scores(BALANCED, new, empty, busy)
     assert packed[1] > packed[0] and spread[0] > spread[1]
@@ -285,9 +327,31 @@ def test_maximum_utilization_packs_and_balanced_spreads() -> None:
 
 
 def test_memory_bound_pods_keep_off_sockets_busy_with_memory_bound_work() -> None:
-    busy = run_pods(DUAL, [pod("mb", ("app", "6"), workload="memory-bound", running=True)])
-    calm = run_pods(DUAL, [pod("cb", ("app", "6"), workload="io-bound", running=True)])
-    new = pod("p", ("app", "2"), workload="memory-bound")
+    busy = run_pods(
+        DUAL,
+        [
+            pod(
+                "mb",
+                container("app", "6", "6"),
+                annotations=corepin_annotations(workload="memory-bound"),
+                running=True,
+            )
+        ],
+    )
+    calm = run_pods(
+        DUAL,
+        [
+            pod(
+                "cb",
+                container("app", "6", "6"),
+                annotations=corepin_annotations(workload="io-bound"),
+                running=True,
+            )
+        ],
+    )
+    new = pod(
+        "p", container("app", "2", "2"), annotations=corepin_annotations(workload="memory-bound")
+    )
     for profile in (MAXIMUM_UTILIZATION, BALANCED):
         hot, cool = _scores(profile, new, busy, calm)
         assert cool > hot, profile
@@ -300,16 +364,36 @@ def test_cpu_bound_pods_prefer_idle_whole_cores() -> None:
     for cpu in range(8):
         one = CPUSet.of(cpu)
         halves = halves.add(Assignment(f"x{cpu}", "share", one, one, CPUSet.of(0)))
-    whole = run_pods(SMALL, [pod("w", ("app", "8"), level="core", running=True)])
-    new = pod("p", ("app", "2"), workload="cpu-bound", policy="share")
+    whole = run_pods(
+        SMALL,
+        [
+            pod(
+                "w",
+                container("app", "8", "8"),
+                annotations=corepin_annotations(level="core"),
+                running=True,
+            )
+        ],
+    )
+    new = pod(
+        "p",
+        container("app", "2", "2"),
+        annotations=corepin_annotations("share", workload="cpu-bound"),
+    )
     on_halves, on_whole = _scores(BALANCED, new, halves, whole, topo=SMALL)
     assert on_whole > on_halves
 
 
 def test_best_effort_pods_go_to_the_shared_pool_of_busy_nodes() -> None:
     empty = HostState.new(DUAL)
-    busy = run_pods(DUAL, [pod("a", ("app", "20"), running=True)])
-    new = pod("p", ("app", "1"), policy=None, workload="best-effort")
+    busy = run_pods(
+        DUAL, [pod("a", container("app", "20", "20"), annotations=EXCLUSIVE, running=True)]
+    )
+    new = pod(
+        "p",
+        container("app", "1", "1"),
+        annotations=corepin_annotations(None, workload="best-effort"),
+    )
     idle, loaded = _scores(BALANCED, new, empty, busy)
     assert loaded > idle
 

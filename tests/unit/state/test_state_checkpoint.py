@@ -23,11 +23,11 @@ from corepin.state.checkpoint import (
 )
 from corepin.state.migrations import MIGRATIONS
 from corepin.state.payload import CURRENT_VERSION, state_to_payload
+from support import strategies
+from support.budget import examples
+from support.paths import DATA
 
 C = CPUSet.parse
-
-
-DATA = Path(__file__).resolve().parents[2] / "data"
 
 
 def sample() -> HostState:
@@ -127,11 +127,11 @@ owners = st.one_of(
 )
 
 
-@settings(max_examples=80, deadline=None)
+@settings(max_examples=examples(80))
 @given(
     st.lists(
         st.tuples(
-            st.sets(st.integers(0, 63), min_size=1, max_size=5),
+            strategies.cpusets(st.integers(0, 63), min_size=1, max_size=5),
             st.sampled_from(["exclusive", "mixed", "share", "shared"]),
             owners,
             st.floats(allow_nan=False, allow_infinity=False),
@@ -147,7 +147,7 @@ def test_any_state_round_trips_through_the_checkpoint_format(rows: list[Any], re
         a = Assignment(
             f"id-{i}",
             kind=kind,
-            cpus=CPUSet() if kind == "shared" else CPUSet(cpus),
+            cpus=CPUSet() if kind == "shared" else cpus,
             owner=owner,
             created=created,
             workload=workload,

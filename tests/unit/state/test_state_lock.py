@@ -25,9 +25,9 @@ from corepin.core.errors import StateError
 from corepin.state import StateStore
 from corepin.state.lock import QUEUE_DIR
 from support.helpers import corepin_argv, run_corepin, wait_for
+from support.paths import SRC
 
-SRC = str(Path(__file__).resolve().parents[3] / "src")
-ENV = {**os.environ, "PYTHONPATH": SRC}
+ENV = {**os.environ, "PYTHONPATH": str(SRC)}
 
 HOLDER = """
     import sys
@@ -62,13 +62,17 @@ def tickets(state: Path) -> list[str]:
 
 @pytest.fixture
 def procs() -> Iterator[list[subprocess.Popen[str]]]:
-    """Processes a test started; any still running at the end are killed."""
+    """Processes a test started; any still running at the end are killed (and their pipes
+    closed)."""
     started: list[subprocess.Popen[str]] = []
     yield started
     for p in started:
         if p.poll() is None:
             p.kill()
         p.wait(timeout=10)
+        for pipe in (p.stdin, p.stdout, p.stderr):
+            if pipe is not None:
+                pipe.close()
 
 
 def hold(state: Path, procs: list[subprocess.Popen[str]]) -> subprocess.Popen[str]:

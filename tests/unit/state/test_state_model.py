@@ -18,6 +18,7 @@ from corepin.state import (
     ProcessOwner,
     fingerprint,
 )
+from support.budget import examples
 
 C = CPUSet.parse
 
@@ -153,7 +154,7 @@ def test_new_state_takes_online_cpus_and_fingerprint_from_the_topology() -> None
 ids = st.integers(min_value=0, max_value=15)
 
 
-@settings(max_examples=120, deadline=None)
+@settings(max_examples=examples(120))
 @given(st.lists(st.tuples(st.sets(ids, min_size=1, max_size=4), st.booleans()), max_size=12))
 def test_any_sequence_of_adds_keeps_exclusive_sets_disjoint_and_pools_partitioned(
     requests: list[tuple[set[int], bool]],

@@ -24,15 +24,15 @@ from corepin.core.errors import StateError
 from corepin.state import Assignment, HostState, StateStore, state_dir_from
 from corepin.state.checkpoint import WRITE_POINTS, leftover_temp_files, write_checkpoint
 from corepin.state.owners import ProcessOwner
+from support.paths import SRC
 
 C = CPUSet.parse
-SRC = str(Path(__file__).resolve().parents[3] / "src")
 
 
 def run_py(
     code: str, *args: str, timeout: float = 60, **kw: object
 ) -> subprocess.CompletedProcess[str]:
-    env = {**os.environ, "PYTHONPATH": SRC}
+    env = {**os.environ, "PYTHONPATH": str(SRC)}
     return subprocess.run(  # type: ignore[call-overload, no-any-return]
         [sys.executable, "-c", textwrap.dedent(code), *args],
         capture_output=True,
@@ -120,7 +120,7 @@ def test_the_lock_of_a_killed_process_is_released_by_the_kernel(tmp_path: Path) 
             print("locked", flush=True)
             time.sleep(60)
     """
-    env = {**os.environ, "PYTHONPATH": SRC}
+    env = {**os.environ, "PYTHONPATH": str(SRC)}
     proc = subprocess.Popen(
         [sys.executable, "-c", textwrap.dedent(code)], stdout=subprocess.PIPE, text=True, env=env
     )
@@ -131,6 +131,8 @@ def test_the_lock_of_a_killed_process_is_released_by_the_kernel(tmp_path: Path) 
     finally:
         proc.kill()
         proc.wait()
+        if proc.stdout is not None:
+            proc.stdout.close()
     with StateStore(tmp_path).lock(timeout=1.0):
         pass
 
@@ -248,7 +250,7 @@ def test_sigkill_of_a_writer_at_random_moments_never_loses_a_committed_allocatio
 ) -> None:
     rng = random.Random(20240611)
     store = StateStore(tmp_path / "state")
-    env = {**os.environ, "PYTHONPATH": SRC}
+    env = {**os.environ, "PYTHONPATH": str(SRC)}
     expected: set[str] = set()
     for round_no in range(6):
         proc = subprocess.Popen(
@@ -262,6 +264,7 @@ def test_sigkill_of_a_writer_at_random_moments_never_loses_a_committed_allocatio
         time.sleep(rng.uniform(0.0, 0.15))
         os.kill(proc.pid, signal.SIGKILL)
         rest = proc.stdout.read()
+        proc.stdout.close()
         proc.wait()
         assert proc.returncode == -signal.SIGKILL
         state = store.read()  # always readable
@@ -305,7 +308,7 @@ INCREMENTER = """
 
 def test_twenty_processes_doing_read_modify_write_lose_no_update(tmp_path: Path) -> None:
     store = StateStore(tmp_path / "state")
-    env = {**os.environ, "PYTHONPATH": SRC}
+    env = {**os.environ, "PYTHONPATH": str(SRC)}
     procs = [
         subprocess.Popen(
             [sys.executable, "-c", textwrap.dedent(INCREMENTER), store.directory, f"p{n}", "10"],
@@ -350,7 +353,7 @@ def test_concurrent_claims_never_share_an_exclusive_cpu(tmp_path: Path) -> None:
     store = StateStore(tmp_path / "state")
     with store.transaction() as tx:
         tx.commit(tx.state.evolve(online=C("0-11"), reserved=C("0")))
-    env = {**os.environ, "PYTHONPATH": SRC}
+    env = {**os.environ, "PYTHONPATH": str(SRC)}
     procs = [
         subprocess.Popen(
             [sys.executable, "-c", textwrap.dedent(CLAIMER), store.directory, f"run/{n}"],
@@ -413,7 +416,7 @@ def fsynced(directory: Path, what: str) -> list[str]:
         capture_output=True,
         text=True,
         timeout=60,
-        env={**os.environ, "PYTHONPATH": SRC},
+        env={**os.environ, "PYTHONPATH": str(SRC)},
     )
     assert res.returncode == 0, res.stderr
     out = []

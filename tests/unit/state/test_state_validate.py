@@ -14,6 +14,7 @@ from corepin.core.cpuset import CPUSet
 from corepin.core.errors import AllocationError, StateError
 from corepin.state import STRICT_RESERVATION, Assignment, HostState, fingerprint, validate
 from corepin.state.owners import ProcessOwner
+from support.budget import examples
 
 C = CPUSet.parse
 
@@ -141,7 +142,7 @@ def test_refusal_lists_every_problem_at_once() -> None:
     assert "'run/a'" in str(info.value) and "'run/b'" in str(info.value)
 
 
-@settings(max_examples=60, deadline=None)
+@settings(max_examples=examples(60))
 @given(
     st.lists(st.sets(st.integers(0, 15), min_size=1, max_size=3), max_size=5),
     st.sets(st.integers(1, 15), max_size=4),

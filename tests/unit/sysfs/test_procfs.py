@@ -204,6 +204,8 @@ def test_real_process_identity_tree_and_threads() -> None:
             os.kill(pid, 9)
         proc.kill()
         proc.wait()
+        if proc.stdout is not None:
+            proc.stdout.close()
     assert not process_alive(proc.pid, start)
 
 

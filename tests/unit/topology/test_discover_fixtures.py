@@ -17,8 +17,9 @@ import pytest
 
 from corepin import CPUSet, Topology
 from corepin.topology.discover import discover
+from support.paths import SYSFS_FIXTURES
 
-FIXTURES = Path(__file__).resolve().parents[3].parent / "shared" / "fixtures" / "sysfs"
+FIXTURES = SYSFS_FIXTURES
 MACHINES = sorted(p.name for p in FIXTURES.glob("*") if (p / "expected.json").exists())
 
 

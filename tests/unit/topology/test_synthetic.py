@@ -14,7 +14,7 @@ from contextlib import contextmanager
 from pathlib import Path
 
 import pytest
-from hypothesis import HealthCheck, given, settings
+from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from corepin import CPUSet, Topology, TopologyError
@@ -28,6 +28,8 @@ from corepin.testing.machines import (
     synthetic,
 )
 from corepin.topology.discover import discover
+from support.budget import examples
+from support.strategies import synthetic_specs
 
 
 @contextmanager
@@ -239,46 +241,8 @@ def test_unknown_omissions_are_rejected() -> None:
         write_sysfs_tree(named("single_socket_ht"), root, omit={"everything"})
 
 
-@st.composite
-def specs(draw: st.DrawFn) -> SyntheticSpec:
-    cores = draw(st.integers(0, 3))
-    e_cores = draw(st.integers(0 if cores else 1, 3))
-    sockets = draw(st.integers(1, 2))
-    dies = draw(st.integers(1, 2))
-    spec = SyntheticSpec(
-        sockets=sockets,
-        dies_per_socket=dies,
-        numa_per_die=draw(st.integers(1, 2)),
-        l3_per_numa=draw(st.integers(1, 2)),
-        cores_per_l3=cores,
-        threads_per_core=draw(st.sampled_from([1, 2, 2, 4])),
-        numbering=draw(st.sampled_from(["interleaved", "linear"])),
-        e_cores_per_l3=e_cores,
-        e_cores_per_l2=draw(st.integers(1, 4)),
-        cores_per_l2=draw(st.integers(1, 3)),
-        memory_only_nodes=draw(st.integers(0, 2)),
-        memory_kb_per_node=draw(st.none() | st.integers(0, 1 << 30)),
-        socket_ids=draw(
-            st.none()
-            | st.lists(st.integers(0, 9000), min_size=sockets, max_size=sockets, unique=True).map(
-                tuple
-            )
-        ),
-    )
-    total = spec.cpu_count
-    offline = draw(st.sets(st.integers(0, total - 1), max_size=total - 1))
-    isolated = draw(st.sets(st.integers(0, total - 1)))
-    return SyntheticSpec(
-        **{
-            **{f: getattr(spec, f) for f in spec.__dataclass_fields__},
-            "offline": tuple(sorted(offline)),
-            "isolated": tuple(sorted(isolated)),
-        }
-    )
-
-
-@settings(max_examples=60, deadline=None, suppress_health_check=[HealthCheck.too_slow])
-@given(spec=specs())
+@settings(max_examples=examples(60))
+@given(spec=synthetic_specs())
 def test_discovering_a_written_synthetic_tree_gives_back_the_same_topology(
     spec: SyntheticSpec,
 ) -> None:
@@ -288,8 +252,10 @@ def test_discovering_a_written_synthetic_tree_gives_back_the_same_topology(
         assert discover(root) == topo
 
 
-@settings(max_examples=60, deadline=None, suppress_health_check=[HealthCheck.too_slow])
-@given(spec=specs(), omit=st.sets(st.sampled_from(sorted(OMISSIONS))) | st.just(OLD_KERNEL))
+@settings(max_examples=examples(60))
+@given(
+    spec=synthetic_specs(), omit=st.sets(st.sampled_from(sorted(OMISSIONS))) | st.just(OLD_KERNEL)
+)
 def test_discovery_with_old_kernel_or_missing_files_gives_the_documented_fallback_topology(
     spec: SyntheticSpec, omit: frozenset[str]
 ) -> None:

@@ -26,8 +26,6 @@ from typing import Any
 
 import jsonpatch
 import pytest
-from test_extender import Extender
-from test_webhook_cli import Process
 
 from corepin.allocation.levels import units_of
 from corepin.core.cpuset import CPUSet
@@ -37,9 +35,12 @@ from corepin.kube.models import parse_cpus_annotation
 from corepin.kube.resources import EVENTS, NODES, PODS
 from fakeapi import TLSMaterial
 from support.e2e_cluster import TOPOLOGIES, Kubelets, cluster, workload
+from support.extender_harness import Extender
 from support.helpers import wait_for
-from support.node_harness import FakeNode, container
+from support.node_harness import FakeNode
+from support.pods import container, corepin_annotations, pod
 from support.webhook_helpers import review
+from support.webhook_process import WebhookProcess
 
 Obj = dict[str, Any]
 NAMESPACE = "default"
@@ -49,34 +50,23 @@ WORKLOAD_PODS = 50
 
 
 # ---------------------------------------------------------------------- the pods
-def _pod(name: str, annotations: dict[str, str], *containers: Obj) -> Obj:
-    return {
-        "apiVersion": "v1",
-        "kind": "Pod",
-        "metadata": {"name": name, "namespace": NAMESPACE, "annotations": annotations},
-        "spec": {"containers": list(containers)},
-    }
-
-
-def _exclusive(level: str = "cpu") -> dict[str, str]:
-    return {"corepin.io/cpu-policy": "exclusive", "corepin.io/exclusiveness-level": level}
-
-
-def _request_not_limit() -> Obj:
-    c = container("c0", "2")
-    c["resources"]["requests"]["cpu"] = "1"
-    return c
-
-
 #: Pods the webhook must refuse, with the words the refusal must contain to be actionable
 #: (what is wrong with which container, and what to do about it).
 BAD = {
     "fractional": (
-        _pod("fractional", _exclusive(), container("c0", "1500m")),
+        pod(
+            "fractional",
+            container("c0", "1500m", memory="64Mi"),
+            annotations=corepin_annotations(level="cpu"),
+        ),
         ["container 'c0'", "whole number", "corepin.io/cpu-policy.c0: none"],
     ),
     "request-not-limit": (
-        _pod("request-not-limit", _exclusive(), _request_not_limit()),
+        pod(
+            "request-not-limit",
+            container("c0", "2", "1", memory="64Mi"),
+            annotations=corepin_annotations(level="cpu"),
+        ),
         ["container 'c0'", "equal to it", "corepin.io/cpu-policy.c0: none"],
     ),
 }
@@ -87,10 +77,27 @@ BAD = {
 #: agent may have published it (the extender counts placements, its own and the bound pods
 #: its informer sees, until the node shows them).
 LATE = [
-    _pod("late-numa-1", _exclusive("numa"), container("c0", "40")),
-    _pod("late-numa-2", _exclusive("numa"), container("c0", "40")),
-    _pod("late-big", _exclusive(), container("c0", "127")),
-    _pod("late-pair", _exclusive(), container("c0", "100"), container("c1", "27")),
+    pod(
+        "late-numa-1",
+        container("c0", "40", memory="64Mi"),
+        annotations=corepin_annotations(level="numa"),
+    ),
+    pod(
+        "late-numa-2",
+        container("c0", "40", memory="64Mi"),
+        annotations=corepin_annotations(level="numa"),
+    ),
+    pod(
+        "late-big",
+        container("c0", "127", memory="64Mi"),
+        annotations=corepin_annotations(level="cpu"),
+    ),
+    pod(
+        "late-pair",
+        container("c0", "100", memory="64Mi"),
+        container("c1", "27", memory="64Mi"),
+        annotations=corepin_annotations(level="cpu"),
+    ),
 ]
 PENDING = ["late-big", "late-numa-2", "late-pair"]
 
@@ -114,7 +121,7 @@ def _workload_pods() -> list[tuple[Obj, list[str] | None]]:
 class Admission:
     """The API server's side of the admission webhooks: mutate, apply the patch, validate."""
 
-    def __init__(self, webhook: Process) -> None:
+    def __init__(self, webhook: WebhookProcess) -> None:
         self.webhook = webhook
         self.count = 0
 
@@ -258,7 +265,7 @@ def test_admitted_pods_placed_by_the_extender_end_pinned_and_the_rest_stay_pendi
     started = time.monotonic()
     with cluster(kube, tmp_path) as nodes, Kubelets(kube, nodes):
         kube.create(NODES, {"apiVersion": "v1", "kind": "Node", "metadata": {"name": NO_AGENT}})
-        webhook = Process(tls_material, "--kubeconfig", str(fake_kubeconfig))
+        webhook = WebhookProcess(tls_material, "--kubeconfig", str(fake_kubeconfig))
         try:
             wait_for(
                 lambda: "corepin_webhook_node_topologies 3.0" in webhook.metrics(),
