@@ -269,11 +269,12 @@ class ResctrlWriter:
         return self.root / name
 
     def classes(self) -> list[str]:
-        return sorted(
-            e.name
-            for e in os.scandir(self.root)
-            if e.is_dir(follow_symlinks=False) and e.name not in _RESERVED
-        )
+        with os.scandir(self.root) as entries:
+            return sorted(
+                e.name
+                for e in entries
+                if e.is_dir(follow_symlinks=False) and e.name not in _RESERVED
+            )
 
     def read_schemata(self, name: str) -> dict[str, dict[int, str]]:
         path = self._group(name) / "schemata"
@@ -418,9 +419,10 @@ class ResctrlWriter:
         if not path.is_dir():
             return
         if self.fake_tree:
-            for entry in os.scandir(path):
-                if entry.is_file():
-                    os.unlink(entry.path)
+            with os.scandir(path) as entries:
+                files = [entry.path for entry in entries if entry.is_file()]
+            for name in files:
+                os.unlink(name)
         try:
             os.rmdir(path)
         except OSError as err:

@@ -113,7 +113,8 @@ def sweep(directory: str, keep: Mapping[str, str]) -> list[str]:
     or names another uid there; returns the names removed."""
     removed: list[str] = []
     try:
-        entries = list(os.scandir(directory))
+        with os.scandir(directory) as found:
+            entries = list(found)
     except OSError:
         return removed
     for entry in entries:

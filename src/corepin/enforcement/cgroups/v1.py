@@ -188,15 +188,13 @@ class CgroupV1(CgroupDriver):
                 if mine > theirs / int(self.read_file(above, "cpu.cfs_period_us", root)):
                     return errno.EINVAL
                 break
-        for child in os.scandir(self.dir(path, root)):
-            if child.is_dir():
-                rel = "/".join((*parts, child.name))
-                theirs = int(self.read_file(rel, "cpu.cfs_quota_us", root))
-                if (
-                    theirs >= 0
-                    and theirs / int(self.read_file(rel, "cpu.cfs_period_us", root)) > mine
-                ):
-                    return errno.EINVAL
+        with os.scandir(self.dir(path, root)) as entries:  # (closed when a child vanishes)
+            children = [child.name for child in entries if child.is_dir()]
+        for name in children:
+            rel = "/".join((*parts, name))
+            theirs = int(self.read_file(rel, "cpu.cfs_quota_us", root))
+            if theirs >= 0 and theirs / int(self.read_file(rel, "cpu.cfs_period_us", root)) > mine:
+                return errno.EINVAL
         return None
 
     def _has(self, path: str, name: str) -> bool:
