@@ -73,7 +73,8 @@ def main() -> int:
     parser.add_argument("--quick", action="store_true", help="fewer samples (CI smoke)")
     args = parser.parse_args()
     from fakeapi import FakeApiServer
-    from support.node_harness import FakeNode, container
+    from support.node_harness import FakeNode
+    from support.pods import container
 
     samples = 10 if args.quick else 60
     burst = 40 if args.quick else 200
@@ -119,7 +120,9 @@ def main() -> int:
             latencies = []
             default = str(topo.online_cpus)
             for i in range(samples):
-                pod = node.pod(f"lat-{i}", container("app", "1"), annotations=EXCLUSIVE)
+                pod = node.pod(
+                    f"lat-{i}", container("app", "1", memory="64Mi"), annotations=EXCLUSIVE
+                )
                 started = time.perf_counter()
                 running = node.run(pod)
                 path = cgroup_of(node, running)
@@ -152,7 +155,7 @@ def main() -> int:
                     (
                         node.pod(
                             f"burst-{i}",
-                            container("app", "1" if exclusive else "500m"),
+                            container("app", "1" if exclusive else "500m", memory="64Mi"),
                             annotations=EXCLUSIVE if exclusive else None,
                         ),
                         exclusive,
@@ -178,7 +181,7 @@ def main() -> int:
                 f"{burst_s:.2f} s (target <= 10 s)"
             )
             for i in range(burst, resident):
-                node.run(node.pod(f"burst-{i}", container("app", "500m")))
+                node.run(node.pod(f"burst-{i}", container("app", "500m", memory="64Mi")))
             time.sleep(3.0)
             # ------------------------------------------------------ idle cost
             rss = rss_mb(agent.pid)

@@ -278,7 +278,8 @@ def bench_scheduler(nodes: int, pods: int, timeout: float) -> dict[str, float]:
     from corepin.kube.client import KubeClient
     from corepin.kube.config import load_config
     from corepin.kube.resources import NAMESPACES, NODES, PODS
-    from support.placement_publish import install_crds, publish
+    from support.kube_helpers import install_crds
+    from support.placement_publish import publish
 
     topology = synthetic.named("dual_socket_ht")
     rng = random.Random(3)

@@ -79,12 +79,15 @@ def serve(cert: str, key: str) -> None:
 
 # ---------------------------------------------------------------------- the client
 def review_body(uid: int) -> bytes:
-    from support.webhook_helpers import container, pod, review
+    from support.pods import container, pod
+    from support.webhook_helpers import review
 
     obj = pod(
-        container("app", "4", env=[{"name": "MODE", "value": "fast"}]),
-        container("cache", "2"),
-        container("log", None),
+        "web-0",
+        container("app", "4", memory="64Mi", env=[{"name": "MODE", "value": "fast"}]),
+        container("cache", "2", memory="64Mi"),
+        container("log"),
+        namespace="shop",
         annotations={**EXCLUSIVE, "corepin.io/cpu-policy.log": "none"},
         labels={"app": "web", "tier": "front"},
         volumes=[{"name": "data", "emptyDir": {}}],
