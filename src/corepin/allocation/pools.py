@@ -40,7 +40,6 @@ from typing import Any, Final
 
 from corepin.core.cpuset import CPUSet
 from corepin.core.errors import AllocationError, CPUSetParseError, RequestError
-from corepin.core.quantity import QuantityError, parse_quantity
 from corepin.core.record import record
 from corepin.topology.model import Topology
 
@@ -59,6 +58,10 @@ HOLDING_KINDS: Final = frozenset({"exclusive", "mixed", "share"})
 # ---------------------------------------------------------------------- reserved CPUs
 def parse_cpu_quantity(text: object) -> int:
     """A Kubernetes CPU quantity as whole CPUs: "2" -> 2, "1500m" -> 2 (rounded up), 3 -> 3."""
+    # (the quantity parser loads `fractions` and `decimal`: only a reservation needs them, and
+    # `corepin run` loads this module on its start-up path)
+    from corepin.core.quantity import QuantityError, parse_quantity
+
     if isinstance(text, bool) or not isinstance(text, int | str):
         raise RequestError(f"invalid CPU quantity {text!r}", reason="bad_reservation")
     try:
