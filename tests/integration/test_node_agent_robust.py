@@ -436,10 +436,12 @@ def test_200_create_delete_cycles_leave_no_table_file_or_binding_behind(node: Fa
     for i in range(8):  # warm-up: every code path once
         cycle(i)
     gc.collect()
+    assert agent.wait_idle(20)  # (a heartbeat may have queued meanwhile: measured at rest)
     before = per_pod_tables(agent)
     for i in range(8, 208):
         cycle(i)
     gc.collect()
+    assert agent.wait_idle(20)
     after = per_pod_tables(agent)
     grown = {k: (before.get(k, 0), v) for k, v in after.items() if v > before.get(k, 0)}
     assert not grown, f"tables grew over 200 pods: {grown}"
