@@ -24,7 +24,10 @@ from corepin.core.errors import ApiAlreadyExists, ApiNotFound, CorepinError
 from corepin.kube.models import (
     AGENT_MANAGER,
     ANN_CPUS,
+    CONTAINER_LABEL,
     LABEL_MANAGED_BY,
+    NODE_LABEL,
+    POD_UID_LABEL,
     Condition,
     ContainerCPUSet,
     ObjectMeta,
@@ -43,9 +46,6 @@ from corepin.state.model import Assignment, HostState
 log = logging.getLogger("corepin.agent.node")
 
 #: labels and annotation of the PodCPUBindings the agent writes (one per pinned container)
-NODE_LABEL: Final = "corepin.io/node"
-POD_UID_LABEL: Final = "corepin.io/pod-uid"
-CONTAINER_LABEL: Final = "corepin.io/container"
 POLICY_ANNOTATION: Final = "corepin.io/cpu-policy"
 
 

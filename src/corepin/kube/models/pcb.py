@@ -50,6 +50,11 @@ PHASES: Final = ("Pending", "Validated", "Applied", "Failed")
 #: creates; every other binding is user-written.
 LABEL_MANAGED_BY: Final = "app.kubernetes.io/managed-by"
 AGENT_MANAGER: Final = "corepin-agent"
+#: Labels of the bindings corepin writes: the node the CPUs are on (the agent's records and the
+#: scheduler's bindings), and the pod uid and container an agent record belongs to.
+NODE_LABEL: Final = "corepin.io/node"
+POD_UID_LABEL: Final = "corepin.io/pod-uid"
+CONTAINER_LABEL: Final = "corepin.io/container"
 #: The PodCPUBinding condition the controller owns: True (valid), False (invalid, with the
 #: reason), Unknown (cannot be decided yet: pod not scheduled, node topology missing).
 VALIDATED: Final = "Validated"

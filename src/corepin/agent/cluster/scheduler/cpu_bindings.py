@@ -20,6 +20,7 @@ from corepin.core.errors import ApiAlreadyExists, CorepinError
 from corepin.core.record import replace
 from corepin.kube.client import KubeClient
 from corepin.kube.models import (
+    NODE_LABEL,
     ContainerCPUSet,
     ObjectMeta,
     ObjectView,
@@ -36,7 +37,6 @@ log = logging.getLogger("corepin.agent.cluster.scheduler")
 #: label on the PodCPUBindings the scheduler creates (they are requests, like a user's)
 CREATED_BY: Final = "corepin.io/created-by"
 #: the node a PodCPUBinding is meant for (the agent's own label of its records, too)
-NODE_LABEL: Final = "corepin.io/node"
 
 
 def api_time(clock: Callable[[], float]) -> str:
