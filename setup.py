@@ -1,8 +1,13 @@
-"""Build step of corepin: the node gRPC API's Python code is generated from `proto/` here.
+"""Build step of corepin: Python code is generated from the `.proto` files of `proto/` here.
 
 Everything else about the package is in pyproject.toml. `build_py` runs grpcio-tools' protoc
-(a build requirement, pinned in pyproject.toml) on `proto/corepin/v1alpha1/*.proto` and writes
-`corepin/api/grpc/gen/v1alpha1/<name>_pb2.py`, `<name>_pb2.pyi` and `<name>_pb2_grpc.py`:
+(a build requirement, pinned in pyproject.toml) on two sets of files:
+- `proto/corepin/v1alpha1/*.proto`, the node gRPC API, to
+  `corepin/api/grpc/gen/v1alpha1/<name>_pb2.py`, `<name>_pb2.pyi` and `<name>_pb2_grpc.py`;
+- `proto/nri/*.proto`, the messages of the runtime's Node Resource Interface and of the ttrpc
+  envelope it travels in, to `corepin/nri/gen/<name>_pb2.py` and `.pyi` (no gRPC stubs: NRI
+  is not gRPC, `corepin.nri` frames it itself).
+Where they go:
 
 - `pip install .` (and `python -m build`): into the build directory, so the wheel has them;
 - `pip install -e .` (`make dev`, `make venv`): in place, under `src/` (ignored by git).
@@ -10,8 +15,9 @@ Everything else about the package is in pyproject.toml. `build_py` runs grpcio-t
 The generated modules are never edited. Their module path comes from protoc's virtual path
 mapping (`-Icorepin/api/grpc/gen/v1alpha1=proto/corepin/v1alpha1`): protoc names each file
 after that path, so the generated imports are `corepin.api.grpc.gen.v1alpha1...`. The proto
-package stays `corepin.v1alpha1` (what clients and reflection see). For this to hold, a proto
-file imports no other file of `proto/` (Google's well-known types are fine).
+package stays `corepin.v1alpha1` (what clients and reflection see; for NRI, the package the
+runtime names its services in). For this to hold, a proto file imports no other file of
+`proto/` (Google's well-known types are fine).
 """
 
 from __future__ import annotations
@@ -23,34 +29,48 @@ import re
 from setuptools import setup
 from setuptools.command.build_py import build_py
 
-PROTO_DIR = os.path.join("proto", "corepin", "v1alpha1")
-GEN_PACKAGE = "corepin.api.grpc.gen"
-GEN_VERSION = "v1alpha1"
-_OWN_IMPORT = re.compile(r'^\s*import\s+(public\s+|weak\s+)?"corepin/', re.MULTILINE)
+#: (directory of .proto files, the generated package (not in git), the subpackage its modules
+#: go to ("" for the package itself), whether gRPC stubs are made)
+PROTO_SETS = (
+    (os.path.join("proto", "corepin", "v1alpha1"), "corepin.api.grpc.gen", "v1alpha1", True),
+    (os.path.join("proto", "nri"), "corepin.nri.gen", "", False),
+)
+_OWN_IMPORT = re.compile(r'^\s*import\s+(public\s+|weak\s+)?"(corepin|nri|ttrpc)/', re.MULTILINE)
 
 
-def _protos() -> list[str]:
-    return sorted(glob.glob(os.path.join(PROTO_DIR, "*.proto")))
+def _protos(proto_dir: str | None = None) -> list[str]:
+    dirs = [proto_dir] if proto_dir else [d for d, _, _, _ in PROTO_SETS]
+    return sorted(p for d in dirs for p in glob.glob(os.path.join(d, "*.proto")))
 
 
 def generate(out_root: str) -> list[str]:
-    """Generate the modules of every proto file below `out_root` (a directory that holds the
+    """Generate the modules of every proto set below `out_root` (a directory that holds the
     top-level `corepin` package). The files written."""
+    written: list[str] = []
+    for proto_dir, package, sub, services in PROTO_SETS:
+        written.extend(_generate_set(out_root, proto_dir, package, sub, services))
+    return written
+
+
+def _generate_set(
+    out_root: str, proto_dir: str, package: str, sub: str, services: bool
+) -> list[str]:
     from importlib.resources import files
 
     from grpc_tools import protoc
 
-    protos = _protos()
+    protos = _protos(proto_dir)
     if not protos:
-        raise SystemExit(f"corepin build: no .proto files in {PROTO_DIR}")
+        raise SystemExit(f"corepin build: no .proto files in {proto_dir}")
     for path in protos:
         with open(path, encoding="utf-8") as handle:
             if _OWN_IMPORT.search(handle.read()):
                 raise SystemExit(
-                    f"corepin build: {path} imports another corepin proto file; each file of "
-                    f"{PROTO_DIR} must be self-contained (see setup.py)"
+                    f"corepin build: {path} imports another proto file of the project; each "
+                    f"file of {proto_dir} must be self-contained (see setup.py)"
                 )
-    virtual = "/".join([*GEN_PACKAGE.split("."), GEN_VERSION])
+    root = os.path.join(out_root, *package.split("."))
+    virtual = "/".join([*package.split("."), *([sub] if sub else [])])
     target = os.path.join(out_root, *virtual.split("/"))
     os.makedirs(target, exist_ok=True)
     for stale in glob.glob(os.path.join(target, "*_pb2*.py*")):
@@ -58,18 +78,18 @@ def generate(out_root: str) -> list[str]:
     well_known = str(files("grpc_tools") / "_proto")
     args = [
         "grpc_tools.protoc",
-        f"-I{virtual}={PROTO_DIR}",
+        f"-I{virtual}={proto_dir}",
         f"-I{well_known}",
         f"--python_out={out_root}",
         f"--pyi_out={out_root}",
-        f"--grpc_python_out={out_root}",
+        *([f"--grpc_python_out={out_root}"] if services else []),
         *(f"{virtual}/{os.path.basename(p)}" for p in protos),
     ]
     if protoc.main(args) != 0:
-        raise SystemExit(f"corepin build: protoc failed on {PROTO_DIR}")
+        raise SystemExit(f"corepin build: protoc failed on {proto_dir}")
     written = sorted(glob.glob(os.path.join(target, "*_pb2*.py*")))
     package_doc = '"""Generated by setup.py from proto/ with grpcio-tools: do not edit."""\n'
-    for directory in (os.path.dirname(target), target):
+    for directory in dict.fromkeys((root, target)):
         init = os.path.join(directory, "__init__.py")
         with open(init, "w", encoding="utf-8") as handle:
             handle.write(package_doc)
