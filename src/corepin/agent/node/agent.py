@@ -109,7 +109,9 @@ class NodeAgent:
         self.decider = Decider(
             self.watches, topology, policy, cgroups, self.promises, self.teller, clock
         )
-        self.reservation = NodeReservation(settings, self.watches, topology, self.events)
+        self.reservation = NodeReservation(
+            settings.reserved_cpus, settings.options, self.watches.node, topology, self.events
+        )
         self.shield = SystemShield(settings, cgroups)
         self.publisher = Publisher(
             self.store,

@@ -1,6 +1,7 @@
-"""The node's reserved CPUs as the node agent keeps them: its reservation annotation
-(`corepin.io/reservation`, else Koordinator's `node.koordinator.sh/reservation`), else
-`--reserved-cpus`, with the strict-reservation option.
+"""The node's reserved CPUs as the node agent and the NRI plugin keep them: the node's
+reservation annotation (`corepin.io/reservation`, else Koordinator's
+`node.koordinator.sh/reservation`), else `--reserved-cpus`, with the strict-reservation option.
+The node object comes from a getter (the agent's watch; None for an NRI plugin without the API).
 
 A reservation that cannot be read, or that would take CPUs someone holds, is ignored - the
 reserved CPUs stay as they were until those are released - and a Warning Event on the node says
@@ -10,12 +11,12 @@ why.
 from __future__ import annotations
 
 import logging
+from collections.abc import Callable, Mapping
 
-from corepin.agent.node.settings import NodeSettings
-from corepin.agent.node.watches import Watches
 from corepin.allocation.reserved import reserved_cpus
 from corepin.core.cpuset import CPUSet
 from corepin.core.errors import CorepinError
+from corepin.kube.client import Obj
 from corepin.kube.events import EventRecorder
 from corepin.kube.models import ObjectView, parse_node_reservation
 from corepin.state.model import STRICT_RESERVATION, HostState
@@ -29,13 +30,15 @@ class NodeReservation:
 
     def __init__(
         self,
-        settings: NodeSettings,
-        watches: Watches,
+        reserved: CPUSet | None,
+        options: Mapping[str, str],
+        node: Callable[[], Obj | None],
         topology: Topology,
-        events: EventRecorder,
+        events: EventRecorder | None,
     ) -> None:
-        self.settings = settings
-        self.watches = watches
+        self.reserved = reserved
+        self.options = options
+        self.node = node
         self.machine = topology
         self.events = events
 
@@ -43,17 +46,17 @@ class NodeReservation:
         """The state with the node's reserved CPUs (its reservation annotation, else
         --reserved-cpus) and strict-reservation option; unchanged when the new reservation
         would take CPUs someone holds (a Warning Event on the node says so)."""
-        node = self.watches.node()
+        node = self.node()
         # the raw annotations (parse_node_reservation says which is not a string)
         annotations = ObjectView(node).metadata.get("annotations") or {}
-        reserved = self.settings.reserved_cpus or CPUSet()
+        reserved = self.reserved or CPUSet()
         try:
             reservation = parse_node_reservation(annotations)
             if reservation is not None:
                 reserved = reserved_cpus(self.machine, reservation.count, reservation.cpus)
         except CorepinError as exc:
             self._warn(exc.message)
-        options = {k: v for k, v in self.settings.options.items() if k == STRICT_RESERVATION}
+        options = {k: v for k, v in self.options.items() if k == STRICT_RESERVATION}
         wanted = state.evolve(reserved=reserved, options={**state.options, **options})
         clash = [a.id for a in wanted if a.holds and a.withheld & reserved]
         if clash:
@@ -67,9 +70,11 @@ class NodeReservation:
         return wanted
 
     def _warn(self, message: str) -> None:
-        node = self.watches.node()
-        if node is not None:
+        node = self.node()
+        if node is not None and self.events is not None:
             self.events.event(node, "Warning", "ReservationIgnored", message)
+        else:  # (no API to tell it on)
+            log.warning("event=reservation_ignored reason=%s", message)
 
 
 __all__ = ["NodeReservation"]
