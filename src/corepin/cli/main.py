@@ -38,6 +38,7 @@ COMMANDS: dict[str, tuple[str, str]] = {
     "shield": ("corepin.cli.shield_cmd", "keep unmanaged tasks off exclusive CPUs (on|off|status)"),
     "migrate": ("corepin.cli.migrate_cmd", "import the kubelet's cpu_manager_state into corepin"),
     "agent": ("corepin.cli.agent_cmd", "run the Kubernetes node agent of one node"),
+    "nri": ("corepin.cli.nri_cmd", "run as the container runtime's NRI plugin (pins at creation)"),
     "webhook": ("corepin.cli.webhook_cmd", "serve the admission webhook for pods (HTTPS)"),
     "controller": (
         "corepin.cli.controller_cmd",

@@ -177,4 +177,35 @@ class AgentMetrics:
             self.observe_decision(time.perf_counter() - start)
 
 
-__all__ = ["AgentMetrics"]
+#: NRI requests are answered in microseconds to milliseconds (the runtime waits 2 s at most)
+NRI_BUCKETS: Final = (
+    0.0001, 0.00025, 0.0005, 0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.0,
+)  # fmt: skip
+
+
+class NriMetrics(AgentMetrics):
+    """The agent's metrics, and those of the NRI plugin (`corepin nri`):
+    `corepin_nri_requests_total{event}` (counter) and `corepin_nri_request_duration_seconds`
+    (histogram), one observation per request the runtime made."""
+
+    def __init__(self, registry: CollectorRegistry | None = None) -> None:
+        super().__init__(registry)
+        self.nri_requests = Counter(
+            "corepin_nri_requests",
+            "NRI requests of the container runtime, by event.",
+            ["event"],
+            registry=self.registry,
+        )
+        self.nri_request_duration = Histogram(
+            "corepin_nri_request_duration_seconds",
+            "Time to answer one NRI request of the container runtime.",
+            buckets=NRI_BUCKETS,
+            registry=self.registry,
+        )
+
+    def nri_request(self, event: str, seconds: float) -> None:
+        self.nri_requests.labels(event=event).inc()
+        self.nri_request_duration.observe(max(0.0, seconds))
+
+
+__all__ = ["AgentMetrics", "NriMetrics"]

@@ -1,0 +1,189 @@
+"""`corepin nri` as a process: the node lock, the decisions, the runtime connection, the pushes.
+
+- `NodeLock` (mode `nri`) first: a node agent that manages the node already makes the plugin
+  refuse to start (exit 4, naming it); another `corepin nri` of the node is waited for.
+- `NriPolicy` answers the runtime's requests (`corepin.nri.plugin.NriPlugin` serves them on its
+  dispatcher thread); each answer is counted and timed (`NriMetrics`).
+- Updates that no reply can carry (a pod removed, a new reservation) go to a pusher thread,
+  which sends them with the runtime's UpdateContainers once the request that caused them has
+  been answered: the runtime may hold its own lock until then. An update that cannot be sent
+  (the runtime is away) is dropped: the next Synchronize repairs the drift.
+"""
+
+from __future__ import annotations
+
+import logging
+import queue
+import threading
+import time
+from collections.abc import Callable, Sequence
+from typing import TypeVar
+
+from corepin.agent.node.lock import NodeLock
+from corepin.agent.node.metrics import NriMetrics
+from corepin.agent.node.nri.policy import EVENTS, Decided, NriPolicy
+from corepin.agent.node.nri.settings import NriSettings
+from corepin.core.errors import CorepinError, EnvironmentProblem
+from corepin.nri.gen import api_pb2
+from corepin.nri.plugin import NriPlugin
+from corepin.state.model import HostState
+from corepin.topology.model import Topology
+
+log = logging.getLogger("corepin.agent.nri")
+
+T = TypeVar("T")
+
+
+class MeteredHandlers:
+    """The policy's handlers, each request counted and timed by event."""
+
+    def __init__(self, policy: NriPolicy, metrics: NriMetrics | None) -> None:
+        self.policy = policy
+        self.metrics = metrics
+
+    def _timed(self, event: str, call: Callable[[], T]) -> T:
+        started = time.perf_counter()
+        try:
+            return call()
+        finally:
+            if self.metrics is not None:
+                self.metrics.nri_request(event, time.perf_counter() - started)
+
+    def configure(self, req: api_pb2.ConfigureRequest) -> None:
+        self._timed("configure", lambda: self.policy.configure(req))
+
+    def synchronize(
+        self, pods: Sequence[api_pb2.PodSandbox], containers: Sequence[api_pb2.Container]
+    ) -> Sequence[api_pb2.ContainerUpdate]:
+        return self._timed("synchronize", lambda: self.policy.synchronize(pods, containers))
+
+    def create_container(
+        self, req: api_pb2.CreateContainerRequest
+    ) -> api_pb2.CreateContainerResponse:
+        return self._timed("create_container", lambda: self.policy.create_container(req))
+
+    def update_container(
+        self, req: api_pb2.UpdateContainerRequest
+    ) -> api_pb2.UpdateContainerResponse:
+        return self._timed("update_container", lambda: self.policy.update_container(req))
+
+    def stop_container(self, req: api_pb2.StopContainerRequest) -> api_pb2.StopContainerResponse:
+        return self._timed("stop_container", lambda: self.policy.stop_container(req))
+
+    def state_change(self, event: api_pb2.StateChangeEvent) -> None:
+        name = api_pb2.Event.Name(event.event).lower() if event.event in _EVENT_NAMES else "other"
+        self._timed(name, lambda: self.policy.state_change(event))
+
+    def shutdown(self) -> None:
+        self._timed("shutdown", self.policy.shutdown)
+
+    def disconnected(self) -> None:
+        self.policy.disconnected()
+
+
+_EVENT_NAMES = frozenset(api_pb2.Event.values())
+
+
+class NriAgent:
+    """One node's NRI plugin process (see the module docstring)."""
+
+    def __init__(
+        self,
+        settings: NriSettings,
+        topology: Topology,
+        *,
+        metrics: NriMetrics | None = None,
+        on_decided: Callable[[Decided], None] = lambda decided: None,
+    ) -> None:
+        self.settings = settings
+        self.metrics = metrics
+        self.lock = NodeLock(settings.state_dir, settings.node_name, mode="nri")
+        self.policy = NriPolicy(
+            settings,
+            topology,
+            on_state=self._committed,
+            on_decided=on_decided,
+            push=self._push,
+        )
+        self.plugin = NriPlugin(
+            MeteredHandlers(self.policy, metrics),
+            socket_path=settings.socket,
+            name=settings.plugin_name,
+            index=settings.plugin_index,
+            events=EVENTS,
+        )
+        self.topology = topology
+        self._pushes: queue.Queue[Sequence[api_pb2.ContainerUpdate] | None] = queue.Queue()
+        self._stop = threading.Event()
+        self._threads: list[threading.Thread] = []
+
+    # ------------------------------------------------------------------ lifecycle
+    def start(self, timeout: float = 10.0) -> None:
+        """Take the node lock, connect and register with the runtime, and serve it from a
+        thread. EnvironmentProblem (exit 4) when the node or the socket cannot be had."""
+        if not self.lock.acquire(self._stop):
+            raise EnvironmentProblem(
+                "stopped while waiting for the node lock", reason="node_lock_wait_stopped"
+            )
+        try:
+            self.plugin.connect_first(timeout)
+        except BaseException:
+            self.lock.release()
+            raise
+        self._spawn(lambda: self.plugin.serve(self._stop), "nri-serve")
+        self._spawn(self._pusher, "nri-push")
+
+    def stop(self, timeout: float = 5.0) -> None:
+        """Close the connection and stop within about `timeout` seconds."""
+        self._stop.set()
+        self._pushes.put(None)
+        self.plugin.close()
+        for thread in self._threads:
+            thread.join(timeout / 2)
+        self.lock.release()
+
+    def ready(self) -> bool:
+        """Connected and synchronized with the runtime."""
+        return self.policy.synced.is_set()
+
+    def wait_synced(self, timeout: float) -> bool:
+        return self.policy.synced.wait(timeout)
+
+    # ------------------------------------------------------------------ internals
+    def _spawn(self, target: Callable[[], None], name: str) -> None:
+        thread = threading.Thread(target=target, name=name, daemon=True)
+        thread.start()
+        self._threads.append(thread)
+
+    def _committed(self, state: HostState) -> None:
+        if self.metrics is not None:
+            self.metrics.observe_state(state, self.topology)
+
+    def _push(self, updates: Sequence[api_pb2.ContainerUpdate]) -> None:
+        self._pushes.put(list(updates))
+
+    def _pusher(self) -> None:
+        while True:
+            updates = self._pushes.get()
+            if updates is None or self._stop.is_set():
+                return
+            if self.metrics is not None:
+                self.metrics.pinning_request()
+            try:
+                failed = self.plugin.update_containers(updates)
+            except CorepinError as exc:
+                log.warning(
+                    "event=nri_push_dropped updates=%d error=%s (the next synchronize repairs it)",
+                    len(updates),
+                    exc,
+                )
+                if self.metrics is not None:
+                    self.metrics.pinning_error(exc.reason or "nri_push_failed")
+                continue
+            for update in failed:
+                log.warning("event=nri_update_failed container=%s", update.container_id)
+                if self.metrics is not None:
+                    self.metrics.pinning_error("nri_update_failed")
+
+
+__all__ = ["MeteredHandlers", "NriAgent"]
