@@ -254,7 +254,9 @@ steps = st.lists(
     suppress_health_check=[HealthCheck.function_scoped_fixture],
 )
 @given(steps)
-def test_any_sequence_of_events_keeps_pins_apart(tmp_path_factory: pytest.TempPathFactory, run: list[tuple[str, int, str, int]]) -> None:  # fmt: skip
+def test_any_sequence_of_events_keeps_pins_apart(
+    tmp_path_factory: pytest.TempPathFactory, run: list[tuple[str, int, str, int]]
+) -> None:
     p = NriPolicy(
         NriSettings(node_name="n", state_dir=str(tmp_path_factory.mktemp("nri"))),
         single_socket_ht(),
