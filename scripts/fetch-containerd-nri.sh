@@ -27,7 +27,8 @@ done
 
 mkdir -p "$bed"
 work=$(mktemp -d "$bed/.fetch.XXXXXX")
-trap 'rm -rf "$work"' EXIT INT TERM
+trap 'rm -rf "$work"' EXIT
+trap 'exit 130' INT TERM
 mkdir -p "$work/etc" "$work/lists/partial" "$work/cache/archives/partial" "$work/debs" \
     "$work/tree"
 echo "deb http://deb.debian.org/debian $suite main" > "$work/etc/sources.list"

@@ -15,7 +15,6 @@ Needs root, a writable cgroup v1 cpuset hierarchy, runc, busybox-static and the 
 from __future__ import annotations
 
 import os
-import signal
 import socket
 import stat
 import subprocess
@@ -116,31 +115,31 @@ def test_the_nri_socket_accepts_a_connection(cri_bed: CriBed, nri_socket: str) -
     cri_bed.cri.remove_pod(pod)
 
 
-def test_cleanup_after_a_crash_leaves_nothing_and_touches_no_other_process(
-    tmp_path_factory: pytest.TempPathFactory,
+@pytest.mark.parametrize("crash", [False, True], ids=["daemon-up", "daemon-killed"])
+def test_cleanup_leaves_nothing_and_touches_no_other_process(
+    tmp_path_factory: pytest.TempPathFactory, crash: bool
 ) -> None:
     bystander = subprocess.Popen(["sleep", "300"])
     try:
         with cri_testbed(
-            tmp_path_factory.mktemp("cri-crash"), tmp_path_factory.getbasetemp() / "cri-api"
+            tmp_path_factory.mktemp("cri-cleanup"), tmp_path_factory.getbasetemp() / "cri-api"
         ) as bed:
-            pod = bed.cri.run_pod("crash")
+            pod = bed.cri.run_pod("left-running")
             cid = bed.cri.create_and_start(pod, "orphan", report_then())
             bed.cri.reported_cpus(cid)
             pid = bed.container_pid(cid)
-            # the daemon dies with its pod running: its shims, mounts and cgroups stay behind
-            assert bed._process is not None
-            bed._process.send_signal(signal.SIGKILL)
-            bed._process.wait()
+            if crash:  # shims, containers, mounts and cgroups stay without their daemon
+                bed.kill_daemon()
             left = bed.leftovers()
-            assert any(item.startswith("process ") for item in left), left
-            assert any(item.startswith("mount ") for item in left), left
-            assert any(item.startswith("cgroup ") for item in left), left
+            for kind in ("process", "mount", "cgroup", "directory"):
+                assert any(item.startswith(f"{kind} ") for item in left), (kind, left)
+            sockets = bed.shim_sockets()
+            assert any(s.is_socket() for s in sockets)
             assert not gone(pid)
         # (cri_testbed asserted that close() left nothing: checked again, in detail)
         assert bed.leftovers() == []
         assert gone(pid)
-        assert all(not s.exists() for s in bed._shim_sockets) and bed._shim_sockets
+        assert not any(s.exists() for s in sockets)
         assert bystander.poll() is None
     finally:
         reap(bystander)

@@ -176,7 +176,7 @@ class CriClient:
     def call(self, method: str, request: Any, *, timeout: float | None = None) -> Any:
         """RuntimeService.`method`(request) (ImageService's for the Image* methods); CriError
         with the runtime's answer when it fails."""
-        service = self.images if "Image" in method and method != "ImageFsInfo" else self.runtime
+        service = self.runtime if hasattr(self.runtime, method) else self.images
         try:
             return getattr(service, method)(request, timeout=timeout or self.timeout)
         except grpc.RpcError as exc:

@@ -253,6 +253,13 @@ class CriBed:
                 process.kill()
                 process.wait()
 
+    def kill_daemon(self) -> None:
+        """SIGKILL the daemon (a crash: shims, containers, mounts and cgroups stay)."""
+        process, self._process = self._process, None
+        if process is not None:
+            process.kill()
+            process.wait()
+
     def restart(self) -> None:
         """Stop the daemon and start it again with the same configuration and state."""
         self.stop_daemon()
@@ -285,17 +292,18 @@ class CriBed:
         return allowed_cpus(self.container_pid(cid))
 
     # ------------------------------------------------------------------ cleanup
-    def _shim_ids(self) -> set[str]:
-        tasks = self.base / "state" / "io.containerd.runtime.v2.task" / NAMESPACE
+    def shim_sockets(self) -> set[Path]:
+        """Where the sockets of this daemon's shims are (or were), in SHIM_SOCKETS: containerd
+        1.7 names each by the hash of its address, namespace and shim id. The shims' bundles in
+        the state directory are named by the ids that may name a shim (a pod's containers
+        share the shim of its sandbox: only the sandbox's socket exists)."""
+        bundles = self.base / "state" / "io.containerd.runtime.v2.task" / NAMESPACE
+        sockets = set()
         with contextlib.suppress(OSError):
-            return {p.name for p in tasks.iterdir()}
-        return set()
-
-    def _shim_socket(self, shim_id: str) -> Path:
-        """The socket containerd 1.7 gives the shim `shim_id` of this daemon (its address,
-        namespace and id hashed)."""
-        digest = hashlib.sha256(f"{self.address}/{NAMESPACE}/{shim_id}".encode()).hexdigest()
-        return SHIM_SOCKETS / digest
+            for bundle in bundles.iterdir():
+                key = f"{self.address}/{NAMESPACE}/{bundle.name}".encode()
+                sockets.add(SHIM_SOCKETS / hashlib.sha256(key).hexdigest())
+        return sockets
 
     def own_processes(self, *, bed_binaries_only: bool = False) -> list[int]:
         """The processes whose command line names the base directory (the daemon, its shims;
@@ -338,7 +346,7 @@ class CriBed:
                         self.cri.remove_pod(pod.id)
             self.cri.close()
         self.stop_daemon()
-        shims = self._shim_ids()
+        self._shim_sockets |= self.shim_sockets()
         for _ in range(50):
             pids = self.own_processes(bed_binaries_only=True)
             if not pids:
@@ -347,11 +355,10 @@ class CriBed:
                 with contextlib.suppress(ProcessLookupError):
                     os.kill(pid, signal.SIGKILL)
             time.sleep(0.05)
-        self._shim_sockets = {self._shim_socket(s) for s in shims}
-        for shim in shims:
-            for socket in (self._shim_socket(shim), Path(f"{self._shim_socket(shim)}.debug")):
+        for socket in self._shim_sockets:
+            for path in (socket, Path(f"{socket}.debug")):
                 with contextlib.suppress(FileNotFoundError):
-                    socket.unlink()
+                    path.unlink()
         for point in self.own_mounts():
             if subprocess.run(["umount", point], capture_output=True, check=False).returncode:
                 subprocess.run(["umount", "-l", point], capture_output=True, check=False)
@@ -370,15 +377,28 @@ class CriBed:
 
 
 @contextlib.contextmanager
-def cri_testbed(base: Path, api_dir: Path, **options: str) -> Iterator[CriBed]:
+def cri_testbed(
+    base: Path,
+    api_dir: Path,
+    *,
+    nri_request_timeout: str = "2s",
+    nri_registration_timeout: str = "5s",
+) -> Iterator[CriBed]:
     """A started bed below `base` with its image imported; closed afterwards, whatever
     happened. BedDidNotStart when the daemon does not start; AssertionError naming what
     `close()` could not remove."""
     base.mkdir(parents=True, exist_ok=True)
-    bed = CriBed(base, api_dir, **options)
+    bed = CriBed(
+        base,
+        api_dir,
+        nri_request_timeout=nri_request_timeout,
+        nri_registration_timeout=nri_registration_timeout,
+    )
     try:
         bed.start()
+        began = time.monotonic()
         bed.import_image(base)
+        bed.timings["image import"] = time.monotonic() - began
         yield bed
     finally:
         bed.close()
