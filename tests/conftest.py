@@ -14,6 +14,11 @@
   the kubelet of one node (random name) of `fake_api`, running real containers in `containerd`
   below a scratch kubelet cgroup root; after the test it kills its containers and removes its
   cgroups, and fails the test when something was left behind or one of its workers raised.
+- `cri_bed` (one per test module): a started `support.cri_harness.CriBed`, a private
+  containerd 1.7 with the CRI and NRI on (the NRI plugin's end-to-end tests); `nri_socket` its
+  NRI socket's path, where a plugin connects. Skipped with the reason where the bed cannot run
+  (`cri_harness.skip_reason`); after the module every pod, process, mount and cgroup of it is
+  removed, and the module fails when something could not be.
 - Hypothesis: one profile for the session, chosen with `COREPIN_HYPOTHESIS_PROFILE`: `dev` (the
   default) runs every property test's own budget of examples (`support.budget.examples`),
   `ci` five times as many, `fast` a tenth; none has a deadline (the machines running the suite
@@ -49,6 +54,8 @@ from support.containerd_harness import (
     private_containerd,
     skip_reason,
 )
+from support.cri_harness import BedDidNotStart, CriBed, cri_testbed
+from support.cri_harness import skip_reason as cri_skip_reason
 from support.kubelet_harness import KubeletHarness
 from vm import SHAPES, Guest, GuestBootError, GuestPool
 from vm import skip_reason as vm_skip_reason
@@ -72,6 +79,25 @@ def busybox_rootfs(tmp_path_factory: pytest.TempPathFactory) -> Path:
     if reason:
         pytest.skip(reason)
     return build_busybox_rootfs(tmp_path_factory.mktemp("rootfs"))
+
+
+@pytest.fixture(scope="module")
+def cri_bed(tmp_path_factory: pytest.TempPathFactory) -> Iterator[CriBed]:
+    reason = cri_skip_reason()
+    if reason:
+        pytest.skip(reason)
+    try:
+        with cri_testbed(
+            tmp_path_factory.mktemp("cri-bed"), tmp_path_factory.getbasetemp() / "cri-api"
+        ) as bed:
+            yield bed
+    except BedDidNotStart as exc:
+        pytest.fail(str(exc), pytrace=False)
+
+
+@pytest.fixture(scope="module")
+def nri_socket(cri_bed: CriBed) -> str:
+    return cri_bed.nri_socket
 
 
 # ---------------------------------------------------------------------- Hypothesis
