@@ -148,7 +148,9 @@ def test_exclusive_pinned_before_its_first_instruction_and_kept(
     assert cpus(cri_bed.live_cpuset(shared)) == online() - first
 
     # the kubelet's UpdateContainerResources asking for every CPU leaves the pin
-    cri_bed.cri.update_resources(mine, cpuset_cpus=str(online()), cpu_quota=100000)
+    cri_bed.cri.update_resources(
+        mine, cpuset_cpus=str(online()), cpu_quota=100000, cpu_period=100000, cpu_shares=1024
+    )
     assert cpus(cri_bed.live_cpuset(mine)) == first
     assert cpus(cri_bed.live_allowed_cpus(mine)) == first
 

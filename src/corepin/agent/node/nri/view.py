@@ -54,10 +54,11 @@ class CpuAsk:
         if resources is None or not resources.HasField("cpu"):
             return cls()
         cpu = resources.cpu
+        # 0 is "not set" in the CRI's resources, which the runtime passes on as they came
         return cls(
-            quota=cpu.quota.value if cpu.HasField("quota") else None,
-            period=cpu.period.value if cpu.HasField("period") else None,
-            shares=cpu.shares.value if cpu.HasField("shares") else None,
+            quota=(cpu.quota.value or None) if cpu.HasField("quota") else None,
+            period=(cpu.period.value or None) if cpu.HasField("period") else None,
+            shares=(cpu.shares.value or None) if cpu.HasField("shares") else None,
         )
 
     def merged(self, newer: CpuAsk) -> CpuAsk:
