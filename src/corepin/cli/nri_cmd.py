@@ -111,7 +111,13 @@ def run(args: argparse.Namespace) -> int:
     get_policy(settings.policy)  # an unknown policy is refused before anything starts
     topology = discover(settings.sysfs_root)
     metrics = NriMetrics()
-    agent = NriAgent(settings, topology, metrics=metrics)
+    client = None
+    if args.kubeconfig or environ.get("KUBECONFIG") or environ.get("KUBERNETES_SERVICE_HOST"):
+        from corepin.kube.client import KubeClient
+        from corepin.kube.config import load_config
+
+        client = KubeClient.from_config(load_config(args.kubeconfig, env=environ))
+    agent = NriAgent(settings, topology, metrics=metrics, client=client)
     ops = OpsServer(settings.metrics_address, metrics=metrics.registry, ready=agent.ready)
     done = stop_on_signals()
     ops.start()
@@ -121,4 +127,6 @@ def run(args: argparse.Namespace) -> int:
     finally:
         agent.stop(timeout=2.5)
         ops.stop(timeout=1.0)
+        if client is not None:
+            client.close()
     return 0

@@ -32,7 +32,7 @@ import logging
 import threading
 import time
 from collections.abc import Callable, Iterable, Sequence
-from typing import Final
+from typing import Final, TypeVar
 
 from corepin.agent.node.nri.settings import NriSettings
 from corepin.agent.node.nri.view import ANN_CPU_LIMIT, CpuAsk, RuntimeContainer, RuntimeView
@@ -49,6 +49,8 @@ from corepin.state.model import HostState
 from corepin.topology.model import Topology
 
 log = logging.getLogger("corepin.agent.nri")
+
+T = TypeVar("T")
 
 #: the runtime events the plugin subscribes to
 EVENTS: Final = (
@@ -93,6 +95,7 @@ class NriPolicy:
         reservation: NodeReservation | None = None,
         on_state: Callable[[HostState], None] = lambda state: None,
         on_decided: Callable[[Decided], None] = lambda decided: None,
+        on_forgotten: Callable[[str], None] = lambda uid: None,
         push: Callable[[Sequence[api_pb2.ContainerUpdate]], None] = lambda updates: None,
         clock: Callable[[], float] = time.time,
     ) -> None:
@@ -105,6 +108,7 @@ class NriPolicy:
             settings.reserved_cpus, settings.options, lambda: None, topology, None
         )
         self.on_decided = on_decided
+        self.on_forgotten = on_forgotten
         self.push = push
         self.clock = clock
         self.runtime = ("", "")
@@ -260,6 +264,7 @@ class NriPolicy:
         CPUs, when CPUs freed up); the state committed. `forget`: the uid of a pod that is
         gone, released first."""
         decided: list[Decided] = []
+        gone: list[str] = [forget] if forget else []
         with self.store.transaction() as txn:
             before = state = txn.state
             if forget:
@@ -267,7 +272,7 @@ class NriPolicy:
             if reserve:
                 state = self.reservation.apply(state)
             if orphans:
-                state = self._drop_orphans(state)
+                state = self._drop_orphans(state, gone)
             pods = list(dict.fromkeys(pod_ids))
             if adopt:  # containers that keep the CPUs they run on go first
                 pods.sort(key=lambda p: not self._adoptions(state, p))
@@ -279,6 +284,8 @@ class NriPolicy:
             state = txn.commit_if_changed(state)
         for one in decided:
             self._told(one)
+        for uid in gone:
+            self._tell(self.on_forgotten, uid)
         return state
 
     def _sync(self, state: HostState, pod_id: str, adopt: bool, out: list[Decided]) -> HostState:
@@ -340,11 +347,12 @@ class NriPolicy:
                     break
         return out
 
-    def _drop_orphans(self, state: HostState) -> HostState:
+    def _drop_orphans(self, state: HostState, gone: list[str]) -> HostState:
         live = {p.uid for p in self.view.pods.values()}
         for uid in sorted(
             {a.container.pod_uid for a in state if a.container and a.container.pod_uid not in live}
         ):
+            gone.append(uid)
             state, released = forget_pod(state, uid)
             for a in released:
                 log.info("event=released_orphan id=%s cpus=%s", a.id, a.withheld or "-")
@@ -361,10 +369,14 @@ class NriPolicy:
                 event.container or "-",
                 event.message,
             )
+        self._tell(self.on_decided, decided)
+
+    @staticmethod
+    def _tell(hook: Callable[[T], None], what: T) -> None:
         try:
-            self.on_decided(decided)
+            hook(what)
         except Exception:  # telling never stops a decision
-            log.exception("event=nri_tell_failed pod=%s", decided.plan.key)
+            log.exception("event=nri_tell_failed about=%r", what)
 
     # ------------------------------------------------------------------ pins
     def pin_of(self, state: HostState, container: RuntimeContainer) -> Pin:

@@ -2,6 +2,8 @@
 
 - `NodeLock` (mode `nri`) first: a node agent that manages the node already makes the plugin
   refuse to start (exit 4, naming it); another `corepin nri` of the node is waited for.
+- With the API (`ApiReporter`), the node's pods are watched before the runtime is asked, and
+  every decision is published as the agent publishes it.
 - `NriPolicy` answers the runtime's requests (`corepin.nri.plugin.NriPlugin` serves them on its
   dispatcher thread); each answer is counted and timed (`NriMetrics`).
 - Updates that no reply can carry (a pod removed, a new reservation) go to a pusher thread,
@@ -21,9 +23,11 @@ from typing import TypeVar
 
 from corepin.agent.node.lock import NodeLock
 from corepin.agent.node.metrics import NriMetrics
-from corepin.agent.node.nri.policy import EVENTS, Decided, NriPolicy
+from corepin.agent.node.nri.policy import EVENTS, NriPolicy
+from corepin.agent.node.nri.report import ApiReporter
 from corepin.agent.node.nri.settings import NriSettings
 from corepin.core.errors import CorepinError, EnvironmentProblem
+from corepin.kube.client import KubeClient
 from corepin.nri.gen import api_pb2
 from corepin.nri.plugin import NriPlugin
 from corepin.state.model import HostState
@@ -93,16 +97,20 @@ class NriAgent:
         topology: Topology,
         *,
         metrics: NriMetrics | None = None,
-        on_decided: Callable[[Decided], None] = lambda decided: None,
+        client: KubeClient | None = None,
     ) -> None:
         self.settings = settings
         self.metrics = metrics
         self.lock = NodeLock(settings.state_dir, settings.node_name, mode="nri")
+        self.reporter = None if client is None else ApiReporter(settings, client, topology)
+        reporter = self.reporter
         self.policy = NriPolicy(
             settings,
             topology,
+            reservation=None if reporter is None else reporter.reservation,
             on_state=self._committed,
-            on_decided=on_decided,
+            on_decided=(lambda d: None) if reporter is None else reporter.decided,
+            on_forgotten=(lambda uid: None) if reporter is None else reporter.forgotten,
             push=self._push,
         )
         self.plugin = NriPlugin(
@@ -126,8 +134,12 @@ class NriAgent:
                 "stopped while waiting for the node lock", reason="node_lock_wait_stopped"
             )
         try:
+            if self.reporter is not None:  # the pods are known before the runtime asks
+                self.reporter.start(self.policy.store, self.policy.refresh)
             self.plugin.connect_first(timeout)
         except BaseException:
+            if self.reporter is not None:
+                self.reporter.stop()
             self.lock.release()
             raise
         self._spawn(lambda: self.plugin.serve(self._stop), "nri-serve")
@@ -140,11 +152,14 @@ class NriAgent:
         self.plugin.close()
         for thread in self._threads:
             thread.join(timeout / 2)
+        if self.reporter is not None:
+            self.reporter.stop(timeout / 2)
         self.lock.release()
 
     def ready(self) -> bool:
-        """Connected and synchronized with the runtime."""
-        return self.policy.synced.is_set()
+        """Synchronized with the runtime (and, with the API, every watch in contact)."""
+        in_contact = self.reporter is None or self.reporter.in_contact()
+        return self.policy.synced.is_set() and in_contact
 
     def wait_synced(self, timeout: float) -> bool:
         return self.policy.synced.wait(timeout)
