@@ -8,7 +8,10 @@ containerd for the module), driven through the CRI as the kubelet drives it.
 - an ineligible container (500m) marked exclusive runs on the shared pool, and is not refused;
 - `kill -9` of the plugin and a new one keep every pin, with no overlap;
 - a restart of containerd is survived (the plugin connects again and pins new containers);
-- `corepin nri` and `corepin agent` refuse to manage one node together (exit 4).
+- `corepin nri` and `corepin agent` refuse to manage one node together (exit 4);
+- with a kubeconfig (a fake API server over real HTTP), it publishes what the agent publishes:
+  the pod's `corepin.io/cpus` annotation, a PodCPUBinding, a `CPUPinned` Event and the node's
+  NodeCPUTopology.
 
 The plugin runs as its own process (`python -m corepin nri`); the bed's host has 2 CPUs, so an
 exclusive container takes one and the shared pool keeps the other.
@@ -17,6 +20,7 @@ exclusive container takes one and the shared pool keeps the other.
 from __future__ import annotations
 
 import contextlib
+import json
 import os
 import signal
 import subprocess
@@ -28,9 +32,13 @@ import pytest
 
 from corepin.agent.node.lock import NodeLock
 from corepin.core.cpuset import CPUSet
+from corepin.kube.client import KubeClient
+from corepin.kube.resources import EVENTS, NCPT, NODES, PCB, PODS
+from support import pods
 from support.cri_client import report_then
 from support.cri_harness import NEEDS_CRI_BED, CriBed
 from support.helpers import corepin_argv, reap, wait_for
+from support.kube_helpers import install_crds
 from support.ports import free_port
 
 pytestmark = NEEDS_CRI_BED
@@ -41,7 +49,7 @@ EXCLUSIVE = {"corepin.io/cpu-policy": "exclusive"}
 class Plugin:
     """A `corepin nri` process connected to the bed's runtime."""
 
-    def __init__(self, bed: CriBed, state_dir: Path, log: Path) -> None:
+    def __init__(self, bed: CriBed, state_dir: Path, log: Path, *extra: str) -> None:
         self.bed = bed
         self.state_dir = state_dir
         self.port = free_port()
@@ -59,6 +67,7 @@ class Plugin:
                 "--metrics-address",
                 f"127.0.0.1:{self.port}",
                 "-v",
+                *extra,
             ),
             stdout=self.log,
             stderr=subprocess.STDOUT,
@@ -259,3 +268,50 @@ def test_agent_and_nri_refuse_to_manage_one_node_together(
         held.release()
     assert nri.returncode == 4, nri.stderr
     assert "corepin agent" in nri.stderr and f"pid={os.getpid()}" in nri.stderr
+
+
+def test_with_the_api_it_publishes_what_the_agent_publishes(
+    cri_bed: CriBed, kube: KubeClient, fake_kubeconfig: Path, tmp_path: Path
+) -> None:
+    install_crds(kube)
+    kube.create(NODES, {"apiVersion": "v1", "kind": "Node", "metadata": {"name": "bed"}})
+    created = kube.create(
+        PODS, pods.pod("web", pods.container("app", cpu="1"), node="bed", annotations=EXCLUSIVE)
+    )
+    uid = created["metadata"]["uid"]
+    plugin = Plugin(
+        cri_bed, tmp_path / "state", tmp_path / "nri.log", "--kubeconfig", str(fake_kubeconfig)
+    )
+    try:
+        sandbox = cri_bed.cri.run_pod("web", uid=uid, annotations=EXCLUSIVE)
+        cid = cri_bed.cri.create_and_start(
+            sandbox, "app", report_then(), cpu_request_milli=1000, cpu_limit_milli=1000
+        )
+        mine = cri_bed.cri.reported_cpus(cid)
+
+        def annotated() -> bool:
+            annotations = kube.get(PODS, "web", "default")["metadata"].get("annotations", {})
+            return json.loads(annotations.get("corepin.io/cpus", "{}")) == {"app": mine}
+
+        wait_for(annotated, what="the corepin.io/cpus annotation")
+        (binding,) = kube.list(PCB, "default")["items"]
+        assert binding["spec"]["podName"] == "web"
+        assert binding["status"]["cpus"] == mine
+        wait_for(
+            lambda: any(
+                e.get("reason") == "CPUPinned" for e in kube.list(EVENTS, "default")["items"]
+            ),
+            what="a CPUPinned Event",
+        )
+        wait_for(
+            lambda: (
+                [a["pod"] for a in kube.get(NCPT, "bed").get("status", {}).get("allocations", [])]
+                == ["web"]
+            ),
+            what="the NodeCPUTopology's allocation",
+        )
+    finally:
+        plugin.stop()
+        for pod_id in list(cri_bed.cri.pods):
+            with contextlib.suppress(Exception):
+                cri_bed.cri.remove_pod(pod_id)
