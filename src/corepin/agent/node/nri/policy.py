@@ -127,6 +127,14 @@ class NriPolicy:
             req.runtime_name or "unknown",
             req.runtime_version or "unknown",
         )
+        # what a newer NRI (0.7 and later) tells in Configure; NRI 0.6.1 (containerd 1.7)
+        # sends none of it, and corepin then relies on the 0.6 behaviour only
+        log.info(
+            "event=nri_features nri_version=%s request_timeout=%s registration_timeout=%s",
+            req.nri_version or "unknown (NRI < 0.7)",
+            f"{req.request_timeout / 1e9:g}s" if req.request_timeout > 0 else "unknown (2s)",
+            f"{req.registration_timeout / 1e9:g}s" if req.registration_timeout > 0 else "unknown",
+        )
 
     def synchronize(
         self, pods: Sequence[api_pb2.PodSandbox], containers: Sequence[api_pb2.Container]
