@@ -289,7 +289,10 @@ class NriPolicy:
             if len(state.free) > len(before.free) or state.reserved != before.reserved:
                 for pod_id in self._waiting(state, skip=set(pods)):
                     state = self._sync(state, pod_id, False, decided)
-            state = txn.commit_if_changed(state)
+            if orphans and not txn.existed:
+                state = txn.commit(state)  # (the first checkpoint: later reads reuse it)
+            else:
+                state = txn.commit_if_changed(state)
         for one in decided:
             self._told(one)
         for uid in gone:
