@@ -274,15 +274,15 @@ class FakeRuntime:
         return self.sessions[-1]
 
     def wait_session(self, number: int | None = None, timeout: float = 10.0) -> Session:
-        """The `number`th connection (1-based; default: the first not yet ended, else the
-        latest) once registered, configured and synchronized; AssertionError on timeout or
-        when the runtime gave up on it."""
+        """The `number`th connection (1-based; default: the latest one that has not ended, or
+        that the runtime refused) once registered, configured and synchronized;
+        AssertionError on timeout or when the runtime refused the plugin."""
 
         def found() -> Session | None:
             if number is not None:
                 return self.sessions[number - 1] if len(self.sessions) >= number else None
-            live = [s for s in self.sessions if not s.closed.is_set()]
-            return live[0] if live else None
+            live = [s for s in self.sessions if not s.closed.is_set() or s.error is not None]
+            return live[-1] if live else None
 
         with self._changed:
             ok = self._changed.wait_for(

@@ -175,7 +175,7 @@ class NriPlugin:
         closes (the runtime owns that life). Call `close` afterwards."""
         delay = BACKOFF_START
         failures = 0
-        while not stop.is_set():
+        while not stop.is_set() and not self._closing:
             conn = self._conn
             if conn is not None:
                 while not conn.closed:
