@@ -160,7 +160,10 @@ class NriPlugin:
     # ------------------------------------------------------------ connecting
     def connect_first(self, timeout: float | None = None) -> None:
         """Connect and register (waiting at most `timeout` s for the runtime's answer, default
-        `register_timeout`). Raises `NriError` (exit 4) naming the socket and why."""
+        `register_timeout`). Raises `NriError` (exit 4) naming the socket and why. Does
+        nothing while connected."""
+        if self.connected:
+            return
         self._connect(self._register_timeout if timeout is None else timeout)
 
     def wait_synchronized(self, timeout: float | None = None) -> bool:

@@ -300,6 +300,7 @@ def test_a_runtime_that_never_answers_the_registration_fails_it(sock_dir: Path) 
         plugin.close()
     assert raised.value.reason == "nri_registration_failed"
     assert str(path) in str(raised.value) and "no answer" in str(raised.value)
+    assert "\n" not in str(raised.value)
 
 
 # ---------------------------------------------------------------- requests
@@ -423,7 +424,9 @@ def test_update_containers_when_not_connected_says_so(bed: Bed) -> None:
         plugin.update_containers([])
     assert raised.value.reason == "nri_not_connected" and str(bed.path) in str(raised.value)
     plugin.connect_first()
+    plugin.connect_first()  # connected already: nothing more
     assert plugin.update_containers([]) == []
+    assert len(bed.runtimes[0].sessions) == 1 and plugin.registrations == 1
     plugin.close()
     with pytest.raises(NriError, match="not connected"):
         plugin.update_containers([])
