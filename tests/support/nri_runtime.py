@@ -138,6 +138,25 @@ def container(
     )
 
 
+def apply_resources(target: api_pb2.LinuxResources, change: api_pb2.LinuxResources) -> None:
+    """Apply `change` to `target` as the runtime applies an adjustment or an update: every
+    field set in `change` (an optional value even when zero, a CPU or memory list when not
+    empty) replaces the one of `target`."""
+    for part in ("memory", "cpu"):
+        if not change.HasField(part):
+            continue
+        source, dest = getattr(change, part), getattr(target, part)
+        for descriptor, value in source.ListFields():
+            if descriptor.message_type is not None:
+                getattr(dest, descriptor.name).CopyFrom(value)
+            else:
+                setattr(dest, descriptor.name, value)
+    for name in ("blockio_class", "rdt_class"):
+        if change.HasField(name):
+            getattr(target, name).CopyFrom(getattr(change, name))
+    target.unified.update(change.unified)
+
+
 def event_bit(event: int) -> int:
     """The bit of `event` in a subscription mask."""
     return 1 << (event - 1)
@@ -274,15 +293,15 @@ class FakeRuntime:
         return self.sessions[-1]
 
     def wait_session(self, number: int | None = None, timeout: float = 10.0) -> Session:
-        """The `number`th connection (1-based; default: the first not yet ended, else the
-        latest) once registered, configured and synchronized; AssertionError on timeout or
-        when the runtime gave up on it."""
+        """The `number`th connection (1-based; default: the latest one that has not ended, or
+        that the runtime refused) once registered, configured and synchronized;
+        AssertionError on timeout or when the runtime refused the plugin."""
 
         def found() -> Session | None:
             if number is not None:
                 return self.sessions[number - 1] if len(self.sessions) >= number else None
-            live = [s for s in self.sessions if not s.closed.is_set()]
-            return live[0] if live else None
+            live = [s for s in self.sessions if not s.closed.is_set() or s.error is not None]
+            return live[-1] if live else None
 
         with self._changed:
             ok = self._changed.wait_for(
@@ -366,10 +385,10 @@ class FakeRuntime:
         held.CopyFrom(ctr)
         held.state = api_pb2.CONTAINER_CREATED
         answer = None
-        if self.session.subscribed(api_pb2.CREATE_CONTAINER):
+        if self._ready().subscribed(api_pb2.CREATE_CONTAINER):
             request = api_pb2.CreateContainerRequest(pod=sandbox, container=held)
             answer = self.call("CreateContainer", request, api_pb2.CreateContainerResponse)
-            held.linux.resources.MergeFrom(answer.adjust.linux.resources)
+            apply_resources(held.linux.resources, answer.adjust.linux.resources)
             for key, value in answer.adjust.annotations.items():
                 held.annotations[key] = value
         self.containers[held.id] = held
@@ -392,12 +411,12 @@ class FakeRuntime:
         answered (an update of `ctr` itself overrides `resources`)."""
         held = self.containers[ctr.id]
         answer = None
-        if self.session.subscribed(api_pb2.UPDATE_CONTAINER):
+        if self._ready().subscribed(api_pb2.UPDATE_CONTAINER):
             request = api_pb2.UpdateContainerRequest(
                 pod=self.pods[held.pod_sandbox_id], container=held, linux_resources=resources
             )
             answer = self.call("UpdateContainer", request, api_pb2.UpdateContainerResponse)
-        held.linux.resources.MergeFrom(resources)
+        apply_resources(held.linux.resources, resources)
         if answer is not None:
             self._apply_updates(answer.update)
         return answer
@@ -406,7 +425,7 @@ class FakeRuntime:
         """StopContainer: ask the plugin, apply its updates, state STOPPED."""
         held = self.containers[ctr.id]
         answer = None
-        if self.session.subscribed(api_pb2.STOP_CONTAINER):
+        if self._ready().subscribed(api_pb2.STOP_CONTAINER):
             request = api_pb2.StopContainerRequest(
                 pod=self.pods[held.pod_sandbox_id], container=held
             )
@@ -430,7 +449,7 @@ class FakeRuntime:
         self, event: int, sandbox: api_pb2.PodSandbox, ctr: api_pb2.Container | None = None
     ) -> bool:
         """Tell the plugin about `event` when it subscribed; True when it was told."""
-        if not self.session.subscribed(event):
+        if not self._ready().subscribed(event):
             return False
         request = api_pb2.StateChangeEvent(event=event, pod=sandbox, container=ctr)
         self.call("StateChange", request, api_pb2.Empty)
@@ -502,6 +521,13 @@ class FakeRuntime:
         self.inject(struct.pack(">II", conn_id, len(payload)) + payload, session)
 
     # ------------------------------------------------------------ inside
+    def _ready(self) -> Session:
+        """The latest session, once it is set up (the runtime sends no event before)."""
+        session = self.session
+        if not session.ready.wait(self.call_timeout):
+            raise SessionClosed(f"the plugin session is not set up: {session.error or 'timeout'}")
+        return session
+
     def _spawn(self, target: Callable[..., None], *args: object) -> None:
         thread = threading.Thread(target=target, args=args, daemon=True, name="fake-nri-runtime")
         self._threads.append(thread)
@@ -641,7 +667,7 @@ class FakeRuntime:
             if held is None or (self.fail_update is not None and self.fail_update(update)):
                 failed.append(update)
                 continue
-            held.linux.resources.MergeFrom(update.linux.resources)
+            apply_resources(held.linux.resources, update.linux.resources)
         return failed
 
     def _send(self, session: Session, conn_id: int, stream_id: int, kind: int, body: bytes) -> None:

@@ -17,7 +17,8 @@ socket: one reader thread reads the socket and hands each whole ttrpc frame to a
 may be called from any thread, a lock keeping the frames of different threads apart.
 
 Writes are cut into mux frames of at most `WRITE_CHUNK` (4096) bytes: the runtime's Go reader
-hands each mux frame whole to a 4096-byte buffer and drops the connection when one does not fit.
+hands each mux frame whole to a 4096-byte buffer, and a larger frame is lost (containerd 1.7.24
+never answered an UpdateContainers sent as one 10 kB mux frame, and dropped the plugin later).
 """
 
 from __future__ import annotations

@@ -160,7 +160,10 @@ class NriPlugin:
     # ------------------------------------------------------------ connecting
     def connect_first(self, timeout: float | None = None) -> None:
         """Connect and register (waiting at most `timeout` s for the runtime's answer, default
-        `register_timeout`). Raises `NriError` (exit 4) naming the socket and why."""
+        `register_timeout`). Raises `NriError` (exit 4) naming the socket and why. Does
+        nothing while connected."""
+        if self.connected:
+            return
         self._connect(self._register_timeout if timeout is None else timeout)
 
     def wait_synchronized(self, timeout: float | None = None) -> bool:
@@ -175,7 +178,7 @@ class NriPlugin:
         closes (the runtime owns that life). Call `close` afterwards."""
         delay = BACKOFF_START
         failures = 0
-        while not stop.is_set():
+        while not stop.is_set() and not self._closing:
             conn = self._conn
             if conn is not None:
                 while not conn.closed:

@@ -110,6 +110,7 @@ class _Work:
     conn: Connection
     stream_id: int = 0
     envelope: ttrpc_pb2.Request | None = None  # None: the connection was lost
+    arrived: float = 0.0  # time.monotonic() when the reader queued it
 
 
 class _Answer:
@@ -177,7 +178,7 @@ class PluginService:
 
     def submit(self, conn: Connection, stream_id: int, envelope: ttrpc_pb2.Request) -> None:
         """Queue a request of the runtime (from the reader thread)."""
-        self._queue.put(_Work(conn, stream_id, envelope))
+        self._queue.put(_Work(conn, stream_id, envelope, time.monotonic()))
 
     def lost(self, conn: Connection) -> None:
         """Queue `Handlers.disconnected` for a registered connection that ended."""
@@ -195,7 +196,7 @@ class PluginService:
                 if work.envelope is None:
                     self._disconnected(work.conn)
                 else:
-                    self._handle(work.conn, work.stream_id, work.envelope)
+                    self._handle(work.conn, work.stream_id, work.envelope, work.arrived)
             except Exception:  # never lose the dispatcher: the next request must be served
                 log.exception("NRI: the dispatcher failed on a request")
 
@@ -207,12 +208,15 @@ class PluginService:
         except Exception:
             log.exception("NRI: the disconnected handler failed")
 
-    def _handle(self, conn: Connection, stream_id: int, envelope: ttrpc_pb2.Request) -> None:
+    def _handle(
+        self, conn: Connection, stream_id: int, envelope: ttrpc_pb2.Request, arrived: float
+    ) -> None:
+        """Run one request and answer it; the time reported runs from its arrival (the time
+        it waited behind others included) to its answer."""
         method = envelope.method
         if conn.closed:
             log.debug("NRI: %s dropped: its connection is closed", method)
             return
-        started = time.monotonic()
         code, message, answer = self._run(conn, envelope)
         try:
             if answer is not None:
@@ -221,12 +225,7 @@ class PluginService:
                 conn.reply_error(stream_id, code, message)
         except NriError as exc:
             log.warning("NRI: the answer to %s was not sent: %s", method, exc)
-        if answer is not None and answer.after is not None:
-            try:
-                answer.after()
-            except Exception:
-                log.exception("NRI: %s: the handler failed after the answer", method)
-        took = time.monotonic() - started
+        took = time.monotonic() - arrived
         if envelope.timeout_nano and took * 1e9 > envelope.timeout_nano:
             log.warning(
                 "NRI: %s took %.3f s, longer than the runtime waits (%.3f s)",
@@ -239,6 +238,11 @@ class PluginService:
                 self._observer(method, took, code)
             except Exception:
                 log.exception("NRI: the request observer failed")
+        if answer is not None and answer.after is not None:
+            try:
+                answer.after()
+            except Exception:
+                log.exception("NRI: %s: the handler failed after the answer", method)
 
     def _run(
         self, conn: Connection, envelope: ttrpc_pb2.Request
