@@ -132,8 +132,8 @@ class NriPolicy:
         log.info(
             "event=nri_features nri_version=%s request_timeout=%s registration_timeout=%s",
             req.nri_version or "unknown (NRI < 0.7)",
-            f"{req.request_timeout / 1e9:g}s" if req.request_timeout > 0 else "unknown (2s)",
-            f"{req.registration_timeout / 1e9:g}s" if req.registration_timeout > 0 else "unknown",
+            f"{req.request_timeout / 1e3:g}s" if req.request_timeout > 0 else "unknown (2s)",
+            f"{req.registration_timeout / 1e3:g}s" if req.registration_timeout > 0 else "unknown",
         )
 
     def synchronize(
