@@ -19,6 +19,8 @@ kubelet removes it), the newest one that is not stopped speaks for the name.
 
 from __future__ import annotations
 
+import hashlib
+import re
 from collections.abc import Iterator, Mapping
 from fractions import Fraction
 from typing import Any, Final
@@ -32,6 +34,7 @@ RUNTIME_SCHEMES: Final = {"containerd": "containerd", "cri-o": "cri-o", "crio": 
 #: and period of a container whose quota the plugin lifts, as "QUOTA/PERIOD": after a restart
 #: the runtime reports the lifted quota (-1), and this tells the limit it stands for
 ANN_CPU_LIMIT: Final = "corepin.io/cfs-quota"
+_HEX64: Final = re.compile(r"[0-9a-f]{64}")
 #: NRI container states that run (or are about to)
 LIVE_STATES: Final = (
     api_pb2.CONTAINER_CREATED,
@@ -247,7 +250,9 @@ class RuntimeView:
                 state = {"terminated": {}}
             else:
                 state = {"waiting": {}}
-            statuses.append({"name": c.name, "containerID": f"{scheme}://{c.id}", "state": state})
+            statuses.append(
+                {"name": c.name, "containerID": f"{scheme}://{plan_id(c.id)}", "state": state}
+            )
         status: dict[str, Any] = {"containerStatuses": statuses}
         qos = qos_of_parent(pod.cgroup_parent)
         if qos:
@@ -263,6 +268,14 @@ class RuntimeView:
             "spec": {"containers": containers},
             "status": status,
         }
+
+
+def plan_id(container_id: str) -> str:
+    """The container id as the pod plan takes one (64 lowercase hex digits, as containerd and
+    CRI-O make them); another runtime's id is named by the SHA-256 of it, stable and unique."""
+    if _HEX64.fullmatch(container_id):
+        return container_id
+    return hashlib.sha256(container_id.encode("utf-8", "surrogateescape")).hexdigest()
 
 
 def qos_of_parent(cgroup_parent: str) -> str:
@@ -286,5 +299,6 @@ __all__ = [
     "RuntimeContainer",
     "RuntimePod",
     "RuntimeView",
+    "plan_id",
     "qos_of_parent",
 ]
