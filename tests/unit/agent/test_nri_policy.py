@@ -202,6 +202,25 @@ def test_synchronize_without_checkpoint_adopts_what_runs(tmp_path: Path) -> None
     assert not updates  # it already runs where it should
 
 
+def test_a_lifted_quota_without_annotation_keeps_its_pin_across_a_restart(
+    tmp_path: Path,
+) -> None:
+    settings = NriSettings(node_name="node1", state_dir=str(tmp_path))
+    first = NriPolicy(settings, single_socket_ht())
+    first.synchronize([], [])
+    mine = cpus_of(
+        create(first, sandbox(2, "exclusive"), container(2, 2, 2000)).adjust.linux.resources.cpu
+    )
+    # as an upgraded container shows after a restart: quota lifted, no kept limit
+    pinned = container(2, 2, 2000)
+    pinned.linux.resources.cpu.cpus = str(mine)
+    pinned.linux.resources.cpu.mems = "0"
+    pinned.linux.resources.cpu.quota.value = NO_QUOTA
+    second = NriPolicy(settings, single_socket_ht())
+    assert not second.synchronize([sandbox(2, "exclusive")], [pinned])
+    assert second.state is not None and second.state.exclusive_cpus == mine
+
+
 def test_view_reads_the_kubelets_resources_back() -> None:
     view = RuntimeView()
     view.pod(sandbox(1, "exclusive"))

@@ -64,6 +64,8 @@ EVENTS: Final = (
 )
 #: CFS quota that lifts the limit (what runc writes as "no quota")
 NO_QUOTA: Final = -1
+#: the CFS period the kubelet gives every container (microseconds)
+DEFAULT_PERIOD: Final = 100_000
 
 
 @record
@@ -281,6 +283,8 @@ class NriPolicy:
                 state = self.reservation.apply(state)
             if orphans:
                 state = self._drop_orphans(state, gone)
+            if adopt:
+                self._restore_lifted(state)
             pods = list(dict.fromkeys(pod_ids))
             if adopt:  # containers that keep the CPUs they run on go first
                 pods.sort(key=lambda p: not self._adoptions(state, p))
@@ -321,6 +325,21 @@ class NriPolicy:
             events = [PodEvent("Warning", "CPUPinFailed", f"corepin could not decide: {exc}")]
         out.append(Decided(pod_id, plan, tuple(events)))
         return state
+
+    def _restore_lifted(self, state: HostState) -> None:
+        """Containers the runtime reports with a lifted quota and no kept limit (pinned before
+        a restart without the annotation: upgraded after waiting for CPUs) that the
+        checkpoint holds as exclusive: the plugin lifts only the quota of a container whose
+        limit is its request, so the limit is read as its CPU count again."""
+        for c in list(self.view.live()):
+            pod = self.view.pods.get(c.pod_id)
+            if c.ask.quota != NO_QUOTA or pod is None:
+                continue
+            held = state.get(assignment_id(pod.uid, c.name))
+            if held is not None and held.kind == "exclusive":
+                period = c.ask.period or DEFAULT_PERIOD
+                self.view.set_ask(c.id, CpuAsk(quota=period * len(held.cpus), period=period))
+                self._lifted.add(c.id)
 
     def _adoptions(self, state: HostState, pod_id: str) -> dict[str, CPUSet]:
         """Containers of the pod that ask for exclusive CPUs, have no assignment in the state,
