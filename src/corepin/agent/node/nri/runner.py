@@ -64,7 +64,12 @@ class MeteredHandlers:
     def create_container(
         self, req: api_pb2.CreateContainerRequest
     ) -> api_pb2.CreateContainerResponse:
-        return self._timed("create_container", lambda: self.policy.create_container(req))
+        started = time.perf_counter()
+        reply = self._timed("create_container", lambda: self.policy.create_container(req))
+        if self.metrics is not None:  # (a container to pin, decided in the reply)
+            self.metrics.pinning_request()
+            self.metrics.observe_decision(time.perf_counter() - started)
+        return reply
 
     def update_container(
         self, req: api_pb2.UpdateContainerRequest
