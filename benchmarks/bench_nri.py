@@ -40,7 +40,7 @@ Figures:
    time, p50/p99 create+start under this load, then every pod is removed. A wrong pin (still
    wrong after the 5 s) is a correctness failure: the script prints it and exits 1.
 
-Usage (root): .venv/bin/python benchmarks/bench_nri.py [--quick] [--no-agent]   (~70-110 s on 2 CPUs)
+Usage (root, ~70-110 s on 2 CPUs): .venv/bin/python benchmarks/bench_nri.py [--quick] [--no-agent]
 """
 
 from __future__ import annotations
