@@ -26,6 +26,7 @@ import signal
 import subprocess
 import urllib.request
 from collections.abc import Iterator
+from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
 import pytest
@@ -170,6 +171,26 @@ def test_exclusive_pinned_before_its_first_instruction_and_kept(
         what="the shared container to grow back",
     )
     assert 'corepin_nri_requests_total{event="create_container"}' in plugin.metrics()
+
+
+def test_containers_created_at_the_same_moment_all_end_on_their_pins(
+    cri_bed: CriBed, plugin: Plugin
+) -> None:
+    # a shared container still being created when the exclusive one's reply narrows it misses
+    # that update; the plugin repairs it once the runtime has created it
+    names = [f"shared{i}" for i in range(8)]
+    with ThreadPoolExecutor(4) as pool:
+        shared = list(pool.map(lambda n: start(cri_bed, n, 500), names[:4]))
+        mine_future = pool.submit(start, cri_bed, "exclusive", 1000, EXCLUSIVE)
+        shared += list(pool.map(lambda n: start(cri_bed, n, 500), names[4:]))
+        mine = mine_future.result()
+    pinned = cpus(cri_bed.cri.reported_cpus(mine))
+    assert len(pinned) == 1
+    for cid in shared:
+        wait_for(
+            lambda cid=cid: cpus(cri_bed.live_allowed_cpus(cid)) == online() - pinned,
+            what=f"shared container {cid[:12]} to leave the exclusive CPU",
+        )
 
 
 def test_ineligible_exclusive_container_runs_on_the_shared_pool(

@@ -115,6 +115,7 @@ def test_pins_in_the_reply_and_keeps_them_across_kill_9_and_a_runtime_restart(
         first = runtime.create_container(web, shared)
         assert first is not None
         assert cpus_of(first.adjust.linux.resources.cpu) == CPUSet.parse("0-7")
+        runtime.start_container(shared)
 
         db = rt.pod("db", annotations=EXCLUSIVE)
         pinned = rt.container(db, "app", cpu_request=2, cpu_limit=2)
@@ -123,6 +124,7 @@ def test_pins_in_the_reply_and_keeps_them_across_kill_9_and_a_runtime_restart(
         assert reply is not None
         mine = cpus_of(reply.adjust.linux.resources.cpu)
         assert len(mine) == 2 and reply.adjust.linux.resources.cpu.quota.value == -1
+        runtime.start_container(pinned)
         (update,) = reply.update
         assert update.container_id == shared.id
         assert cpus_of(update.linux.resources.cpu) == CPUSet.parse("0-7") - mine

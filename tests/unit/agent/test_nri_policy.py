@@ -63,6 +63,11 @@ def create(p: NriPolicy, pod: nri.PodSandbox, c: nri.Container) -> nri.CreateCon
     return p.create_container(nri.CreateContainerRequest(pod=pod, container=c))
 
 
+def started(p: NriPolicy, pod: nri.PodSandbox, c: nri.Container) -> None:
+    """The runtime started the container (its PostStartContainer event)."""
+    p.state_change(nri.StateChangeEvent(event=nri.POST_START_CONTAINER, pod=pod, container=c))
+
+
 def test_exclusive_container_is_pinned_in_the_create_reply_and_shared_ones_shrink(
     policy: NriPolicy,
 ) -> None:
@@ -135,10 +140,50 @@ def test_a_removed_pod_is_released_and_the_update_pushed(tmp_path: Path) -> None
     )
     p.synchronize([], [])
     create(p, sandbox(1), container(1, 1, 500))
+    started(p, sandbox(1), container(1, 1, 500))
     create(p, sandbox(2, "exclusive"), container(2, 2, 2000))
     p.state_change(nri.StateChangeEvent(event=nri.REMOVE_POD_SANDBOX, pod=sandbox(2)))
     assert len(pushed) == 1
     assert cpus_of(pushed[0][0].linux.resources.cpu) == CPUSet.parse("0-15")
+
+
+def test_a_container_updated_before_it_ran_is_updated_again_once_it_runs(
+    tmp_path: Path,
+) -> None:
+    pushed: list[list[nri.ContainerUpdate]] = []
+    p = NriPolicy(
+        NriSettings(node_name="node1", state_dir=str(tmp_path)),
+        single_socket_ht(),
+        push=lambda u: pushed.append(list(u)),
+    )
+    p.synchronize([], [])
+    shared, quiet = container(1, 1, 500), container(3, 3, 500)
+    create(p, sandbox(1), shared)  # created on every CPU, not started yet...
+    create(p, sandbox(3), quiet)
+    p.state_change(
+        nri.StateChangeEvent(event=nri.POST_START_CONTAINER, pod=sandbox(3), container=quiet)
+    )
+    reply = create(p, sandbox(2, "exclusive"), container(2, 2, 2000))
+    mine = cpus_of(reply.adjust.linux.resources.cpu)
+    # ...narrowed in this reply: the runtime may have changed only its spec
+    assert {u.container_id for u in reply.update} == {shared.id, quiet.id}
+    assert not pushed
+    shared.linux.resources.cpu.cpus = str(CPUSet.parse("0-15") - mine)  # (the spec)
+    shared.linux.resources.cpu.mems = "0"
+    p.state_change(
+        nri.StateChangeEvent(event=nri.POST_START_CONTAINER, pod=sandbox(1), container=shared)
+    )
+    (update,) = pushed[0]
+    assert update.container_id == shared.id
+    assert cpus_of(update.linux.resources.cpu) == CPUSet.parse("0-15") - mine
+    # once it ran with its pin, nothing more; a pod removed now pushes to running containers
+    p.state_change(nri.StateChangeEvent(event=nri.REMOVE_POD_SANDBOX, pod=sandbox(2)))
+    assert {u.container_id for u in pushed[1]} == {shared.id, quiet.id}
+    late = container(4, 4, 500)
+    create(p, sandbox(4), late)  # created, not running: left out of pushes until it runs
+    create(p, sandbox(5, "exclusive"), container(5, 5, 2000))
+    p.state_change(nri.StateChangeEvent(event=nri.REMOVE_POD_SANDBOX, pod=sandbox(5)))
+    assert late.id not in {u.container_id for u in pushed[-1]}
 
 
 def test_a_waiting_container_is_upgraded_when_cpus_free_up(tmp_path: Path) -> None:
@@ -300,6 +345,10 @@ def test_any_sequence_of_events_keeps_pins_apart(
             cpu = reply.adjust.linux.resources.cpu
             told[live[n].id] = (cpus_of(cpu), cpu.HasField("quota") and cpu.quota.value < 0)
             note(reply.update)
+            pushed_at_start: list[nri.ContainerUpdate] = []
+            p.push = pushed_at_start.extend
+            started(p, pods[n], live[n])
+            note(pushed_at_start)
         elif action == "stop" and n in live:
             c = live.pop(n)
             note(p.stop_container(nri.StopContainerRequest(pod=pods[n], container=c)).update)

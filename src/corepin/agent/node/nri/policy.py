@@ -19,7 +19,13 @@ The runtime calls the plugin (`corepin.nri.plugin.Handlers`) and `NriPolicy` ans
   CPU is never handed out twice); every container whose live CPUs differ from its pin is
   updated (drift repaired);
 - StateChange (pod stopped or removed, container removed): the same release, with the updates
-  pushed through the runtime's UpdateContainers afterwards (`push`), since no reply carries them.
+  pushed through the runtime's UpdateContainers afterwards (`push`), since no reply carries them;
+- PostStartContainer: a container that was updated (or whose update was held back) while it
+  was created but not yet running is updated again now that it runs. containerd 1.7 applies an
+  update of a container that does not run to its spec only, which is lost when the runtime had
+  already read the spec to start it (containers created at the same moment as an exclusive
+  one), and pushing an update while it starts the container can hang it: so pushes only touch
+  running containers, and the rest are put right here.
 
 When CPUs free up, pods with a container that waits for CPUs of its own (it runs on the shared
 pool meanwhile) are planned again. Nothing here ever refuses a container: a decision that fails
@@ -58,6 +64,7 @@ EVENTS: Final = (
     api_pb2.STOP_POD_SANDBOX,
     api_pb2.REMOVE_POD_SANDBOX,
     api_pb2.CREATE_CONTAINER,
+    api_pb2.POST_START_CONTAINER,
     api_pb2.UPDATE_CONTAINER,
     api_pb2.STOP_CONTAINER,
     api_pb2.REMOVE_CONTAINER,
@@ -215,10 +222,17 @@ class NriPolicy:
             if kind == api_pb2.RUN_POD_SANDBOX:
                 self.view.pod(event.pod)
                 return
-            if kind in (api_pb2.START_CONTAINER, api_pb2.POST_START_CONTAINER):
-                self.view.set_state(event.container.id, api_pb2.CONTAINER_RUNNING)
-                return
-            if kind == api_pb2.REMOVE_CONTAINER:
+            if kind == api_pb2.POST_START_CONTAINER:
+                known = self.view.container(event.container, state=api_pb2.CONTAINER_RUNNING)
+                committed = self.store.state
+                if committed is None or not known.stale:
+                    return
+                # updated (or held back) before it ran: the update may have reached only its
+                # spec after the runtime had read it, so it is sent again, now that it runs
+                self.view.told(known.id, "", "")
+                self.view.set_stale(known.id, False)
+                state = committed
+            elif kind == api_pb2.REMOVE_CONTAINER:
                 self.view.drop_container(event.container.id)
                 self._lifted.discard(event.container.id)
                 state = self._decide([pod_id])
@@ -233,7 +247,7 @@ class NriPolicy:
                 state = self._decide([], forget=uid)
             else:
                 return
-            updates = self._updates(state)
+            updates = self._updates(state, running_only=True)
         if updates:
             self.push(updates)
 
@@ -252,7 +266,7 @@ class NriPolicy:
             if not self.synced.is_set():
                 return
             state = self._decide(list(self.view.pods), reserve=reserve)
-            updates = self._updates(state)
+            updates = self._updates(state, running_only=True)
         if updates:
             self.push(updates)
 
@@ -434,9 +448,16 @@ class NriPolicy:
                 if ask.period:
                     cpu.period.value = ask.period
 
-    def _updates(self, state: HostState, skip: str = "") -> list[api_pb2.ContainerUpdate]:
+    def _updates(
+        self, state: HostState, skip: str = "", *, running_only: bool = False
+    ) -> list[api_pb2.ContainerUpdate]:
         """An update for every live container whose CPUs, memory nodes or quota lift differ
-        from what the runtime was last told (or reported)."""
+        from what the runtime was last told (or reported).
+
+        A container that does not run yet is updated in a reply (its spec changes, which is
+        enough when the runtime has not read it yet) but not in a push (`running_only`: an
+        UpdateContainers touching a container while the runtime starts it can hang containerd
+        1.7); either way it is marked stale and checked again once it runs (PostStart)."""
         out = []
         for c in list(self.view.live()):
             if c.id == skip:
@@ -445,6 +466,10 @@ class NriPolicy:
             lifted = c.id in self._lifted
             if _same(c.cpus, pin.cpus) and _same(c.mems, pin.mems) and lifted == pin.exclusive:
                 continue
+            if not c.running:
+                self.view.set_stale(c.id, True)
+                if running_only:
+                    continue
             update = api_pb2.ContainerUpdate(container_id=c.id, ignore_failure=True)
             self._fill(update.linux.resources.cpu, c, pin)
             self.view.told(c.id, str(pin.cpus), str(pin.mems))

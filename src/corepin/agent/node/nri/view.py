@@ -117,10 +117,16 @@ class RuntimeContainer:
     cpus: str = ""
     mems: str = ""
     seq: int = 0
+    #: an update was sent or held back before it ran: its pin is checked again once it runs
+    stale: bool = False
 
     @property
     def live(self) -> bool:
         return self.state in LIVE_STATES
+
+    @property
+    def running(self) -> bool:
+        return self.state == api_pb2.CONTAINER_RUNNING
 
 
 @record
@@ -187,6 +193,7 @@ class RuntimeView:
             cpus=cpu.cpus if cpu is not None else (old.cpus if old else ""),
             mems=cpu.mems if cpu is not None else (old.mems if old else ""),
             seq=old.seq if old is not None else self._seq,
+            stale=old.stale if old is not None else False,
         )
         self.containers[container.id] = known
         return known
@@ -207,6 +214,11 @@ class RuntimeView:
         known = self.containers.get(container_id)
         if known is not None:
             self.containers[container_id] = replace(known, cpus=cpus, mems=mems)
+
+    def set_stale(self, container_id: str, stale: bool) -> None:
+        known = self.containers.get(container_id)
+        if known is not None:
+            self.containers[container_id] = replace(known, stale=stale)
 
     def drop_container(self, container_id: str) -> RuntimeContainer | None:
         return self.containers.pop(container_id, None)
