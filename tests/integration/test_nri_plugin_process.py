@@ -6,8 +6,8 @@ same scenarios against a real containerd are in tests/e2e/test_nri_e2e.py).
   is ready (/healthz 200) once synchronized;
 - an exclusive container gets its CPUs in the CreateContainer reply, and the shared container
   started before it is updated in the same reply;
-- UpdateContainer is answered with the pin; a removed pod's CPUs come back through the
-  runtime's UpdateContainers (no reply carries them);
+- UpdateContainer is answered with the pin; a stopped container's CPUs come back in the
+  StopContainer reply, and the plugin never calls the runtime's UpdateContainers itself;
 - SIGKILL and a new process keep the pins (the runtime synchronizes it with what it applied);
 - a runtime restart is survived: the plugin registers again and pins new containers;
 - SIGTERM stops it within 5 s.
@@ -154,15 +154,12 @@ def test_pins_in_the_reply_and_keeps_them_across_kill_9_and_a_runtime_restart(
         reply = runtime.create_container(cache, other)
         assert reply is not None and not cpus_of(reply.adjust.linux.resources.cpu) & mine
 
-        # a removed pod: its CPUs come back through UpdateContainers
-        pushed = len(runtime.update_requests)
-        runtime.remove_pod(db)
-        runtime.wait_updates(pushed + 1)
-        grown = {
-            u.container_id: cpus_of(u.linux.resources.cpu)
-            for u in runtime.update_requests[-1].update
-        }
+        # the exclusive container stops: its CPUs come back in the StopContainer reply
+        stopped = runtime.stop_container(pinned)
+        assert stopped is not None
+        grown = {u.container_id: cpus_of(u.linux.resources.cpu) for u in stopped.update}
         assert mine <= grown[shared.id]
+        assert not runtime.update_requests, "corepin never calls UpdateContainers on its own"
         _, metrics = plugin.get("/metrics")
         assert 'corepin_nri_requests_total{event="create_container"}' in metrics
         started = time.monotonic()

@@ -131,59 +131,41 @@ def test_stop_releases_and_the_shared_pool_grows_back(policy: NriPolicy) -> None
     assert policy.state is not None and not policy.state.exclusive_cpus
 
 
-def test_a_removed_pod_is_released_and_the_update_pushed(tmp_path: Path) -> None:
-    pushed: list[list[nri.ContainerUpdate]] = []
-    p = NriPolicy(
-        NriSettings(node_name="node1", state_dir=str(tmp_path)),
-        single_socket_ht(),
-        push=lambda u: pushed.append(list(u)),
-    )
-    p.synchronize([], [])
-    create(p, sandbox(1), container(1, 1, 500))
-    started(p, sandbox(1), container(1, 1, 500))
-    create(p, sandbox(2, "exclusive"), container(2, 2, 2000))
-    p.state_change(nri.StateChangeEvent(event=nri.REMOVE_POD_SANDBOX, pod=sandbox(2)))
-    assert len(pushed) == 1
-    assert cpus_of(pushed[0][0].linux.resources.cpu) == CPUSet.parse("0-15")
+def test_a_removed_pod_is_released_and_the_next_reply_carries_the_updates(
+    policy: NriPolicy,
+) -> None:
+    create(policy, sandbox(1), container(1, 1, 500))
+    started(policy, sandbox(1), container(1, 1, 500))
+    create(policy, sandbox(2, "exclusive"), container(2, 2, 2000))
+    # removed without its container being stopped first: no reply to carry the growth now
+    policy.state_change(nri.StateChangeEvent(event=nri.REMOVE_POD_SANDBOX, pod=sandbox(2)))
+    assert policy.state is not None and not policy.state.exclusive_cpus
+    reply = create(policy, sandbox(3), container(3, 3, 500))
+    (update,) = reply.update
+    assert update.container_id == f"{1:064x}"
+    assert cpus_of(update.linux.resources.cpu) == CPUSet.parse("0-15")
 
 
 def test_a_container_updated_before_it_ran_is_updated_again_once_it_runs(
-    tmp_path: Path,
+    policy: NriPolicy,
 ) -> None:
-    pushed: list[list[nri.ContainerUpdate]] = []
-    p = NriPolicy(
-        NriSettings(node_name="node1", state_dir=str(tmp_path)),
-        single_socket_ht(),
-        push=lambda u: pushed.append(list(u)),
-    )
-    p.synchronize([], [])
     shared, quiet = container(1, 1, 500), container(3, 3, 500)
-    create(p, sandbox(1), shared)  # created on every CPU, not started yet...
-    create(p, sandbox(3), quiet)
-    p.state_change(
-        nri.StateChangeEvent(event=nri.POST_START_CONTAINER, pod=sandbox(3), container=quiet)
-    )
-    reply = create(p, sandbox(2, "exclusive"), container(2, 2, 2000))
+    create(policy, sandbox(1), shared)  # created on every CPU, not started yet...
+    create(policy, sandbox(3), quiet)
+    started(policy, sandbox(3), quiet)
+    reply = create(policy, sandbox(2, "exclusive"), container(2, 2, 2000))
     mine = cpus_of(reply.adjust.linux.resources.cpu)
     # ...narrowed in this reply: the runtime may have changed only its spec
     assert {u.container_id for u in reply.update} == {shared.id, quiet.id}
-    assert not pushed
     shared.linux.resources.cpu.cpus = str(CPUSet.parse("0-15") - mine)  # (the spec)
     shared.linux.resources.cpu.mems = "0"
-    p.state_change(
-        nri.StateChangeEvent(event=nri.POST_START_CONTAINER, pod=sandbox(1), container=shared)
-    )
-    (update,) = pushed[0]
+    started(policy, sandbox(1), shared)
+    # the next reply sends it again, now that it runs; the running one is not sent twice
+    again = create(policy, sandbox(4), container(4, 4, 500))
+    (update,) = again.update
     assert update.container_id == shared.id
     assert cpus_of(update.linux.resources.cpu) == CPUSet.parse("0-15") - mine
-    # once it ran with its pin, nothing more; a pod removed now pushes to running containers
-    p.state_change(nri.StateChangeEvent(event=nri.REMOVE_POD_SANDBOX, pod=sandbox(2)))
-    assert {u.container_id for u in pushed[1]} == {shared.id, quiet.id}
-    late = container(4, 4, 500)
-    create(p, sandbox(4), late)  # created, not running: left out of pushes until it runs
-    create(p, sandbox(5, "exclusive"), container(5, 5, 2000))
-    p.state_change(nri.StateChangeEvent(event=nri.REMOVE_POD_SANDBOX, pod=sandbox(5)))
-    assert late.id not in {u.container_id for u in pushed[-1]}
+    assert not create(policy, sandbox(5), container(5, 5, 500)).update
 
 
 def test_a_waiting_container_is_upgraded_when_cpus_free_up(tmp_path: Path) -> None:
@@ -345,29 +327,27 @@ def test_any_sequence_of_events_keeps_pins_apart(
             cpu = reply.adjust.linux.resources.cpu
             told[live[n].id] = (cpus_of(cpu), cpu.HasField("quota") and cpu.quota.value < 0)
             note(reply.update)
-            pushed_at_start: list[nri.ContainerUpdate] = []
-            p.push = pushed_at_start.extend
             started(p, pods[n], live[n])
-            note(pushed_at_start)
         elif action == "stop" and n in live:
             c = live.pop(n)
             note(p.stop_container(nri.StopContainerRequest(pod=pods[n], container=c)).update)
             told.pop(c.id, None)
         elif action == "remove" and n in pods:
             c2 = live.pop(n, None)
-            pushed: list[nri.ContainerUpdate] = []
-            p.push = pushed.extend
             p.state_change(nri.StateChangeEvent(event=nri.REMOVE_POD_SANDBOX, pod=pods.pop(n)))
             if c2 is not None:
                 told.pop(c2.id, None)
-            note(pushed)
+            continue  # no reply: the next one carries what the removal changed
         elif action == "update" and n in live:
             asked = nri.UpdateContainerRequest(pod=pods[n], container=live[n])
             asked.linux_resources.cpu.cpus = "0-15"
             note(p.update_container(asked).update)
+        else:
+            continue
         state = p.state
         assert state is not None
-        # what the runtime was told is what the state says, for every live container
+        # after every reply, what the runtime was told is what the state says, for every
+        # live container
         for c in live.values():
             cpus, lifted = told[c.id]
             pin = p.pin_of(state, p.view.containers[c.id])

@@ -18,14 +18,20 @@ The runtime calls the plugin (`corepin.nri.plugin.Handlers`) and `NriPolicy` ans
   it already has when they are free (a lost checkpoint never moves a running container, and a
   CPU is never handed out twice); every container whose live CPUs differ from its pin is
   updated (drift repaired);
-- StateChange (pod stopped or removed, container removed): the same release, with the updates
-  pushed through the runtime's UpdateContainers afterwards (`push`), since no reply carries them;
-- PostStartContainer: a container that was updated (or whose update was held back) while it
-  was created but not yet running is updated again now that it runs. containerd 1.7 applies an
-  update of a container that does not run to its spec only, which is lost when the runtime had
-  already read the spec to start it (containers created at the same moment as an exclusive
-  one), and pushing an update while it starts the container can hang it: so pushes only touch
-  running containers, and the rest are put right here.
+- StateChange (pod stopped or removed, container removed): the same release; the updates it
+  causes go out in the next reply (see below);
+- PostStartContainer: a container that was updated in a reply while it was created but not yet
+  running is updated again in the next reply. containerd 1.7 applies an update of a container
+  that does not run to its spec only, which is lost when it had already read the spec to start
+  the container (containers created at the same moment as an exclusive one).
+
+Every update travels in a reply, never in an unsolicited UpdateContainers call: containerd
+takes its own NRI lock before the NRI library's lock for every event, and UpdateContainers takes
+them the other way round (NRI releases up to 0.12), so an UpdateContainers that meets a
+container event can hang containerd for good (seen on containerd 1.7.24 under load). An update
+that no reply carries right away (a pod removed without its containers being stopped, a new
+reservation, a repair after PostStart) is what the next reply carries: the runtime is told what
+differs from what it was last told, for every container, in every reply.
 
 When CPUs free up, pods with a container that waits for CPUs of its own (it runs on the shared
 pool meanwhile) are planned again. Nothing here ever refuses a container: a decision that fails
@@ -105,7 +111,6 @@ class NriPolicy:
         on_state: Callable[[HostState], None] = lambda state: None,
         on_decided: Callable[[Decided], None] = lambda decided: None,
         on_forgotten: Callable[[str], None] = lambda uid: None,
-        push: Callable[[Sequence[api_pb2.ContainerUpdate]], None] = lambda updates: None,
         clock: Callable[[], float] = time.time,
     ) -> None:
         self.settings = settings
@@ -118,7 +123,6 @@ class NriPolicy:
         )
         self.on_decided = on_decided
         self.on_forgotten = on_forgotten
-        self.push = push
         self.clock = clock
         self.runtime = ("", "")
         self.synced = threading.Event()
@@ -224,32 +228,24 @@ class NriPolicy:
                 return
             if kind == api_pb2.POST_START_CONTAINER:
                 known = self.view.container(event.container, state=api_pb2.CONTAINER_RUNNING)
-                committed = self.store.state
-                if committed is None or not known.stale:
-                    return
-                # updated (or held back) before it ran: the update may have reached only its
-                # spec after the runtime had read it, so it is sent again, now that it runs
-                self.view.told(known.id, "", "")
-                self.view.set_stale(known.id, False)
-                state = committed
+                if known.stale:
+                    # updated before it ran: the update may have reached only its spec after
+                    # the runtime had read it, so the next reply sends it again
+                    self.view.told(known.id, "", "")
+                    self.view.set_stale(known.id, False)
             elif kind == api_pb2.REMOVE_CONTAINER:
                 self.view.drop_container(event.container.id)
                 self._lifted.discard(event.container.id)
-                state = self._decide([pod_id])
+                self._decide([pod_id])
             elif kind == api_pb2.STOP_POD_SANDBOX:
                 for c in list(self.view.containers.values()):
                     if c.pod_id == pod_id and c.live:
                         self.view.set_state(c.id, api_pb2.CONTAINER_STOPPED)
-                state = self._decide([pod_id])
+                self._decide([pod_id])
             elif kind == api_pb2.REMOVE_POD_SANDBOX:
                 gone = self.view.drop_pod(pod_id)
                 uid = gone.uid if gone is not None else (event.pod.uid or pod_id)
-                state = self._decide([], forget=uid)
-            else:
-                return
-            updates = self._updates(state, running_only=True)
-        if updates:
-            self.push(updates)
+                self._decide([], forget=uid)
 
     def shutdown(self) -> None:
         log.info("event=nri_runtime_shutdown")
@@ -261,14 +257,10 @@ class NriPolicy:
 
     # ------------------------------------------------------------------ live changes
     def refresh(self, *, reserve: bool = True) -> None:
-        """Decide every pod again (a new reservation, a retry) and push what changed."""
+        """Decide every pod again (a new reservation); the next reply carries what changed."""
         with self._lock:
-            if not self.synced.is_set():
-                return
-            state = self._decide(list(self.view.pods), reserve=reserve)
-            updates = self._updates(state, running_only=True)
-        if updates:
-            self.push(updates)
+            if self.synced.is_set():
+                self._decide(list(self.view.pods), reserve=reserve)
 
     @property
     def state(self) -> HostState | None:
@@ -448,16 +440,10 @@ class NriPolicy:
                 if ask.period:
                     cpu.period.value = ask.period
 
-    def _updates(
-        self, state: HostState, skip: str = "", *, running_only: bool = False
-    ) -> list[api_pb2.ContainerUpdate]:
+    def _updates(self, state: HostState, skip: str = "") -> list[api_pb2.ContainerUpdate]:
         """An update for every live container whose CPUs, memory nodes or quota lift differ
-        from what the runtime was last told (or reported).
-
-        A container that does not run yet is updated in a reply (its spec changes, which is
-        enough when the runtime has not read it yet) but not in a push (`running_only`: an
-        UpdateContainers touching a container while the runtime starts it can hang containerd
-        1.7); either way it is marked stale and checked again once it runs (PostStart)."""
+        from what the runtime was last told (or reported). One that does not run yet is marked
+        stale: its update may reach only its spec (checked again at PostStartContainer)."""
         out = []
         for c in list(self.view.live()):
             if c.id == skip:
@@ -468,8 +454,6 @@ class NriPolicy:
                 continue
             if not c.running:
                 self.view.set_stale(c.id, True)
-                if running_only:
-                    continue
             update = api_pb2.ContainerUpdate(container_id=c.id, ignore_failure=True)
             self._fill(update.linux.resources.cpu, c, pin)
             self.view.told(c.id, str(pin.cpus), str(pin.mems))
@@ -478,7 +462,9 @@ class NriPolicy:
 
 
 def _same(reported: str, wanted: CPUSet) -> bool:
-    """Whether a CPU list the runtime reported is `wanted` (in any spelling)."""
+    """Whether a CPU list the runtime reported (or was told) is `wanted`, in any spelling."""
+    if reported == str(wanted):  # (what corepin told, spelled as corepin spells it)
+        return bool(reported)
     try:
         return CPUSet.parse(reported) == wanted if reported else False
     except ValueError:

@@ -1,4 +1,4 @@
-"""`corepin nri` as a process: the node lock, the decisions, the runtime connection, the pushes.
+"""`corepin nri` as a process: the node lock, the decisions, the runtime connection, the API.
 
 - `NodeLock` (mode `nri`) first: a node agent that manages the node already makes the plugin
   refuse to start (exit 4, naming it); another `corepin nri` of the node is waited for.
@@ -6,16 +6,13 @@
   every decision is published as the agent publishes it.
 - `NriPolicy` answers the runtime's requests (`corepin.nri.plugin.NriPlugin` serves them on its
   dispatcher thread); each answer is counted and timed (`NriMetrics`).
-- Updates that no reply can carry (a pod removed, a new reservation) go to a pusher thread,
-  which sends them with the runtime's UpdateContainers once the request that caused them has
-  been answered: the runtime may hold its own lock until then. An update that cannot be sent
-  (the runtime is away) is dropped: the next Synchronize repairs the drift.
+- Every update of a container goes out in a reply to the runtime (`NriPolicy` says why it
+  never calls the runtime's UpdateContainers on its own).
 """
 
 from __future__ import annotations
 
 import logging
-import queue
 import threading
 import time
 from collections.abc import Callable, Sequence
@@ -26,7 +23,7 @@ from corepin.agent.node.metrics import NriMetrics
 from corepin.agent.node.nri.policy import EVENTS, NriPolicy
 from corepin.agent.node.nri.report import ApiReporter
 from corepin.agent.node.nri.settings import NriSettings
-from corepin.core.errors import CorepinError, EnvironmentProblem
+from corepin.core.errors import EnvironmentProblem
 from corepin.kube.client import KubeClient
 from corepin.nri.gen import api_pb2
 from corepin.nri.plugin import NriPlugin
@@ -116,7 +113,6 @@ class NriAgent:
             on_state=self._committed,
             on_decided=(lambda d: None) if reporter is None else reporter.decided,
             on_forgotten=(lambda uid: None) if reporter is None else reporter.forgotten,
-            push=self._push,
         )
         self.plugin = NriPlugin(
             MeteredHandlers(self.policy, metrics),
@@ -126,7 +122,6 @@ class NriAgent:
             events=EVENTS,
         )
         self.topology = topology
-        self._pushes: queue.Queue[Sequence[api_pb2.ContainerUpdate] | None] = queue.Queue()
         self._stop = threading.Event()
         self._threads: list[threading.Thread] = []
 
@@ -148,12 +143,10 @@ class NriAgent:
             self.lock.release()
             raise
         self._spawn(lambda: self.plugin.serve(self._stop), "nri-serve")
-        self._spawn(self._pusher, "nri-push")
 
     def stop(self, timeout: float = 5.0) -> None:
         """Close the connection and stop within about `timeout` seconds."""
         self._stop.set()
-        self._pushes.put(None)
         self.plugin.close()
         for thread in self._threads:
             thread.join(timeout / 2)
@@ -178,32 +171,6 @@ class NriAgent:
     def _committed(self, state: HostState) -> None:
         if self.metrics is not None:
             self.metrics.observe_state(state, self.topology)
-
-    def _push(self, updates: Sequence[api_pb2.ContainerUpdate]) -> None:
-        self._pushes.put(list(updates))
-
-    def _pusher(self) -> None:
-        while True:
-            updates = self._pushes.get()
-            if updates is None or self._stop.is_set():
-                return
-            if self.metrics is not None:
-                self.metrics.pinning_request()
-            try:
-                failed = self.plugin.update_containers(updates)
-            except CorepinError as exc:
-                log.warning(
-                    "event=nri_push_dropped updates=%d error=%s (the next synchronize repairs it)",
-                    len(updates),
-                    exc,
-                )
-                if self.metrics is not None:
-                    self.metrics.pinning_error(exc.reason or "nri_push_failed")
-                continue
-            for update in failed:
-                log.warning("event=nri_update_failed container=%s", update.container_id)
-                if self.metrics is not None:
-                    self.metrics.pinning_error("nri_update_failed")
 
 
 __all__ = ["MeteredHandlers", "NriAgent"]

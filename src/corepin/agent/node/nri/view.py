@@ -148,11 +148,14 @@ class RuntimeView:
     def __init__(self) -> None:
         self.pods: dict[str, RuntimePod] = {}
         self.containers: dict[str, RuntimeContainer] = {}
+        #: pod id -> ids of its containers (a pod's containers without a scan of every one)
+        self._in_pod: dict[str, set[str]] = {}
         self._seq = 0
 
     def clear(self) -> None:
         self.pods.clear()
         self.containers.clear()
+        self._in_pod.clear()
 
     # ------------------------------------------------------------------ what NRI reported
     def pod(self, pod: api_pb2.PodSandbox) -> RuntimePod:
@@ -196,6 +199,7 @@ class RuntimeView:
             stale=old.stale if old is not None else False,
         )
         self.containers[container.id] = known
+        self._in_pod.setdefault(known.pod_id, set()).add(known.id)
         return known
 
     def set_state(self, container_id: str, state: int) -> RuntimeContainer | None:
@@ -221,11 +225,14 @@ class RuntimeView:
             self.containers[container_id] = replace(known, stale=stale)
 
     def drop_container(self, container_id: str) -> RuntimeContainer | None:
-        return self.containers.pop(container_id, None)
+        gone = self.containers.pop(container_id, None)
+        if gone is not None:
+            self._in_pod.get(gone.pod_id, set()).discard(container_id)
+        return gone
 
     def drop_pod(self, pod_id: str) -> RuntimePod | None:
-        for cid in [c.id for c in self.containers.values() if c.pod_id == pod_id]:
-            del self.containers[cid]
+        for cid in self._in_pod.pop(pod_id, set()):
+            self.containers.pop(cid, None)
         return self.pods.pop(pod_id, None)
 
     # ------------------------------------------------------------------ reading it
@@ -236,9 +243,8 @@ class RuntimeView:
     def of_pod(self, pod_id: str) -> list[RuntimeContainer]:
         """The container that speaks for each name of the pod (see the module docstring)."""
         chosen: dict[str, RuntimeContainer] = {}
-        for c in sorted(self.containers.values(), key=lambda c: c.seq):
-            if c.pod_id != pod_id:
-                continue
+        mine = (self.containers[cid] for cid in self._in_pod.get(pod_id, ()))
+        for c in sorted(mine, key=lambda c: c.seq):
             have = chosen.get(c.name)
             if have is None or c.live or not have.live:
                 chosen[c.name] = c
