@@ -6,7 +6,6 @@ The CLI builds one `NriSettings` from its flags and the environment (`NODE_NAME`
 
 from __future__ import annotations
 
-import re
 from collections.abc import Mapping
 from typing import Final
 
@@ -15,12 +14,11 @@ from corepin.core.cpuset import CPUSet
 from corepin.core.errors import InputError
 from corepin.core.ids import validate_component
 from corepin.core.record import field, record
+from corepin.nri.plugin import DEFAULT_SOCKET, check_index, check_name
 
-DEFAULT_NRI_SOCKET: Final = "/var/run/nri/nri.sock"
 DEFAULT_PLUGIN_NAME: Final = "corepin"
 DEFAULT_PLUGIN_INDEX: Final = "10"
 DEFAULT_METRICS_ADDRESS: Final = ":9464"
-_PLUGIN_NAME: Final = re.compile(r"^[A-Za-z0-9_.]{1,64}$")
 
 
 @record
@@ -29,7 +27,7 @@ class NriSettings(AgentSettings):
     policy (`AgentSettings`)."""
 
     node_name: str = field(kw_only=True)
-    socket: str = DEFAULT_NRI_SOCKET
+    socket: str = DEFAULT_SOCKET
     plugin_name: str = DEFAULT_PLUGIN_NAME
     plugin_index: str = DEFAULT_PLUGIN_INDEX
     options: Mapping[str, str] = field(default_factory=dict)
@@ -43,21 +41,11 @@ class NriSettings(AgentSettings):
                 reason="missing_node_name",
             )
         validate_component(self.node_name, "node name")
-        if not _PLUGIN_NAME.match(self.plugin_name):
-            raise InputError(
-                f"bad plugin name {self.plugin_name!r}: 1 to 64 letters, digits, '_' or '.' "
-                "(the runtime names a plugin INDEX-NAME, so a '-' is not allowed)",
-                reason="bad_plugin_name",
-            )
-        if not re.fullmatch(r"[0-9]{2}", self.plugin_index):
-            raise InputError(
-                f"bad plugin index {self.plugin_index!r}: two digits, 00 to 99 (plugins are "
-                "called in ascending index order)",
-                reason="bad_plugin_index",
-            )
+        check_name(self.plugin_name)
+        check_index(self.plugin_index)
         if not self.socket:
             raise InputError("the NRI socket path must not be empty", reason="bad_nri_socket")
         self.check_state_dir()
 
 
-__all__ = ["DEFAULT_NRI_SOCKET", "NriSettings"]
+__all__ = ["NriSettings"]
