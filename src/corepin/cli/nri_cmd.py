@@ -48,7 +48,9 @@ def add_arguments(parser: argparse.ArgumentParser, name: str) -> None:
         "--cgroup-root",
         metavar="DIR",
         default="/sys/fs/cgroup",
-        help="where the cgroup hierarchies are mounted (read only; default: /sys/fs/cgroup)",
+        help="where the cgroup hierarchies are mounted (default: /sys/fs/cgroup); accepted as "
+        "the agent accepts it, though in NRI mode the runtime writes the cgroups and corepin "
+        "reads none",
     )
     parser.add_argument("--policy", metavar="NAME", default="topology-aware")
     parser.add_argument(
