@@ -5,6 +5,8 @@ containerd for the module), driven through the CRI as the kubelet drives it.
   Cpus_allowed_list), and a shared container started before it leaves that CPU;
 - a CRI UpdateContainerResources asking for other CPUs leaves the pin as it was;
 - removing the exclusive pod grows the shared container back;
+- shared containers created at the same moment as an exclusive one all end on the shared pool
+  (one still being started when the exclusive one's reply narrowed it is sent it again);
 - an ineligible container (500m) marked exclusive runs on the shared pool, and is not refused;
 - `kill -9` of the plugin and a new one keep every pin, with no overlap;
 - a restart of containerd is survived (the plugin connects again and pins new containers);
