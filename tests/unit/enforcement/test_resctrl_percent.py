@@ -53,7 +53,7 @@ def test_percent_ranges_become_these_masks(
 
 @pytest.mark.parametrize(("start", "end"), [(30, 30), (40, 20), (-1, 10), (0, 101)])
 def test_bad_ranges_are_refused(start: int, end: int) -> None:
-    with pytest.raises(ResctrlValueError, match="0..100"):
+    with pytest.raises(ResctrlValueError, match=r"within 0\.\.100"):
         cbm_for_percent(start, end, 0xFFFFF)
 
 
