@@ -8,15 +8,19 @@ import errno
 from pathlib import Path
 
 import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
 
 from corepin.enforcement.resctrl import (
     ClassPolicy,
+    KernelFs,
     MonSample,
     ResctrlError,
     ResctrlWriter,
     parse_schemata,
     read_monitoring,
 )
+from support.budget import examples
 from support.resctrl_tree import FakeResctrlKernel, make_resctrl_tree
 
 TREES: dict[str, dict[str, object]] = {
@@ -238,3 +242,48 @@ def test_no_monitoring_is_a_clear_error(tmp_path: Path) -> None:
     assert info.value.reason == "resctrl_no_monitoring"
     with pytest.raises(ResctrlError, match="no monitoring data"):
         read_monitoring(tmp_path, "missing")
+
+
+@settings(max_examples=examples(100))
+@given(
+    st.lists(st.integers(0, 63), min_size=1, max_size=6, unique=True),
+    st.integers(1, 0xFFFFF),
+    st.integers(1, 2048),
+    st.booleans(),
+)
+def test_schemata_as_the_kernel_shows_it_parses_back(
+    ids: list[int], mask: int, bandwidth: int, cdp: bool
+) -> None:
+    kernel = FakeResctrlKernel(
+        root=Path("/nonexistent"),
+        vendor="amd",
+        l3_ids=tuple(ids),
+        mb_ids=tuple(ids),
+        cbm_mask=0xFFFFF,
+        min_cbm_bits=1,
+        sparse_masks=True,
+        cdp=cdp,
+        mba=True,
+        bandwidth_gran=1,
+        min_bandwidth=0,
+        num_closids=16,
+        mon=False,
+    )
+    values = {name: dict.fromkeys(ids, mask) for name in kernel.l3_names}
+    values["MB"] = dict.fromkeys(ids, bandwidth)
+    parsed = parse_schemata(kernel.render(values))
+    assert {
+        name: {d: int(v, 10 if name == "MB" else 16) for d, v in domains.items()}
+        for name, domains in parsed.items()
+    } == values
+
+
+def test_the_production_filesystem_writes_plain_files(tmp_path: Path) -> None:
+    fs = KernelFs()
+    fs.mkdir(tmp_path / "g")
+    fs.write(tmp_path / "g" / "tasks", "42\n")
+    fs.write(tmp_path / "g" / "tasks", "43\n")
+    assert (tmp_path / "g" / "tasks").read_text() == "43\n", "one write(2) per call"
+    (tmp_path / "g" / "tasks").unlink()
+    fs.rmdir(tmp_path / "g")
+    assert not (tmp_path / "g").exists()
