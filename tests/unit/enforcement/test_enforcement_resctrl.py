@@ -18,51 +18,18 @@ from corepin.enforcement.resctrl import (
     parse_schemata,
 )
 from support.budget import examples
-
-
-def fake_resctrl(
-    root: Path,
-    *,
-    l3: dict[int, str],
-    mb: dict[int, str] | None,
-    cbm_mask: str,
-    min_cbm_bits: int = 1,
-    gran: int = 10,
-    min_bw: int = 10,
-    num_closids: int = 16,
-    sparse_masks: bool | None = None,
-) -> Path:
-    (root / "info" / "L3").mkdir(parents=True)
-    (root / "info" / "L3" / "cbm_mask").write_text(cbm_mask + "\n")
-    (root / "info" / "L3" / "min_cbm_bits").write_text(f"{min_cbm_bits}\n")
-    (root / "info" / "L3" / "num_closids").write_text(f"{num_closids}\n")
-    if sparse_masks is not None:
-        (root / "info" / "L3" / "sparse_masks").write_text(f"{int(sparse_masks)}\n")
-    lines = ["L3:" + ";".join(f"{d}={v}" for d, v in l3.items())]
-    if mb is not None:
-        (root / "info" / "MB").mkdir()
-        (root / "info" / "MB" / "bandwidth_gran").write_text(f"{gran}\n")
-        (root / "info" / "MB" / "min_bandwidth").write_text(f"{min_bw}\n")
-        lines.append("MB:" + ";".join(f"{d}={v}" for d, v in mb.items()))
-    (root / "info" / "last_cmd_status").write_text("ok\n")
-    (root / "schemata").write_text("\n".join(lines) + "\n")
-    (root / "tasks").write_text("")
-    return root
+from support.resctrl_tree import make_resctrl_tree
 
 
 @pytest.fixture
 def intel(tmp_path: Path) -> ResctrlWriter:
-    fake_resctrl(tmp_path, l3={0: "fffff", 1: "fffff"}, mb={0: "100", 1: "100"}, cbm_mask="fffff")
-    return ResctrlWriter(tmp_path, fake_tree=True)
+    return ResctrlWriter(tmp_path, fs=make_resctrl_tree(tmp_path))
 
 
 @pytest.fixture
 def amd(tmp_path: Path) -> ResctrlWriter:
-    l3 = {d: "ffff" for d in range(4)}
-    fake_resctrl(
-        tmp_path, l3=l3, mb={d: "2048" for d in range(4)}, cbm_mask="ffff", gran=1, min_bw=0
-    )
-    return ResctrlWriter(tmp_path, fake_tree=True)
+    kernel = make_resctrl_tree(tmp_path, vendor="amd", l3_ids=range(4), cbm_mask="ffff")
+    return ResctrlWriter(tmp_path, fs=kernel)
 
 
 def test_intel_machine_facts_are_read_from_info(intel: ResctrlWriter) -> None:
@@ -78,9 +45,9 @@ def test_a_class_gets_its_l3_and_mb_lines_and_a_second_pass_writes_nothing(
     changes = intel.ensure_class("latency", l3=0xFF, mb=50)
     assert [c.what for c in changes] == ["mkdir", "schemata", "schemata"]
     assert parse_schemata((intel.root / "latency" / "schemata").read_text()) == {
-        "L3": {0: "ff", 1: "ff"},
+        "L3": {0: "000ff", 1: "000ff"},
         "MB": {0: "50", 1: "50"},
-    }
+    }, "as the kernel shows them: masks zero-padded to the width of cbm_mask"
     writes = intel.writes
     assert intel.ensure_class("latency", l3=0xFF, mb=50) == []
     assert intel.writes == writes
@@ -114,35 +81,33 @@ def test_amd_bandwidth_is_absolute_up_to_the_default(amd: ResctrlWriter) -> None
 
 
 def test_vendor_parameter_decides_the_unit(tmp_path: Path) -> None:
-    fake_resctrl(tmp_path, l3={0: "ffff"}, mb={0: "100"}, cbm_mask="ffff", gran=1, min_bw=0)
-    assert ResctrlWriter(tmp_path, fake_tree=True).info.mb_unit == "percent"
-    amd = ResctrlWriter(tmp_path, vendor="AMD", fake_tree=True)
+    kernel = make_resctrl_tree(
+        tmp_path, l3_ids=(0,), cbm_mask="ffff", bandwidth_gran=1, min_bandwidth=0
+    )
+    assert ResctrlWriter(tmp_path, fs=kernel).info.mb_unit == "percent"
+    amd = ResctrlWriter(tmp_path, vendor="AMD", fs=kernel)
     assert amd.info.mb_unit == "absolute"
     with pytest.raises(IdError):
         ResctrlWriter(tmp_path, vendor="via")
 
 
 def test_intel_mba_mbps_mount_is_absolute(tmp_path: Path) -> None:
-    fake_resctrl(tmp_path, l3={0: "7ff"}, mb={0: "4294967295"}, cbm_mask="7ff")
-    writer = ResctrlWriter(tmp_path, fake_tree=True)
+    kernel = make_resctrl_tree(tmp_path, l3_ids=(0,), cbm_mask="7ff", mba_mbps=True)
+    writer = ResctrlWriter(tmp_path, fs=kernel)
     assert writer.info.mb_unit == "absolute"
     assert writer.mb_values(20000) == {0: "20000"}
 
 
 def test_sparse_cache_ids_are_used_as_they_are(tmp_path: Path) -> None:
-    fake_resctrl(
-        tmp_path,
-        l3={0: "fff", 2: "fff", 4: "fff"},
-        mb={0: "100", 2: "100", 4: "100"},
-        cbm_mask="fff",
-    )
-    writer = ResctrlWriter(tmp_path, fake_tree=True)
+    kernel = make_resctrl_tree(tmp_path, l3_ids=(0, 2, 4), cbm_mask="fff")
+    writer = ResctrlWriter(tmp_path, fs=kernel)
     assert writer.info.l3_domains == (0, 2, 4)
     writer.ensure_class("db", l3={0: 0x3, 2: 0xC, 4: 0x30}, mb=30)
+    assert [text for _, text in kernel.written] == ["L3:0=3;2=c;4=30\n", "MB:0=30;2=30;4=30\n"]
     assert (tmp_path / "db" / "schemata").read_text().splitlines() == [
-        "L3:0=3;2=c;4=30",
-        "MB:0=30;2=30;4=30",
-    ]
+        "L3:0=003;2=00c;4=030",
+        "MB:0= 30;2= 30;4= 30",
+    ], "the kernel shows masks zero-padded and MB values padded to three places"
     with pytest.raises(
         ResctrlValueError, match=r"\[1\] do not exist here; the domains are 0, 2, 4"
     ):
@@ -220,19 +185,20 @@ def test_no_resctrl_mount_is_an_environment_problem(tmp_path: Path) -> None:
 
 
 def test_machine_without_mba_rejects_bandwidth(tmp_path: Path) -> None:
-    fake_resctrl(tmp_path, l3={0: "ff"}, mb=None, cbm_mask="ff")
-    writer = ResctrlWriter(tmp_path, fake_tree=True)
+    kernel = make_resctrl_tree(tmp_path, l3_ids=(0,), cbm_mask="ff", mba=False)
+    writer = ResctrlWriter(tmp_path, fs=kernel)
     with pytest.raises(ResctrlValueError, match="no memory bandwidth"):
         writer.ensure_class("x", mb=50)
     assert writer.ensure_class("x", l3=0xF)
 
 
 def test_running_out_of_closids_names_the_limit(tmp_path: Path) -> None:
-    fake_resctrl(tmp_path, l3={0: "ff"}, mb=None, cbm_mask="ff", num_closids=3)
-    writer = ResctrlWriter(tmp_path, fake_tree=True)
+    kernel = make_resctrl_tree(tmp_path, l3_ids=(0,), cbm_mask="ff", mba=False, num_closids=3)
+    writer = ResctrlWriter(tmp_path, fs=kernel)
     writer.ensure_class("one", l3=0x3)
     writer.ensure_class("two", l3=0xC)
     with pytest.raises(ResctrlError) as info:
         writer.ensure_class("three", l3=0x30)
     assert info.value.reason == "resctrl_no_closid"
     assert "all 3 CLOSIDs" in str(info.value)
+    assert not (tmp_path / "three").exists()
