@@ -30,6 +30,7 @@ from corepin.kube.resources import NODES, PODS
 from fakeapi import FakeApiServer
 from support import pods as build
 from support.containerd_harness import CGROUP, CPUSET, NEEDS_CONTAINERS, Containerd
+from support.helpers import wait_for
 from support.kubelet_harness import (
     KubeletHarness,
     condition,
@@ -382,7 +383,13 @@ def test_pods_of_each_qos_class_run_in_the_kubelets_cgroups_with_its_quota_and_s
             assert (view.cgroup.cpu_shares, view.cgroup.cfs_quota_us) == containers[cname]
             assert view.cgroup.cfs_period_us == 100_000
             [pid] = view.cgroup.pids
-            assert Path(f"/proc/{pid}/cmdline").read_bytes() == b"sleep\x003600\x00"
+            # (the runtime reports the container started while its process may still be
+            # runc's init, a moment before it executes the command)
+            wait_for(
+                lambda pid=pid: Path(f"/proc/{pid}/cmdline").read_bytes() == b"sleep\x003600\x00",
+                timeout=10,
+                what=f"container {cname} of {name} to run its command",
+            )
             assert view.cgroup.allowed_cpus == {_all_cpus()}
             assert view.cgroup.allowed_mems == {_all_mems()}
 
