@@ -58,7 +58,7 @@ from corepin.agent.node.shield import SystemShield
 from corepin.agent.node.store import NodeStore
 from corepin.agent.node.sync import pod_assignments, shared_pool_users
 from corepin.agent.node.tell import Teller
-from corepin.agent.node.watches import Watches, pod_uid
+from corepin.agent.node.watches import Watches, annotations_changed, pod_uid
 from corepin.agent.ports import AllocationSpec, StateFeed, Subscription
 from corepin.allocation.policies import get_policy
 from corepin.allocation.types import Policy
@@ -294,10 +294,7 @@ class NodeAgent:
         self._enqueue_pod(new)
 
     def _node_updated(self, old: Mapping[str, Any], new: Mapping[str, Any]) -> None:
-        # the raw annotations, as ever (a node that gains `annotations: {}` is queued too)
-        if ObjectView(old).metadata.get("annotations") != ObjectView(new).metadata.get(
-            "annotations"
-        ):
+        if annotations_changed(old, new):
             self._enqueue(("node",))
 
     def _binding_changed(self, binding: Mapping[str, Any]) -> None:

@@ -71,4 +71,12 @@ class Watches:
         return self.bindings.cache.list()
 
 
-__all__ = ["Watches", "pod_uid"]
+def annotations_changed(old: Mapping[str, Any], new: Mapping[str, Any]) -> bool:
+    """Whether an object's raw annotations changed (a node that gains `annotations: {}` counts):
+    a node's reservation annotation may have."""
+    return bool(
+        ObjectView(old).metadata.get("annotations") != ObjectView(new).metadata.get("annotations")
+    )
+
+
+__all__ = ["Watches", "annotations_changed", "pod_uid"]

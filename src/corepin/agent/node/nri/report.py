@@ -32,11 +32,10 @@ from corepin.agent.node.reservation import NodeReservation
 from corepin.agent.node.settings import NodeSettings
 from corepin.agent.node.store import NodeStore
 from corepin.agent.node.tell import Teller
-from corepin.agent.node.watches import Watches, pod_uid
+from corepin.agent.node.watches import Watches, annotations_changed, pod_uid
 from corepin.core.errors import EnvironmentProblem
 from corepin.kube.client import KubeClient
 from corepin.kube.events import EventRecorder
-from corepin.kube.models import ObjectView
 from corepin.topology.model import Topology
 
 log = logging.getLogger("corepin.agent.nri")
@@ -107,7 +106,7 @@ class ApiReporter:
         )
 
         def node_updated(old: Mapping[str, Any], new: Mapping[str, Any]) -> None:
-            if _annotations_changed(old, new):  # (the reservation may have changed)
+            if annotations_changed(old, new):  # (the reservation may have changed)
                 on_node_changed()
 
         watches.nodes.add_handlers(on_update=node_updated)
@@ -186,12 +185,6 @@ class ApiReporter:
         thread = threading.Thread(target=target, name=name, daemon=True)
         thread.start()
         self._threads.append(thread)
-
-
-def _annotations_changed(old: Mapping[str, Any], new: Mapping[str, Any]) -> bool:
-    return bool(
-        ObjectView(old).metadata.get("annotations") != ObjectView(new).metadata.get("annotations")
-    )
 
 
 __all__ = ["HEARTBEAT", "ApiReporter"]

@@ -5,7 +5,7 @@
 - With the API (`ApiReporter`), the node's pods are watched before the runtime is asked, and
   every decision is published as the agent publishes it.
 - `NriPolicy` answers the runtime's requests (`corepin.nri.plugin.NriPlugin` serves them on its
-  dispatcher thread); each answer is counted and timed (`NriMetrics`).
+  dispatcher thread); each request is counted and timed by the plugin's observer (`NriMetrics`).
 - Every update of a container goes out in a reply to the runtime (`NriPolicy` says why it
   never calls the runtime's UpdateContainers on its own).
 """
@@ -13,10 +13,9 @@
 from __future__ import annotations
 
 import logging
+import re
 import threading
-import time
-from collections.abc import Callable, Sequence
-from typing import TypeVar
+from collections.abc import Callable
 
 from corepin.agent.node.lock import NodeLock
 from corepin.agent.node.metrics import NriMetrics
@@ -25,69 +24,16 @@ from corepin.agent.node.nri.report import ApiReporter
 from corepin.agent.node.nri.settings import NriSettings
 from corepin.core.errors import EnvironmentProblem
 from corepin.kube.client import KubeClient
-from corepin.nri.gen import api_pb2
 from corepin.nri.plugin import NriPlugin
 from corepin.state.model import HostState
 from corepin.topology.model import Topology
 
 log = logging.getLogger("corepin.agent.nri")
 
-T = TypeVar("T")
 
-
-class MeteredHandlers:
-    """The policy's handlers, each request counted and timed by event."""
-
-    def __init__(self, policy: NriPolicy, metrics: NriMetrics | None) -> None:
-        self.policy = policy
-        self.metrics = metrics
-
-    def _timed(self, event: str, call: Callable[[], T]) -> T:
-        started = time.perf_counter()
-        try:
-            return call()
-        finally:
-            if self.metrics is not None:
-                self.metrics.nri_request(event, time.perf_counter() - started)
-
-    def configure(self, req: api_pb2.ConfigureRequest) -> None:
-        self._timed("configure", lambda: self.policy.configure(req))
-
-    def synchronize(
-        self, pods: Sequence[api_pb2.PodSandbox], containers: Sequence[api_pb2.Container]
-    ) -> Sequence[api_pb2.ContainerUpdate]:
-        return self._timed("synchronize", lambda: self.policy.synchronize(pods, containers))
-
-    def create_container(
-        self, req: api_pb2.CreateContainerRequest
-    ) -> api_pb2.CreateContainerResponse:
-        started = time.perf_counter()
-        reply = self._timed("create_container", lambda: self.policy.create_container(req))
-        if self.metrics is not None:  # (a container to pin, decided in the reply)
-            self.metrics.pinning_request()
-            self.metrics.observe_decision(time.perf_counter() - started)
-        return reply
-
-    def update_container(
-        self, req: api_pb2.UpdateContainerRequest
-    ) -> api_pb2.UpdateContainerResponse:
-        return self._timed("update_container", lambda: self.policy.update_container(req))
-
-    def stop_container(self, req: api_pb2.StopContainerRequest) -> api_pb2.StopContainerResponse:
-        return self._timed("stop_container", lambda: self.policy.stop_container(req))
-
-    def state_change(self, event: api_pb2.StateChangeEvent) -> None:
-        name = api_pb2.Event.Name(event.event).lower() if event.event in _EVENT_NAMES else "other"
-        self._timed(name, lambda: self.policy.state_change(event))
-
-    def shutdown(self) -> None:
-        self._timed("shutdown", self.policy.shutdown)
-
-    def disconnected(self) -> None:
-        self.policy.disconnected()
-
-
-_EVENT_NAMES = frozenset(api_pb2.Event.values())
+def event_label(method: str) -> str:
+    """The `event` label of an NRI request: its method in snake case (`create_container`)."""
+    return re.sub(r"(?<!^)(?=[A-Z])", "_", method).lower()
 
 
 class NriAgent:
@@ -115,11 +61,12 @@ class NriAgent:
             on_forgotten=(lambda uid: None) if reporter is None else reporter.forgotten,
         )
         self.plugin = NriPlugin(
-            MeteredHandlers(self.policy, metrics),
+            self.policy,
             socket_path=settings.socket,
             name=settings.plugin_name,
             index=settings.plugin_index,
             events=EVENTS,
+            observer=None if metrics is None else self._observed,
         )
         self.topology = topology
         self._stop = threading.Event()
@@ -168,9 +115,20 @@ class NriAgent:
         thread.start()
         self._threads.append(thread)
 
+    def _observed(self, method: str, seconds: float, code: int) -> None:
+        """Every request the runtime made, counted and timed; a CreateContainer is also a
+        container to pin, decided in the reply."""
+        assert self.metrics is not None
+        self.metrics.nri_request(event_label(method), seconds)
+        if method == "CreateContainer":
+            self.metrics.pinning_request()
+            self.metrics.observe_decision(seconds)
+            if code:
+                self.metrics.pinning_error("nri_request_failed")
+
     def _committed(self, state: HostState) -> None:
         if self.metrics is not None:
             self.metrics.observe_state(state, self.topology)
 
 
-__all__ = ["MeteredHandlers", "NriAgent"]
+__all__ = ["NriAgent", "event_label"]
