@@ -11,8 +11,8 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
+from corepin.allocation.qos import ClassPolicy
 from corepin.enforcement.resctrl import (
-    ClassPolicy,
     KernelFs,
     MonSample,
     ResctrlError,

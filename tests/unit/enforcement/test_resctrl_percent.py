@@ -9,17 +9,14 @@ import pytest
 from hypothesis import assume, given, settings
 from hypothesis import strategies as st
 
-from corepin.core.errors import InputError
+from corepin.allocation.qos import ClassPolicy
 from corepin.enforcement.resctrl import (
-    ClassPolicy,
     ResctrlInfo,
     ResctrlValueError,
     cbm_for_percent,
     check_cbm,
     class_schemata,
-    default_policies,
     mba_for_percent,
-    parse_class_policies,
     read_cpu_vendor,
 )
 from support.budget import examples
@@ -116,44 +113,6 @@ def test_class_schemata_leaves_out_what_the_machine_lacks() -> None:
     assert class_schemata(ClassPolicy((0, 30), 50), no_mba) == (0x3F, None)
     with pytest.raises(ResctrlValueError, match="no L3 cache allocation"):
         class_schemata(ClassPolicy((0, 30), None), ResctrlInfo())
-
-
-def test_defaults_give_be_a_third_of_the_cache() -> None:
-    policies = default_policies()
-    assert policies["BE"] == ClassPolicy((0, 30), 100)
-    assert {policies[c] for c in ("LSE", "LSR", "LS", "SYSTEM")} == {ClassPolicy((0, 100), 100)}
-
-
-def test_policies_are_parsed() -> None:
-    got = parse_class_policies(
-        {"BE": {"resctrl": {"l3Percent": [0, 30], "mbaPercent": 40}}, "LS": {"resctrl": {}}}
-    )
-    assert got == {"BE": ClassPolicy((0, 30), 40), "LS": ClassPolicy(None, None)}
-
-
-@pytest.mark.parametrize(
-    ("data", "field"),
-    [
-        ({"BE": {"resctrl": {"l3Percent": [30, 30]}}}, "classes.BE.resctrl.l3Percent"),
-        ({"BE": {"resctrl": {"l3Percent": [50, 20]}}}, "classes.BE.resctrl.l3Percent"),
-        ({"BE": {"resctrl": {"l3Percent": [0, 101]}}}, "classes.BE.resctrl.l3Percent"),
-        ({"BE": {"resctrl": {"l3Percent": [0]}}}, "classes.BE.resctrl.l3Percent"),
-        ({"BE": {"resctrl": {"l3Percent": [0, 2.5]}}}, "classes.BE.resctrl.l3Percent"),
-        ({"LS": {"resctrl": {"mbaPercent": 0}}}, "classes.LS.resctrl.mbaPercent"),
-        ({"LS": {"resctrl": {"mbaPercent": 101}}}, "classes.LS.resctrl.mbaPercent"),
-        ({"LS": {"resctrl": {"mbaPercent": True}}}, "classes.LS.resctrl.mbaPercent"),
-        ({"LS": {"resctrl": {"l3percent": [0, 1]}}}, "classes.LS.resctrl.l3percent"),
-        ({"GOLD": {"resctrl": {}}}, "classes.GOLD"),
-        ({"BE": {"cache": {}}}, "classes.BE"),
-        ({"BE": {"resctrl": [0, 30]}}, "classes.BE.resctrl"),
-        ([1, 2], "classes"),
-    ],
-)
-def test_bad_policies_name_the_field(data: object, field: str) -> None:
-    with pytest.raises(InputError) as info:
-        parse_class_policies(data)
-    assert str(info.value).startswith(field + ":"), str(info.value)
-    assert info.value.exit_code == 2
 
 
 @pytest.mark.parametrize(

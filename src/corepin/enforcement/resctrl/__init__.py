@@ -42,20 +42,14 @@ from corepin.enforcement.resctrl.model import (
 )
 from corepin.enforcement.resctrl.monitor import MonSample, read_monitoring
 from corepin.enforcement.resctrl.percent import (
-    QOS_CLASSES,
-    ClassPolicy,
     cbm_for_percent,
     class_schemata,
-    default_policies,
     mba_for_percent,
-    parse_class_policies,
     read_cpu_vendor,
 )
 from corepin.enforcement.resctrl.writer import KernelFs, ResctrlFs, ResctrlWriter
 
 __all__ = [
-    "QOS_CLASSES",
-    "ClassPolicy",
     "KernelFs",
     "MonSample",
     "ResctrlError",
@@ -66,10 +60,8 @@ __all__ = [
     "cbm_for_percent",
     "check_cbm",
     "class_schemata",
-    "default_policies",
     "format_line",
     "mba_for_percent",
-    "parse_class_policies",
     "parse_schemata",
     "read_cpu_vendor",
     "read_monitoring",

@@ -1,7 +1,7 @@
 """The percent interface of node QoS: per class `l3Percent: [start, end]` and `mbaPercent: N`.
 
-A policy says, per QoS class, which share of the L3 ways and of the memory bandwidth it may
-use; this module turns it into the values one machine takes:
+A policy (`corepin.allocation.qos.ClassPolicy`) says, per QoS class, which share of the L3 ways
+and of the memory bandwidth it may use; this module turns it into the values one machine takes:
 
 - cache: the ways of `info/L3/cbm_mask` are numbered from its lowest set bit (way 0) to its
   highest (way W-1). `[start, end]` percent becomes the contiguous run of ways
@@ -19,87 +19,15 @@ The vendor is read from `/proc/cpuinfo` (`vendor_id`; Hygon counts as AMD).
 
 from __future__ import annotations
 
-from collections.abc import Mapping
-from dataclasses import dataclass
 from pathlib import Path
 from typing import Final
 
-from corepin.core.errors import InputError
+from corepin.allocation.qos.policy import ClassPolicy
 from corepin.enforcement.resctrl.model import ResctrlInfo, ResctrlValueError
 
-__all__ = [
-    "QOS_CLASSES",
-    "ClassPolicy",
-    "cbm_for_percent",
-    "class_schemata",
-    "default_policies",
-    "mba_for_percent",
-    "parse_class_policies",
-    "read_cpu_vendor",
-]
+__all__ = ["cbm_for_percent", "class_schemata", "mba_for_percent", "read_cpu_vendor"]
 
-QOS_CLASSES: Final = ("LSE", "LSR", "LS", "BE", "SYSTEM")
 _VENDORS: Final = {"GenuineIntel": "intel", "AuthenticAMD": "amd", "HygonGenuine": "amd"}
-
-
-@dataclass(frozen=True, slots=True)
-class ClassPolicy:
-    """One class's share: L3 ways as a percent range, memory bandwidth as a percent."""
-
-    l3_percent: tuple[int, int] | None = None
-    mba_percent: int | None = None
-
-
-def default_policies() -> dict[str, ClassPolicy]:
-    """BE gets L3 0-30 %, every other class 0-100 %; MBA 100 % for all."""
-    return {
-        name: ClassPolicy(l3_percent=(0, 30) if name == "BE" else (0, 100), mba_percent=100)
-        for name in QOS_CLASSES
-    }
-
-
-def _percent(value: object, where: str, low: int) -> int:
-    if isinstance(value, bool) or not isinstance(value, int):
-        raise InputError(f"{where}: {value!r} is not a whole number of percent")
-    if not low <= value <= 100:
-        raise InputError(f"{where}: {value} is outside {low}..100")
-    return value
-
-
-def parse_class_policies(data: object, *, where: str = "classes") -> dict[str, ClassPolicy]:
-    """`{CLASS: {resctrl: {l3Percent: [s, e], mbaPercent: N}}}` -> policies (InputError naming
-    the field, e.g. `classes.BE.resctrl.l3Percent`, for anything else)."""
-    if not isinstance(data, Mapping):
-        raise InputError(f"{where}: expected a mapping of QoS class to settings")
-    out: dict[str, ClassPolicy] = {}
-    for name, body in data.items():
-        here = f"{where}.{name}"
-        if name not in QOS_CLASSES:
-            raise InputError(f"{here}: unknown QoS class (one of {', '.join(QOS_CLASSES)})")
-        if not isinstance(body, Mapping) or set(body) - {"resctrl"}:
-            raise InputError(f"{here}: expected {{resctrl: {{l3Percent, mbaPercent}}}}")
-        resctrl = body.get("resctrl", {})
-        here = f"{here}.resctrl"
-        if not isinstance(resctrl, Mapping):
-            raise InputError(f"{here}: expected a mapping with l3Percent and/or mbaPercent")
-        unknown = sorted(str(k) for k in set(resctrl) - {"l3Percent", "mbaPercent"})
-        if unknown:
-            raise InputError(f"{here}.{unknown[0]}: unknown field (l3Percent, mbaPercent)")
-        l3: tuple[int, int] | None = None
-        if "l3Percent" in resctrl:
-            field = f"{here}.l3Percent"
-            pair = resctrl["l3Percent"]
-            if not isinstance(pair, list | tuple) or len(pair) != 2:
-                raise InputError(f"{field}: expected [start, end] percent, got {pair!r}")
-            start, end = _percent(pair[0], field, 0), _percent(pair[1], field, 0)
-            if start >= end:
-                raise InputError(f"{field}: start {start} must be below end {end}")
-            l3 = (start, end)
-        mba: int | None = None
-        if "mbaPercent" in resctrl:
-            mba = _percent(resctrl["mbaPercent"], f"{here}.mbaPercent", 1)
-        out[str(name)] = ClassPolicy(l3_percent=l3, mba_percent=mba)
-    return out
 
 
 def cbm_for_percent(start: int, end: int, cbm_mask: int, min_cbm_bits: int = 1) -> int:

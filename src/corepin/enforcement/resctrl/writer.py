@@ -15,6 +15,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Final, Protocol
 
+from corepin.allocation.qos.policy import ClassPolicy
 from corepin.core.ids import IdError, validate_component, validate_pid
 from corepin.enforcement.note import Change
 from corepin.enforcement.resctrl.model import (
@@ -27,7 +28,7 @@ from corepin.enforcement.resctrl.model import (
     read_info,
     read_text,
 )
-from corepin.enforcement.resctrl.percent import ClassPolicy, class_schemata, read_cpu_vendor
+from corepin.enforcement.resctrl.percent import class_schemata, read_cpu_vendor
 
 __all__ = ["KernelFs", "ResctrlFs", "ResctrlWriter"]
 
