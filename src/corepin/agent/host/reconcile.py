@@ -1,5 +1,7 @@
-"""`corepin reconcile`: free what died, re-apply drifted pins, repair the shield - once, or pass
-after pass until SIGTERM or SIGINT (a systemd unit in packaging/ runs it so).
+"""`corepin reconcile`: free what died, re-apply drifted pins, repair the shield, run one node
+QoS period (`corepin.agent.host.qos`: best-effort suppression, CPU burst, resctrl) - once, or
+pass after pass until SIGTERM or SIGINT (a systemd unit in packaging/ runs it so). The QoS loop
+(`HostAgent.qos_loop`) lives across passes, so CPU use is measured between them.
 
 A steady state writes nothing at all: no checkpoint, no cgroup file, no affinity.
 """
@@ -18,10 +20,13 @@ from corepin.enforcement.note import Note
 
 def reconcile_once(host: HostAgent) -> list[Note]:
     """Free what died, re-apply drifted pins, repair the shield (resize it, adopt new
-    tasks); steady state: no writes at all."""
+    tasks), run one QoS period when the host has a QoS loop; steady state: no writes at all."""
     with host.transaction() as txn:
+        loop = host.qos_loop
+        changes_first = loop.keep_policy() if loop is not None else []
         before = txn.state
         state, changes = host.liveness.reap(before)
+        changes[:0] = changes_first
         reserved = host.with_reserved(state)
         if reserved.reserved != state.reserved:
             changes.append(
@@ -44,6 +49,8 @@ def reconcile_once(host: HostAgent) -> list[Note]:
             )
             if synced.shield != state.shield:
                 state = txn.commit(synced)
+        if loop is not None:
+            changes.extend(loop.period(state))
         changes.extend(host.remove_cgroups(state))
     return changes
 
