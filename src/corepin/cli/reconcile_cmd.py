@@ -57,7 +57,7 @@ def run(args: argparse.Namespace) -> int:
     from corepin.agent.host.agent import HostAgent
     from corepin.agent.host.besteffort import DEFAULT_RESCTRL_ROOT
     from corepin.agent.host.qos import HostQos
-    from corepin.agent.host.reconcile import reconcile_forever, reconcile_once
+    from corepin.agent.host.reconcile import QOS_SAMPLE, reconcile_forever, reconcile_once
     from corepin.agent.host.settings import HostSettings
 
     settings = HostSettings.from_args(args, os.environ)
@@ -85,7 +85,7 @@ def run(args: argparse.Namespace) -> int:
                 "one or the other",
                 reason="bad_usage",
             )
-        show(reconcile_once(agent))
+        show(reconcile_once(agent, sample=QOS_SAMPLE))
         return 0
     reconcile_forever(agent, 10.0 if args.interval is None else args.interval, show)
     return 0

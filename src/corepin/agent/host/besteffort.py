@@ -23,13 +23,7 @@ from typing import Final
 
 from corepin.core.cpuset import CPUSet
 from corepin.core.errors import CgroupError
-from corepin.enforcement.cgroups import (
-    DEFAULT_CGROUP_ROOT,
-    CgroupDriver,
-    CgroupV1,
-    CgroupV2,
-    detect_mounts,
-)
+from corepin.enforcement.cgroups import CgroupDriver, CgroupV1, CgroupV2, find_v1_controller
 
 __all__ = [
     "DEFAULT_RESCTRL_ROOT",
@@ -80,17 +74,12 @@ def offer_cpu_controller(driver: CgroupDriver, groups: Iterable[str]) -> None:
 
 
 def find_cpuacct_root(driver: CgroupDriver, cgroup_root: str) -> str | None:
-    """cgroup v1: the cpuacct hierarchy when it is a mount of its own (not co-mounted with
-    cpuset or cpu, whose groups the driver already makes); None otherwise and on v2 or in a
-    tree standing in for cgroupfs."""
+    """cgroup v1: the cpuacct hierarchy (`find_v1_controller`) when it is a mount of its own
+    (not co-mounted with cpuset or cpu, whose groups the driver already makes); None
+    otherwise, on v2 and in a tree standing in for cgroupfs."""
     if not isinstance(driver, CgroupV1) or driver.fake_tree:
         return None
-    root = cgroup_root.rstrip("/") or "/"
-    found: str | None = None
-    if root == DEFAULT_CGROUP_ROOT:
-        found = detect_mounts().v1.get("cpuacct")
-    elif os.path.isdir(os.path.join(root, "cpuacct")):
-        found = os.path.realpath(os.path.join(root, "cpuacct"))
+    found = find_v1_controller("cpuacct", cgroup_root)
     if found is None:
         return None
     known = {os.path.realpath(r) for r in (driver.root, driver.cpu_root) if r is not None}

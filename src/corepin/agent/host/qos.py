@@ -1,117 +1,39 @@
 """Node QoS in host mode: the policy a state directory keeps, and the QoS period of
 `corepin reconcile`.
 
-- The policy: `--qos-config FILE` (`run`, `reconcile`) is parsed before anything is touched
-  (a bad file is refused naming the file and the field; the old policy stays) and kept beside
-  the checkpoint as `qos-policy.json` (written atomically, under the state lock), so later
-  commands without `--qos-config` use the last one given (`stored_policy`). None given ever:
-  the default policy.
+- The policy (`corepin.agent.host.qos_policy`): the one given with `--qos-config`, else the
+  one the state directory keeps, else the default.
 - The period (`HostQos.period`): every pass of `corepin reconcile` builds one `QosMember` per
   assignment (its trusted cgroup, its live processes, its class) and the `QosNode` (online,
   reserved, the CPUs of exclusive runs, of LSR runs, the shared pool, the BE group) and runs one
   `QosEngine.period`: best-effort suppression on the BE group, CPU burst, resctrl classes and
   their tasks. The engine lives as long as the `HostQos` (the reconcile loop keeps it), so CPU
   use is measured between passes.
-- resctrl (`--resctrl-root`, default /sys/fs/resctrl): not mounted is one note, no error.
-  `resctrl_tasks_file` is the `tasks` file a new run writes itself into before CMD execs.
+- resctrl (`--resctrl-root`, default /sys/fs/resctrl): not mounted is one note, no error. A
+  new run joins its class's group itself before CMD execs
+  (`corepin.agent.host.besteffort.resctrl_tasks_file`); the period catches new threads.
 """
 
 from __future__ import annotations
 
-import contextlib
-import json
 import os
-from typing import TYPE_CHECKING, Any, Final
+from typing import TYPE_CHECKING, Any
 
 from corepin.agent.host.agent import HostAgent
 from corepin.agent.host.besteffort import DEFAULT_RESCTRL_ROOT
-from corepin.allocation.qos import QosPolicy, parse_policy, parse_policy_text
+from corepin.agent.host.qos_policy import POLICY_FILE, store_policy, stored_policy
+from corepin.allocation.qos import QosPolicy
 from corepin.core.cpuset import CPUSet
-from corepin.core.errors import InputError, StateFormatError
 from corepin.enforcement.note import Note
 from corepin.enforcement.qos.cpu import CpuControl
 from corepin.enforcement.qos.engine import QosEngine, QosMember, QosNode
 from corepin.enforcement.resctrl.classes import ResctrlClasses, open_resctrl
-from corepin.state.checkpoint import os_error
 from corepin.sysfs.procfs import ProcessGroup
 
 if TYPE_CHECKING:
     from corepin.state.model import HostState
 
-__all__ = [
-    "DEFAULT_RESCTRL_ROOT",
-    "POLICY_FILE",
-    "HostQos",
-    "describe_resctrl",
-    "read_policy_file",
-    "store_policy",
-    "stored_policy",
-]
-
-#: The file beside the checkpoint that keeps the last policy given.
-POLICY_FILE: Final = "qos-policy.json"
-
-
-# ---------------------------------------------------------------------- the policy
-def read_policy_file(path: str) -> QosPolicy:
-    """The policy in `path` (YAML or JSON); InputError naming the file (and the field)."""
-    try:
-        with open(path, encoding="utf-8") as handle:
-            text = handle.read()
-    except FileNotFoundError:
-        raise InputError(f"--qos-config {path!r} does not exist", reason="no_such_file") from None
-    except (OSError, UnicodeDecodeError) as exc:
-        raise InputError(
-            f"cannot read --qos-config {path!r}: {exc}", reason="unreadable_file"
-        ) from None
-    return parse_policy_text(text, path)
-
-
-def stored_policy(state_dir: str) -> QosPolicy | None:
-    """The policy kept in `state_dir` (None when none was ever given); StateFormatError naming
-    the file when it is not one."""
-    path = os.path.join(state_dir, POLICY_FILE)
-    try:
-        with open(path, encoding="utf-8") as handle:
-            text = handle.read()
-    except FileNotFoundError:
-        return None
-    except (OSError, UnicodeDecodeError) as exc:
-        raise StateFormatError(f"{path}: cannot read the kept QoS policy: {exc}") from None
-    try:
-        return parse_policy(json.loads(text))
-    except (ValueError, InputError) as exc:
-        raise StateFormatError(
-            f"{path}: not a QoS policy ({exc}); give one with --qos-config FILE, or remove it"
-        ) from None
-
-
-def store_policy(state_dir: str, policy: QosPolicy) -> bool:
-    """Keep `policy` in `state_dir` (atomically: a temporary file renamed over the old one);
-    False when the same policy is kept already (nothing written). Call under the state lock."""
-    if stored_policy(state_dir) == policy:
-        return False
-    path = os.path.join(state_dir, POLICY_FILE)
-    data = (json.dumps(policy.to_json(), indent=2, sort_keys=True) + "\n").encode()
-    tmp = os.path.join(state_dir, f".{POLICY_FILE}.tmp-{os.getpid()}-{os.urandom(4).hex()}")
-    try:
-        fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW, 0o600)
-        try:
-            os.write(fd, data)
-            os.fsync(fd)
-        finally:
-            os.close(fd)
-        os.replace(tmp, path)
-        dfd = os.open(state_dir, os.O_RDONLY | os.O_DIRECTORY)
-        try:
-            os.fsync(dfd)
-        finally:
-            os.close(dfd)
-    except OSError as exc:
-        with contextlib.suppress(OSError):
-            os.unlink(tmp)
-        raise os_error(path, exc, "write the QoS policy") from None
-    return True
+__all__ = ["DEFAULT_RESCTRL_ROOT", "HostQos", "describe_resctrl"]
 
 
 # ---------------------------------------------------------------------- the period
@@ -135,6 +57,8 @@ class HostQos:
         self._engine: QosEngine | None = None
         self._opened = False
         self._said: set[str] = set()
+        #: QoS periods run so far (the first one only measures: it has nothing to compare)
+        self.periods = 0
 
     def policy(self) -> QosPolicy:
         """The policy in force: the one given, else the kept one, else the default."""
@@ -231,6 +155,12 @@ class HostQos:
             be_group=pinner.be_group if pinner.driver is not None else None,
         )
 
+    def wants_sample(self, state: HostState) -> bool:
+        """Whether a single pass (`reconcile --once`) should measure first and wait a sample
+        before its period: no period has measured yet and best-effort work is there to be
+        squeezed (a first period only measures)."""
+        return self.periods == 0 and any(a.best_effort for a in state)
+
     def period(self, state: HostState) -> list[Note]:
         """One QoS period over `state`: what changed, and what went wrong, as notes."""
         engine, notes = self._open()
@@ -240,6 +170,7 @@ class HostQos:
         if pinner.driver is not None and not pinner.driver.exists(pinner.be_group):
             pinner.writes += len(pinner.driver.create(pinner.be_group))
         report = engine.period(self.members(state), self.node(state), self.policy())
+        self.periods += 1
         notes.extend(report.changes)
         notes.extend(Note("failed", "qos", problem) for problem in report.problems)
         return notes

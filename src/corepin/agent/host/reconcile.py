@@ -12,18 +12,36 @@ import signal
 import sys
 import time
 from collections.abc import Callable
+from typing import Final
 
 from corepin.agent.host.agent import HostAgent
 from corepin.core.errors import StateError
 from corepin.enforcement.note import Note
 
+#: Seconds a single pass (`reconcile --once`) measures CPU use over before its QoS period, when
+#: best-effort work is there to be squeezed (the QoS loop's default period).
+QOS_SAMPLE: Final = 1.0
 
-def reconcile_once(host: HostAgent) -> list[Note]:
+
+def reconcile_once(host: HostAgent, *, sample: float = 0.0) -> list[Note]:
     """Free what died, re-apply drifted pins, repair the shield (resize it, adopt new
-    tasks), run one QoS period when the host has a QoS loop; steady state: no writes at all."""
+    tasks), run one QoS period when the host has a QoS loop; steady state: no writes at all.
+
+    With `sample` (a single pass), a QoS loop that has not measured yet first measures in a
+    transaction of its own and waits `sample` seconds (without the lock), so the pass's period
+    has CPU use to go by."""
+    loop = host.qos_loop
+    changes_first: list[Note] = []
+    if loop is not None and sample > 0:
+        with host.transaction() as txn:
+            alive, _ = host.liveness.reap(txn.state)  # (not committed: the pass reaps)
+            if loop.wants_sample(alive):
+                changes_first = loop.keep_policy() + loop.period(alive)
+        if loop.periods:
+            time.sleep(sample)
     with host.transaction() as txn:
-        loop = host.qos_loop
-        changes_first = loop.keep_policy() if loop is not None else []
+        if loop is not None:
+            changes_first += loop.keep_policy()
         before = txn.state
         state, changes = host.liveness.reap(before)
         changes[:0] = changes_first

@@ -307,7 +307,7 @@ class Runner:
                 )
                 state = state.add(assignment)
                 if host.qos_policy is not None:
-                    from corepin.agent.host.qos import store_policy
+                    from corepin.agent.host.qos_policy import store_policy
 
                     store_policy(host.settings.state_dir, host.qos_policy)
                 if caller_group is not None and state.shield is not None:
