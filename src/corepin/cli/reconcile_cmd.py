@@ -55,7 +55,6 @@ def add_arguments(parser: argparse.ArgumentParser, name: str) -> None:
 
 def run(args: argparse.Namespace) -> int:
     from corepin.agent.host.agent import HostAgent
-    from corepin.agent.host.besteffort import DEFAULT_RESCTRL_ROOT
     from corepin.agent.host.qos import HostQos
     from corepin.agent.host.reconcile import QOS_SAMPLE, reconcile_forever, reconcile_once
     from corepin.agent.host.settings import HostSettings
@@ -65,9 +64,7 @@ def run(args: argparse.Namespace) -> int:
     agent = HostAgent(settings, reserve=reserve_from(args))
     agent.qos_policy = policy
     agent.resctrl_root = resctrl_root
-    agent.qos_loop = HostQos(
-        agent, policy=policy, resctrl_root=resctrl_root or DEFAULT_RESCTRL_ROOT
-    )
+    loop = HostQos(agent, policy=policy, resctrl_root=resctrl_root)
 
     def show(changes: list[Note]) -> None:
         if args.output == "json":
@@ -85,7 +82,7 @@ def run(args: argparse.Namespace) -> int:
                 "one or the other",
                 reason="bad_usage",
             )
-        show(reconcile_once(agent, sample=QOS_SAMPLE))
+        show(reconcile_once(agent, loop, sample=QOS_SAMPLE))
         return 0
-    reconcile_forever(agent, 10.0 if args.interval is None else args.interval, show)
+    reconcile_forever(agent, 10.0 if args.interval is None else args.interval, show, loop)
     return 0

@@ -29,7 +29,6 @@ from corepin.enforcement.note import Note
 
 if TYPE_CHECKING:
     from corepin.agent.host.pinning import Pinner
-    from corepin.agent.host.qos import HostQos
     from corepin.allocation.qos import QosPolicy
     from corepin.allocation.types import Decision, Request
     from corepin.enforcement.shield.control import Shield
@@ -61,10 +60,11 @@ class HostAgent:
         self.shield_notes: list[Note] = []
         #: node QoS: the policy given on the command line (`--qos-config`; None: the one kept
         #: in the state directory), where resctrl is mounted (`--resctrl-root`; None: the
-        #: default, and quiet when it is not there), and the QoS loop of `corepin reconcile`
+        #: default, and quiet when it is not there), and the BE set the QoS loop of
+        #: `corepin reconcile` keeps in force (None: the BE group's cpuset is read)
         self.qos_policy: QosPolicy | None = None
         self.resctrl_root: str | None = None
-        self.qos_loop: HostQos | None = None
+        self.be_cpus: CPUSet | None = None
 
     # ------------------------------------------------------------------ parts
     @property
@@ -246,10 +246,8 @@ class HostAgent:
         if not chosen:
             return []
         pool = state.shared_pool
-        be_cpus = self.qos_loop.be_cpus if self.qos_loop is not None else None
-        if be_cpus is not None:
-            be_cpus = be_cpus & pool or None  # (None: the BE group's cpuset, read)
-        return self.pinner.apply_all(chosen, pool, be_cpus)
+        be_cpus = self.be_cpus & pool if self.be_cpus is not None else None
+        return self.pinner.apply_all(chosen, pool, be_cpus or None)
 
     def repin_shared(self, state: HostState) -> list[Note]:
         """Re-pin every shared and mixed assignment to the current shared pool (best-effort

@@ -41,15 +41,15 @@ class HostQos:
     """The node QoS loop of one host's state directory (kept across reconcile passes).
 
     `policy`: the policy given on the command line (kept in the state directory by the first
-    pass), else the kept one, else the default; `resctrl_root`: where resctrl is mounted
-    (absent: one note, no error)."""
+    pass), else the kept one, else the default; `resctrl_root`: where resctrl is mounted when
+    given (not there: one note, no error); None: the default, and no note without it."""
 
     def __init__(
         self,
         host: HostAgent,
         *,
         policy: QosPolicy | None = None,
-        resctrl_root: str = DEFAULT_RESCTRL_ROOT,
+        resctrl_root: str | None = None,
     ) -> None:
         self.host = host
         self.given = policy
@@ -114,8 +114,11 @@ class HostQos:
         return self._engine, notes
 
     def _open_resctrl(self) -> tuple[ResctrlClasses | None, list[Note]]:
-        classes, note = open_resctrl(self.resctrl_root, self.host.settings.proc_root)
-        return classes, [Note("qos", "resctrl", note)] if note is not None else []
+        root = self.resctrl_root or DEFAULT_RESCTRL_ROOT
+        classes, note = open_resctrl(root, self.host.settings.proc_root)
+        if note is None or self.resctrl_root is None:
+            return classes, []
+        return classes, [Note("qos", "resctrl", note)]
 
     def members(self, state: HostState) -> list[QosMember]:
         """One member per assignment: its trusted cgroup, live processes and class."""

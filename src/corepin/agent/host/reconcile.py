@@ -1,7 +1,7 @@
 """`corepin reconcile`: free what died, re-apply drifted pins, repair the shield, run one node
 QoS period (`corepin.agent.host.qos`: best-effort suppression, CPU burst, resctrl) - once, or
 pass after pass until SIGTERM or SIGINT (a systemd unit in packaging/ runs it so). The QoS loop
-(`HostAgent.qos_loop`) lives across passes, so CPU use is measured between them.
+(`HostQos`) lives across passes, so CPU use is measured between them.
 
 A steady state writes nothing at all: no checkpoint, no cgroup file, no affinity.
 """
@@ -15,6 +15,7 @@ from collections.abc import Callable
 from typing import Final
 
 from corepin.agent.host.agent import HostAgent
+from corepin.agent.host.qos import HostQos
 from corepin.core.errors import StateError
 from corepin.enforcement.note import Note
 
@@ -23,14 +24,16 @@ from corepin.enforcement.note import Note
 QOS_SAMPLE: Final = 1.0
 
 
-def reconcile_once(host: HostAgent, *, sample: float = 0.0) -> list[Note]:
+def reconcile_once(
+    host: HostAgent, qos: HostQos | None = None, *, sample: float = 0.0
+) -> list[Note]:
     """Free what died, re-apply drifted pins, repair the shield (resize it, adopt new
-    tasks), run one QoS period when the host has a QoS loop; steady state: no writes at all.
+    tasks), run one period of the QoS loop `qos`; steady state: no writes at all.
 
     With `sample` (a single pass), a QoS loop that has not measured yet first measures in a
     transaction of its own and waits `sample` seconds (without the lock), so the pass's period
     has CPU use to go by."""
-    loop = host.qos_loop
+    loop = qos
     changes_first: list[Note] = []
     if loop is not None and sample > 0:
         with host.transaction() as txn:
@@ -69,12 +72,19 @@ def reconcile_once(host: HostAgent, *, sample: float = 0.0) -> list[Note]:
                 state = txn.commit(synced)
         if loop is not None:
             changes.extend(loop.period(state))
+            host.be_cpus = loop.be_cpus  # the next pass pins BE runs to it
         changes.extend(host.remove_cgroups(state))
     return changes
 
 
-def reconcile_forever(host: HostAgent, interval: float, show: Callable[[list[Note]], None]) -> None:
-    """`reconcile_once` every `interval` seconds, each pass's changes given to `show`, until
+def reconcile_forever(
+    host: HostAgent,
+    interval: float,
+    show: Callable[[list[Note]], None],
+    qos: HostQos | None = None,
+) -> None:
+    """`reconcile_once` every `interval` seconds (one QoS loop `qos` kept across the passes),
+    each pass's changes given to `show`, until
     SIGTERM or SIGINT. A state lock someone else holds is a warning on stderr (busy is not
     broken: an operator may hold the lock for a while), not the end."""
     stop = False
@@ -87,7 +97,7 @@ def reconcile_forever(host: HostAgent, interval: float, show: Callable[[list[Not
     signal.signal(signal.SIGINT, on_signal)
     while not stop:
         try:
-            show(reconcile_once(host))
+            show(reconcile_once(host, qos))
         except StateError as exc:
             if exc.reason != "lock_timeout":
                 raise
