@@ -269,3 +269,29 @@ def test_a_bad_qos_config_exits_2_naming_the_field_and_keeps_the_old_policy(
     assert "Traceback" not in done.stderr
     assert (host.state / "qos-policy.json").read_bytes() == kept
     assert not [p for p in host.state.iterdir() if p.name.startswith(".qos-policy")]
+
+
+@needs_cpuset
+@pytest.mark.realhost
+def test_a_steady_qos_loop_writes_nothing_once_the_be_group_is_squeezed(host: Host) -> None:
+    from corepin.agent.host.agent import HostAgent
+    from corepin.agent.host.qos import HostQos
+    from corepin.agent.host.reconcile import reconcile_once
+    from corepin.agent.host.settings import HostSettings
+    from corepin.allocation.qos import parse_policy
+
+    be = host.start("--shared", "--qos-class", "BE")
+    host.start("--shared")
+    agent = HostAgent(HostSettings(state_dir=str(host.state), cgroups="on"))
+    # sloPercent 1: a budget under one CPU on any machine, so the set is minCPUs whatever runs
+    policy = parse_policy({"beSuppress": {"policy": "cpuset", "sloPercent": 1, "minCPUs": 1}})
+    loop = HostQos(agent, policy=policy)
+    reconcile_once(agent, loop)  # keeps the policy, measures
+    squeezed = reconcile_once(agent, loop)
+    assert any("besteffort" in note.target for note in squeezed), squeezed
+    assert len(host.cpus("besteffort")) == 1
+    assert allowed_cpus(int(str(be["pid"]))) == str(host.cpus("besteffort"))
+    checkpoint = host.state / "state.json"
+    before = (checkpoint.stat().st_mtime_ns, agent.pinner.writes)
+    assert reconcile_once(agent, loop) == []
+    assert (checkpoint.stat().st_mtime_ns, agent.pinner.writes) == before
