@@ -13,8 +13,9 @@ Then, with `QosEngine` over `CgroupV2`:
   BE shrinks to what the budget allows, in the BE group and pod2, pod1 stays empty and its
   effective CPUs follow, and the kernel confines both loops to the set;
 - `idle`: `beCPUIdle` sets the BE group's cpu.idle to 1, and back to 0 when turned off;
-- `cfsquota`: the budget as the BE group's cpu.max; the cpusets put back (the BE group empty
-  again, pod2 the candidates); `off` puts cpu.max back to max;
+- `cfsquota`: the budget as the BE group's cpu.max; the cpusets put back: pod2 the candidates,
+  and the BE group, empty before, too (the kernel refuses to empty a cpuset with tasks below
+  it: ENOSPC), pod1 still empty; `off` puts cpu.max back to max;
 - `burst`: with cpu.max 50000 the kernel refuses a cpu.max.burst of 60000, `write_burst_us`
   clamps 1 s to 50000 and reads it back, and the engine's static burst writes it.
 
@@ -190,7 +191,12 @@ def check() -> dict[str, Any]:
         quota = bed.engine.period(
             bed.members, bed.node, QosPolicy(be_suppress=BeSuppress("cfsQuota", 65, 2))
         )
-        figures["cfsquota"] = {"budget": quota.be_budget, "cpu.max": read(BE, "cpu.max")}
+        figures["cfsquota"] = {
+            "budget": quota.be_budget,
+            "cpu.max": read(BE, "cpu.max"),
+            "changes": [str(n) for n in quota.changes],
+            "problems": quota.problems,
+        }
         if quota.be_budget is None:
             verdict("cfsquota", False, "no budget")
         else:
@@ -200,9 +206,10 @@ def check() -> dict[str, Any]:
                 read(BE, "cpu.max") == want_max,
                 f"cpu.max {read(BE, 'cpu.max')} != {want_max}",
             )
+        verdict("cfsquota", read(POD1, "cpuset.cpus") == "", "pod1 is no longer empty")
         verdict(
             "cfsquota",
-            read(BE, "cpuset.cpus") == "",
+            read(BE, "cpuset.cpus") == str(bed.candidates),
             f"BE cpuset not put back: {read(BE, 'cpuset.cpus')!r}",
         )
         verdict(

@@ -6,6 +6,7 @@ and the invariants of the BE set (Hypothesis)."""
 
 from __future__ import annotations
 
+import errno
 import os
 import tempfile
 from collections.abc import Iterable, Mapping
@@ -25,7 +26,7 @@ from corepin.allocation.qos import (
     grow_step,
 )
 from corepin.core.cpuset import CPUSet
-from corepin.enforcement.cgroups import CgroupDriver, CgroupV1, CpuQuota
+from corepin.enforcement.cgroups import CgroupDriver, CgroupV1, CgroupV2, CpuQuota
 from corepin.enforcement.faketree import make_fake_v1, make_fake_v2, seed_cpu_files, set_cpu_stats
 from corepin.enforcement.note import Note
 from corepin.enforcement.qos import CpuControl, QosEngine, QosMember, QosNode, QosReport
@@ -62,6 +63,18 @@ def cpuset_policy(min_cpus: int = 2, slo: int = 65, **kw: object) -> QosPolicy:
     return QosPolicy(be_suppress=BeSuppress("cpuset", slo, min_cpus), **kw)  # type: ignore[arg-type]
 
 
+class KernelV2(CgroupV2):
+    """The fake v2 tree with one more of the kernel's refusals: a group with tasks in it or
+    below it cannot have its cpuset.cpus emptied (ENOSPC)."""
+
+    def _fake_kernel_check(self, path: str, name: str, value: str) -> int | None:
+        if name == "cpuset.cpus" and not value.strip() and self.read_cpus_text(path):
+            for directory, _dirs, files in os.walk(self.dir(path)):
+                if "cgroup.procs" in files and Path(directory, "cgroup.procs").read_text().split():
+                    return errno.ENOSPC
+        return super()._fake_kernel_check(path, name, value)
+
+
 class Bed:
     """A node's fake cgroups (BE group with pods and a container, an LS and an LSE container),
     a stand-in /proc whose `stat` the test advances, and the engine over both."""
@@ -74,7 +87,7 @@ class Bed:
             self.acct = str(base / "cpuacct")
             os.makedirs(self.acct)
         else:
-            driver = make_fake_v2(base, cpus=online, mems=C("0"))
+            driver = KernelV2(make_fake_v2(base, cpus=online, mems=C("0")).root, fake_tree=True)
         self.driver = driver
         for group in (CTR1, POD2, LS_GROUP, LSE_GROUP):
             driver.create(group)
@@ -249,6 +262,22 @@ def test_cfs_quota_gives_the_budget_as_a_quota_and_off_puts_everything_back(bed:
     assert bed.quota(BE).quota_us is None and off.be_quota_us is None and off.be_budget is None
     assert [n.action for n in off.changes] == ["restored"]
     bed.tick(ls=2.0)
+    assert bed.period(QosPolicy(be_suppress=BeSuppress("off", 65, 2))).writes == 0
+
+
+def test_a_v2_group_with_tasks_that_inherited_gets_the_candidates_back(tmp_path: Path) -> None:
+    bed = Bed(tmp_path, 2)
+    bed.driver.write_file(CTR1, "cgroup.procs", "4321")
+    bed.period(cpuset_policy())
+    bed.tick(ls=3.0)
+    assert bed.period(cpuset_policy()).be_cpus == C("3-4")
+    bed.tick(ls=3.0)
+    report = bed.period(QosPolicy(be_suppress=BeSuppress("off", 65, 2)))
+    assert not report.problems
+    # the kernel keeps a populated cpuset from going empty: BE gets the candidates instead
+    assert bed.cpus(BE) == str(CANDIDATES) and bed.cpus(POD2) == str(CANDIDATES)
+    assert bed.cpus(POD1) == bed.cpus(CTR1) == ""
+    bed.tick()
     assert bed.period(QosPolicy(be_suppress=BeSuppress("off", 65, 2))).writes == 0
 
 
