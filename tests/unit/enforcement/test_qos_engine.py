@@ -9,7 +9,7 @@ from __future__ import annotations
 import errno
 import os
 import tempfile
-from collections.abc import Iterable, Mapping
+from collections.abc import Iterable
 from pathlib import Path
 
 import pytest
@@ -31,6 +31,7 @@ from corepin.enforcement.faketree import make_fake_v1, make_fake_v2, seed_cpu_fi
 from corepin.enforcement.note import Note
 from corepin.enforcement.qos import CpuControl, QosEngine, QosMember, QosNode, QosReport
 from corepin.enforcement.resctrl import ResctrlWriter
+from corepin.enforcement.resctrl.classes import ResctrlClasses
 from corepin.testing.proc_tree import ProcTree
 from support.budget import examples
 from support.resctrl_tree import make_resctrl_tree
@@ -390,47 +391,36 @@ def test_members_without_a_cgroup_are_measured_through_their_processes(tmp_path:
     assert report.usage["LS"] == pytest.approx(2.0, abs=0.01)
 
 
-class WriterClasses:
-    """The resctrl classes over the real writer (on a fake resctrl tree): one group per class
-    named `corepin-<class>`, Notes for the writes."""
-
-    def __init__(self, writer: ResctrlWriter) -> None:
-        self.writer = writer
-
-    def apply(self, policies: Mapping[str, ClassPolicy]) -> list[Note]:
-        notes: list[Note] = []
-        for name, policy in policies.items():
-            for change in self.writer.apply_policy(f"corepin-{name}", policy):
-                notes.append(Note("resized", change.path, f"{change.what} {change.new}"))
-        return notes
-
-    def assign(self, qos_class: str, tids: Iterable[int]) -> list[Note]:
-        changes = self.writer.assign_tasks(f"corepin-{qos_class}", tids)
-        return [Note("moved", c.path, f"task {c.new}") for c in changes]
-
-
 def test_resctrl_classes_are_applied_on_change_and_new_threads_assigned(tmp_path: Path) -> None:
     bed = Bed(tmp_path, 2)
     fs = make_resctrl_tree(tmp_path / "resctrl")
-    writer = ResctrlWriter(tmp_path / "resctrl", "intel", fs)
-    bed.engine.resctrl = WriterClasses(writer)
+    classes = ResctrlClasses(ResctrlWriter(tmp_path / "resctrl", "intel", fs), bed.proc.root)
+    bed.engine.resctrl = classes
     bed.proc.add(300, "ls", cpus=C("0-7"), threads=(301, 302))
     bed.proc.add(400, "be", cpus=C("0-7"))
     bed.driver.write_file(LS_GROUP, "cgroup.procs", "300")
     members = [*MEMBERS[:2], QosMember("be-run", "BE", None, pids=(400,))]
-    first = bed.period(cpuset_policy(), members=members)
-    assert sorted(writer.tasks("corepin-LS")) == [300, 301, 302]
-    assert writer.tasks("corepin-BE") == [400]
-    assert any(n.target == "resctrl/corepin-BE" for n in first.changes)
+    wide = dict(default_class_policies())
+    wide["LS"] = ClassPolicy((0, 80), 100)
+    first = bed.period(cpuset_policy(classes=wide), members=members)
+    assert sorted(classes.writer.tasks("corepin-ls")) == [300, 301, 302]
+    assert classes.writer.tasks("corepin-be") == [400]
+    assert {n.target for n in first.changes if n.action == "created"} == {
+        "resctrl/corepin-be",
+        "resctrl/corepin-ls",
+    }
     bed.tick()
-    assert bed.period(cpuset_policy(), members=members).writes == 0
+    assert bed.period(cpuset_policy(classes=wide), members=members).writes == 0
     bed.proc.add(300, "ls", cpus=C("0-7"), threads=(301, 302, 303))
     bed.tick()
-    classes = dict(default_class_policies())
-    classes["BE"] = ClassPolicy((0, 50), 100)
-    report = bed.period(cpuset_policy(classes=classes), members=members)
-    assert [n.detail for n in report.changes if n.action == "moved"] == ["task 303"]
-    assert any(n.target == "resctrl/corepin-BE" and "schemata" in n.detail for n in report.changes)
+    narrower = dict(wide)
+    narrower["BE"] = ClassPolicy((0, 10), 100)
+    report = bed.period(cpuset_policy(classes=narrower), members=members)
+    assert [n.detail for n in report.changes if n.action == "moved"] == [
+        "1 task(s) of class LS: 303"
+    ]
+    assert any(n.target == "resctrl/corepin-be" for n in report.changes if n.action != "moved")
+    assert 303 in classes.writer.tasks("corepin-ls")
 
 
 # ---------------------------------------------------------------------- invariants
