@@ -4,6 +4,8 @@
   (usage, throttling, burst, `cpu.idle`), and `node_busy_ns` from /proc/stat;
 - `besteffort`: one CPU set written to the best-effort group and every group below it, in the
   order each cgroup version takes;
+- `burst`: CPU burst of LS members (quota and burst allowance in the order the kernel takes);
+- `model`: what the loop takes and gives (`QosMember`, `QosNode`, `QosReport`, `ResctrlPort`);
 - `engine`: `QosEngine`, one period of the loop (measure, suppress, burst, resctrl tasks).
 
 The rules (budgets, sets, burst steps) are `corepin.allocation.qos`; the rooms (host mode,

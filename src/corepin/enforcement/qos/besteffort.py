@@ -63,11 +63,21 @@ def read_tree(driver: CgroupDriver, group: str) -> dict[str, CPUSet] | None:
 
 
 def _write(
-    driver: CgroupDriver, path: str, old: CPUSet, new: CPUSet, action: str, why: str, out: TreeWrite
+    driver: CgroupDriver,
+    path: str,
+    old: CPUSet,
+    new: CPUSet,
+    action: str,
+    why: str,
+    out: TreeWrite,
+    fallback: CPUSet | None = None,
 ) -> bool:
     try:
         driver.write_cpus(path, new)
     except CgroupError as err:
+        if not new and fallback and err.reason == "cgroup_empty_cpuset":
+            # v2 keeps a group with tasks in it or below it from going empty (ENOSPC)
+            return _write(driver, path, old, fallback, action, f"{why}; it has tasks", out)
         gone = err.reason == "cgroup_missing"
         out.problems.append(
             f"{path}: the group vanished before its cpuset could be written"
@@ -88,9 +98,12 @@ def write_tree(
     *,
     action: str,
     why: str,
+    fallback: CPUSet | None = None,
 ) -> TreeWrite:
     """Write `wanted[path]` to every group of `current` (as `read_tree` gave it, parents first)
-    that holds something else, in the order the hierarchy's version needs."""
+    that holds something else, in the order the hierarchy's version needs. An empty value
+    (v2: inherit the parent's) that the kernel refuses because the group holds tasks is
+    replaced by `fallback` when one is given."""
     out = TreeWrite()
     now = dict(current)
     order = [p for p in current if p in wanted]
@@ -105,5 +118,5 @@ def write_tree(
         return out
     for path in order:
         if now[path] != wanted[path]:
-            _write(driver, path, now[path], wanted[path], action, why, out)
+            _write(driver, path, now[path], wanted[path], action, why, out, fallback)
     return out

@@ -266,7 +266,7 @@ class QosEngine:
             return
         current = self._be_cpus
         if current is None:
-            current = tree[group] or self._effective(driver, group)
+            current = tree[group] or self._effective(driver, group) or candidates
         total, least = len(node.online), policy.be_suppress.min_cpus
         if budget is None:  # priming: only what the policy forces
             kept = current & candidates
@@ -293,7 +293,8 @@ class QosEngine:
         self, driver: CgroupDriver, group: str, candidates: CPUSet, report: QosReport
     ) -> None:
         """Put the candidate set back in the groups corepin narrowed (v2 groups that were
-        empty, inheriting, get their empty value back)."""
+        empty, inheriting, get their empty value back where the kernel takes it: not while
+        they hold tasks, where they get the candidates)."""
         tree = read_tree(driver, group)
         if tree is not None and candidates:
             wanted = {
@@ -301,7 +302,14 @@ class QosEngine:
                 for path in tree
                 if path in self._cpuset_changed
             }
-            done = write_tree(driver, tree, wanted, action="restored", why="BE suppression off")
+            done = write_tree(
+                driver,
+                tree,
+                wanted,
+                action="restored",
+                why="BE suppression off",
+                fallback=candidates,
+            )
             report.changes.extend(done.notes)
             report.problems.extend(done.problems)
         self._cpuset_changed.clear()
