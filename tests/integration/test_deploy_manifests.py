@@ -248,6 +248,7 @@ CONTRACT_FIELDS: dict[str, list[tuple[str, Any]]] = {
         ("status.allocations[].mems", CPUSET),
         ("status.allocations[].policy", ["exclusive", "share"]),
         ("status.allocations[].level", ["cpu", "core", "l3", "numa", "socket"]),
+        ("status.allocations[].qosClass", ["LSE", "LSR", "LS", "BE", "SYSTEM"]),
         ("status.heartbeatTime", "date-time"),
         ("status.conditions", "conditions"),
     ],
@@ -266,6 +267,7 @@ CONTRACT_FIELDS: dict[str, list[tuple[str, Any]]] = {
         ("status.cpus", CPUSET),
         ("status.mems", CPUSET),
         ("status.message", "string"),
+        ("status.qosClass", ["LSE", "LSR", "LS", "BE", "SYSTEM"]),
         ("status.conditions", "conditions"),
     ],
 }

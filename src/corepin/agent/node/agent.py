@@ -43,13 +43,14 @@ from collections.abc import Callable, Iterable, Mapping
 from typing import Any, Final, NoReturn
 
 from corepin.agent.node.decide import Decider, PodWork
-from corepin.agent.node.enforce import ContainerCgroups
+from corepin.agent.node.enforce import ContainerCgroups, cpu_limits
 from corepin.agent.node.files import AssignmentFiles
 from corepin.agent.node.hooks import Hooks
 from corepin.agent.node.lock import NodeLock
 from corepin.agent.node.nodetopology import TopologyPublisher
 from corepin.agent.node.promises import Promises
 from corepin.agent.node.publish import Key, Publisher
+from corepin.agent.node.qosclass import QosClasses
 from corepin.agent.node.records import PodRecords
 from corepin.agent.node.reservation import NodeReservation
 from corepin.agent.node.restore import Restore
@@ -113,12 +114,15 @@ class NodeAgent:
             settings.reserved_cpus, settings.options, self.watches.node, topology, self.events
         )
         self.shield = SystemShield(settings, cgroups)
+        self.classes = QosClasses()
         self.publisher = Publisher(
             self.store,
             self.watches,
-            PodRecords(self.watches, clock),
+            PodRecords(self.watches, clock, self.classes.of),
             AssignmentFiles(settings.assignment_dir, topology, self.watches),
-            TopologyPublisher(settings, self.watches, topology, self.promises, clock),
+            TopologyPublisher(
+                settings, self.watches, topology, self.promises, clock, self.classes.of
+            ),
         )
         self._queue: queue.Queue[Key | None] = queue.Queue()
         self._queued: set[Key] = set()
@@ -382,6 +386,10 @@ class NodeAgent:
                 self.hooks.decided((time.monotonic() - started) / len(done))
             # the shield shrinks before the containers get the CPUs (after the commit)
             state = txn.commit_if_changed(self.shield.apply(state, before, resync=resync))
+        classes_changed = False
+        for work in done:
+            limits = cpu_limits(work.pod)
+            classes_changed |= self.classes.update(state, work.plan.uid, work.request, limits)
         targets: list[Assignment] = []
         quotas: dict[str, CpuQuota | None] = {}
         for work in done:
@@ -407,6 +415,7 @@ class NodeAgent:
             self.publisher.later(("pod", work.plan.uid), work)
         for uid in forgotten:
             self.decider.forget(uid)
+            self.classes.forget(uid)
             self.publisher.later(("forget", uid), uid)
         if kinds & {"orphans", "resync"}:
             self.publisher.later(("sweep",), None)
@@ -414,6 +423,7 @@ class NodeAgent:
             self.hooks.reconciled(time.monotonic() - started)
         if (
             kinds & {"heartbeat", "node", "orphans"}
+            or classes_changed
             or state.held != before.held
             or state.reserved != before.reserved
         ):
