@@ -1,9 +1,9 @@
 """What the node agent tells about pods: Kubernetes Events on the pod, each message once.
 
-A `CPUPolicyIgnored`, `CPUPinFailed` or `QoSClassIgnored` event is not told again while its message stays the same
-(a pod synced again and again says it once); a container pinned at last (`CPUPinned`,
-`CPUMoved`) clears its `CPUPinFailed`, so a later shortage is told again. The failure of a
-whole pod's sync, quota or events (`failed`) is told once per message too.
+A `CPUPolicyIgnored`, `CPUPinFailed` or `QoSClassIgnored` event is not told again while its
+message stays the same (a pod synced again and again says it once); a container pinned at
+last (`CPUPinned`, `CPUMoved`) clears its `CPUPinFailed`, so a later shortage is told again.
+The failure of a whole pod's sync, quota or events (`failed`) is told once per message too.
 """
 
 from __future__ import annotations
