@@ -13,7 +13,10 @@ Threads and data flow:
   assignment files (`files.py`), the node's NodeCPUTopology and NodeResourceTopology
   (`nodetopology.py`);
 - a timer puts a heartbeat key every `heartbeat_period` and a resync key every
-  `resync_period` (every pod again, every cgroup checked for drift - zero writes when none).
+  `resync_period` (every pod again, every cgroup checked for drift - zero writes when none);
+- node QoS (`qos.py`): the class of each container (`qosclass.py`), the policy in force (the
+  `corepin-qos` ConfigMap's informer, the file: `qospolicy.py`) and the QoS loop's thread,
+  which puts a `qos` key when the best-effort CPU set changed (BE containers get that set).
 
 Restart (`restore.py`): the checkpoint is validated against the live topology, assignments of
 pods that are gone are released, and the agent's own PodCPUBindings fill in what a lost
@@ -50,7 +53,7 @@ from corepin.agent.node.lock import NodeLock
 from corepin.agent.node.nodetopology import TopologyPublisher
 from corepin.agent.node.promises import Promises
 from corepin.agent.node.publish import Key, Publisher
-from corepin.agent.node.qosclass import QosClasses
+from corepin.agent.node.qos import NodeQos
 from corepin.agent.node.records import PodRecords
 from corepin.agent.node.reservation import NodeReservation
 from corepin.agent.node.restore import Restore
@@ -65,6 +68,7 @@ from corepin.allocation.policies import get_policy
 from corepin.allocation.types import Policy
 from corepin.core.errors import CorepinError, EnvironmentProblem, InputError
 from corepin.enforcement.cgroups import CpuQuota
+from corepin.enforcement.qos.engine import QosEngine
 from corepin.kube.client import KubeClient
 from corepin.kube.events import EventRecorder
 from corepin.kube.models import AGENT_MANAGER, LABEL_MANAGED_BY, ObjectView
@@ -90,6 +94,7 @@ class NodeAgent:
         *,
         hooks: Hooks | None = None,
         clock: Callable[[], float] = time.time,
+        qos_engine: QosEngine | None = None,
     ) -> None:
         self.settings = settings
         self.client = client
@@ -114,7 +119,17 @@ class NodeAgent:
             settings.reserved_cpus, settings.options, self.watches.node, topology, self.events
         )
         self.shield = SystemShield(settings, cgroups)
-        self.classes = QosClasses()
+        self.qos = NodeQos(
+            settings,
+            self.watches,
+            self.store,
+            cgroups,
+            self.events,
+            self.hooks,
+            engine=qos_engine,
+            wake=lambda: self._enqueue(("qos",)),
+        )
+        self.classes = self.qos.classes
         self.publisher = Publisher(
             self.store,
             self.watches,
@@ -153,6 +168,7 @@ class NodeAgent:
         with self.store.transaction() as txn:
             txn.commit_if_changed(self.restore.restored(txn.state, imported))
         self.watches.open()
+        self.qos.open()
         self.watches.pods.add_handlers(
             on_add=lambda o: self._enqueue_pod(o),
             on_update=lambda old, new: self._pod_updated(old, new),
@@ -178,6 +194,7 @@ class NodeAgent:
                     f"the API did not answer the {informer.name} list within {sync_timeout:g} s",
                     reason="api_sync_timeout",
                 )
+        self.qos.start(self._spawn, self._stop, min(10.0, max(0.1, deadline - time.monotonic())))
         self._spawn(self._work, "agent-worker")
         self._spawn(self.publisher.run, "agent-publisher")
         self._enqueue(("node",))
@@ -196,6 +213,7 @@ class NodeAgent:
         self.publisher.stop()
         for informer in self.watches.informers:
             informer.stop(timeout / 2)
+        self.qos.stop(timeout / 2)
         for thread in self._threads:
             thread.join(timeout / 2)
         self.events.stop(timeout / 2)
@@ -398,6 +416,9 @@ class NodeAgent:
                 quotas.update(self.cgroups.quotas(state, work.plan, work.pod))
             except Exception as exc:  # its CPUs are written all the same, its quota left
                 self._pod_failed(work.plan.namespace, work.plan.name, "quota", exc)
+        quotas = self.qos.left_quotas(state, quotas)
+        if "qos" in kinds:  # the QoS loop changed the BE set
+            targets.extend(self.qos.be_containers(state))
         if resync:
             targets.extend(a for a in state if a.container is not None)
         elif state.shared_pool != before.shared_pool:
@@ -439,7 +460,9 @@ class NodeAgent:
         quotas: Mapping[str, CpuQuota | None],
     ) -> None:
         chosen = [a for a in assignments if a.policy != KUBELET_POLICY]
-        targets = self.cgroups.targets(state, chosen, quotas)
+        targets = self.cgroups.targets(
+            state, chosen, quotas, be_cpus=self.qos.be_cpus, is_be=self.qos.is_be
+        )
         if not targets:
             return
         report = self.cgroups.apply(targets)
