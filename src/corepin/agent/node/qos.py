@@ -55,9 +55,7 @@ def qos_members(state: HostState, classes: QosClasses) -> list[QosMember]:
     for a in state:
         if a.container is None or a.cgroup is None:
             continue
-        out.append(
-            QosMember(a.id, classes.of(a), a.cgroup, base_quota=classes.base_quota(a.id))
-        )
+        out.append(QosMember(a.id, classes.of(a), a.cgroup, base_quota=classes.base_quota(a.id)))
     return out
 
 
@@ -228,8 +226,12 @@ class NodeQos:
             on_delete=self.source.map_deleted,
         )
 
-    def start(self, spawn: Callable[[Callable[[], None], str], None], stop: threading.Event,
-              timeout: float) -> None:
+    def start(
+        self,
+        spawn: Callable[[Callable[[], None], str], None],
+        stop: threading.Event,
+        timeout: float,
+    ) -> None:
         """Start the ConfigMap's informer (waiting at most `timeout` for its list: the agent
         works without it, with the file's policy) and the loop's thread."""
         informer = self.watches.qos_config

@@ -43,9 +43,7 @@ def _read(path: str) -> str:
             f"--qos-config {path}: cannot read it: {err.strerror or err}", reason="bad_qos_policy"
         ) from None
     except UnicodeDecodeError:
-        raise InputError(
-            f"--qos-config {path}: not UTF-8 text", reason="bad_qos_policy"
-        ) from None
+        raise InputError(f"--qos-config {path}: not UTF-8 text", reason="bad_qos_policy") from None
 
 
 def _stamp(path: str) -> tuple[int, int] | None:

@@ -13,11 +13,11 @@ from __future__ import annotations
 from collections.abc import Mapping
 from typing import Any
 
+from corepin.agent.node.settings import QOS_CONFIGMAP
 from corepin.kube.client import KubeClient, Obj
 from corepin.kube.informer import Informer
 from corepin.kube.models import ObjectView
 from corepin.kube.podplan import PodPlan
-from corepin.agent.node.settings import QOS_CONFIGMAP
 from corepin.kube.resources import CONFIGMAPS, NODES, PCB, PODS
 
 
