@@ -8,7 +8,6 @@ imports every subcommand's module, and must stay cheap.
 from __future__ import annotations
 
 import argparse
-import logging
 import os
 from typing import TYPE_CHECKING
 
@@ -180,6 +179,7 @@ def run(args: argparse.Namespace) -> int:
     from corepin.agent.node.agent import NodeAgent
     from corepin.agent.node.enforce import ContainerCgroups, open_hierarchy
     from corepin.agent.node.metrics import AgentMetrics
+    from corepin.agent.node.qos import log_no_resctrl
     from corepin.allocation.policies import get_policy
     from corepin.api.grpc.server import GrpcServer, Listen
     from corepin.api.http import OpsServer
@@ -213,7 +213,7 @@ def run(args: argparse.Namespace) -> int:
     if settings.qos_period > 0:
         resctrl, note = open_resctrl(settings.resctrl_root, settings.proc_root)
         if resctrl is None:
-            logging.getLogger("corepin.agent.node").info("event=no_resctrl note=%s", note)
+            log_no_resctrl(note)
         else:
             metrics.watch_resctrl(resctrl.samples)
         cpu = CpuControl(driver, find_cpuacct_root(settings.cgroup_root))

@@ -49,6 +49,11 @@ from corepin.state.model import Assignment, HostState
 log = logging.getLogger("corepin.agent.node")
 
 
+def log_no_resctrl(note: str | None) -> None:
+    """Say once, at start-up, why cache and memory bandwidth classes are off."""
+    log.info("event=no_resctrl note=%s", note)
+
+
 def qos_members(state: HostState, classes: QosClasses) -> list[QosMember]:
     """The engine's members: every container assignment with a cgroup."""
     out = []
@@ -276,4 +281,4 @@ class NodeQos:
         return {path: q for path, q in quotas.items() if path not in owned}
 
 
-__all__ = ["NodeQos", "QosLoop", "is_best_effort", "qos_members", "qos_node"]
+__all__ = ["NodeQos", "QosLoop", "is_best_effort", "log_no_resctrl", "qos_members", "qos_node"]
