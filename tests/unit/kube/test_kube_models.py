@@ -920,3 +920,34 @@ def test_a_checked_pod_view_names_the_first_malformed_field(raw: Any, path: str)
     with pytest.raises(m.FieldError) as caught:
         m.PodView.checked(raw, "request.object")
     assert caught.value.path == path
+
+
+def test_objects_written_before_qos_classes_read_without_one() -> None:
+    assert "qosClass" not in GOOD_NCPT["status"]["allocations"][0]
+    [row] = m.NodeCPUTopology.from_dict(GOOD_NCPT).status.allocations  # type: ignore[union-attr]
+    assert row.qos_class is None and "qosClass" not in row.to_dict()
+    status = m.PodCPUBinding.from_dict(GOOD_PCB).status
+    assert status is not None and status.qos_class is None
+    told = _with(GOOD_NCPT, "status/allocations/0/qosClass", "LSR")
+    [row] = m.NodeCPUTopology.from_dict(told).status.allocations  # type: ignore[union-attr]
+    assert row.qos_class == "LSR" and row.to_dict()["qosClass"] == "LSR"
+
+
+@pytest.mark.parametrize(
+    ("annotations", "labels", "expected"),
+    [
+        ({}, {}, None),
+        ({"corepin.io/qos-class": "BE"}, {}, ("corepin.io/qos-class", "BE")),
+        ({}, {"koordinator.sh/qosClass": "LS"}, ("koordinator.sh/qosClass", "LS")),
+        ({"koordinator.sh/qosClass": "LSR"}, {}, ("koordinator.sh/qosClass", "LSR")),
+        (
+            {"corepin.io/qos-class": "gold", "koordinator.sh/qosClass": "LS"},
+            {},
+            ("corepin.io/qos-class", "gold"),
+        ),
+    ],
+)
+def test_the_qos_class_a_pod_names_is_read_unchecked(
+    annotations: dict[str, str], labels: dict[str, str], expected: tuple[str, str] | None
+) -> None:
+    assert m.qos_class_request(annotations, labels) == expected
