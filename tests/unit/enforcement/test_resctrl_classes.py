@@ -5,6 +5,7 @@ and no resctrl at all. Thread listing on real processes and a real cgroup (v1 cp
 
 from __future__ import annotations
 
+import contextlib
 import os
 import secrets
 import signal
@@ -100,7 +101,8 @@ def _shown(root: Path) -> dict[str, str]:
             {
                 "corepin-ls": "L3CODE:0=ffc00;1=ffc00\nL3DATA:0=ffc00;1=ffc00\n"
                 "    MB:0=100;1=100\n",
-                "corepin-be": "L3CODE:0=0003f;1=0003f\nL3DATA:0=0003f;1=0003f\n    MB:0= 50;1= 50\n",
+                "corepin-be": "L3CODE:0=0003f;1=0003f\nL3DATA:0=0003f;1=0003f\n"
+                "    MB:0= 50;1= 50\n",
                 "corepin-system": "L3CODE:0=fffff;1=fffff\nL3DATA:0=fffff;1=fffff\n"
                 "    MB:0= 20;1= 20\n",
             },
@@ -175,6 +177,20 @@ def test_a_missing_resource_is_left_out_with_a_note(tmp_path: Path) -> None:
     assert classes.group_of("SYSTEM") is None and _kernel(classes).made == []
 
 
+def test_without_cache_allocation_only_the_bandwidth_is_set(tmp_path: Path) -> None:
+    root = tmp_path / "resctrl"
+    kernel = make_resctrl_tree(root)
+    (root / "info" / "L3" / "cbm_mask").unlink()
+    classes = ResctrlClasses(ResctrlWriter(root, vendor="intel", fs=kernel))
+    notes = classes.apply({"BE": ClassPolicy((0, 30), 42), "LS": ClassPolicy((0, 50), None)})
+    assert [n for n in notes if n.action == "left"] == [
+        Note("left", "resctrl/corepin-be", "BE l3Percent: no L3 cache allocation"),
+        Note("left", "resctrl/corepin-ls", "LS l3Percent: no L3 cache allocation"),
+    ]
+    assert kernel.written == [("corepin-be/schemata", "MB:0=50;1=50\n")]
+    assert classes.group_of("LS") is None and kernel.made == ["corepin-be"]
+
+
 def test_is_default() -> None:
     assert is_default(FULL) and is_default(ClassPolicy()) and is_default(ClassPolicy(None, 100))
     assert not is_default(ClassPolicy((0, 99), None)) and not is_default(ClassPolicy(None, 90))
@@ -220,7 +236,7 @@ def test_groups_corepin_did_not_make_are_never_touched(tmp_path: Path) -> None:
         kernel.mkdir(root / name)
     kernel.write(root / "batch" / "schemata", "L3:0=3\n")
     kernel.write(root / "batch" / "tasks", "77\n")
-    before = {n: s for n, s in _shown(root).items()}
+    before = _shown(root)
     classes.apply(MIXED)
     classes.apply({})
     assert kernel.removed == ["corepin-ls", "corepin-be", "corepin-system"]
@@ -270,6 +286,7 @@ def test_tasks_are_assigned_once_and_move_when_their_class_changes(tmp_path: Pat
         Note("moved", "resctrl (root group)", "1 task(s) of class LSE: 102")
     ], "back to the root group from corepin's group; a task elsewhere is left alone"
     assert kernel.written == [("tasks", "102\n")]
+    assert (root / "tasks").read_text().split() == ["102"]
     assert classes.writer.tasks("corepin-be") == []
     assert classes.assign("LSE", [102, 500]) == []
 
@@ -356,10 +373,8 @@ def scratch_cpu_cgroup() -> Iterator[Path]:
     finally:
         for folder in (group / "child", group):
             for tid in (folder / "tasks").read_text().split():
-                try:
+                with contextlib.suppress(ProcessLookupError):
                     (_CPU_V1 / "tasks").write_text(tid)
-                except ProcessLookupError:
-                    pass
             folder.rmdir()
 
 
@@ -503,6 +518,9 @@ def test_a_refused_schemata_of_an_existing_group_keeps_it(tmp_path: Path) -> Non
     with pytest.raises(ResctrlError, match=r"MB value 20 out of range \[40,100\]"):
         classes.apply({"BE": ClassPolicy((0, 40), 20)})
     assert classes.group_of("BE") == "corepin-be" and kernel.removed == []
+    assert _shown(root) == {"corepin-be": "L3:0=000ff;1=000ff\nMB:0= 30;1= 30\n"}, (
+        "the lines before the refused one were taken"
+    )
 
 
 def test_no_resctrl_is_a_note(tmp_path: Path) -> None:
