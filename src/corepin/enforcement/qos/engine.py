@@ -266,7 +266,7 @@ class QosEngine:
             return
         current = self._be_cpus
         if current is None:
-            current = tree[group] or self._effective(driver, group)
+            current = tree[group] or self._effective(driver, group) or candidates
         total, least = len(node.online), policy.be_suppress.min_cpus
         if budget is None:  # priming: only what the policy forces
             kept = current & candidates
