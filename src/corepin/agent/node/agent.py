@@ -425,7 +425,7 @@ class NodeAgent:
             targets.extend(shared_pool_users(state))
         if state.shared_pool != before.shared_pool:
             self.publisher.later(("pool",), None)
-        self._enforce(state, _unique(targets), quotas)
+        enforce(self.cgroups, self.hooks, self.qos, state, _unique(targets), quotas)
         for work in done:
             for seconds in self.decider.latencies(work.plan):
                 self.hooks.pinned_after(seconds)
@@ -453,26 +453,6 @@ class NodeAgent:
             for pod in self.decider.to_retry(state):
                 self._enqueue_pod(pod)
 
-    def _enforce(
-        self,
-        state: HostState,
-        assignments: Iterable[Assignment],
-        quotas: Mapping[str, CpuQuota | None],
-    ) -> None:
-        chosen = [a for a in assignments if a.policy != KUBELET_POLICY]
-        targets = self.cgroups.targets(
-            state, chosen, quotas, be_cpus=self.qos.be_cpus, is_be=self.qos.is_be
-        )
-        if not targets:
-            return
-        report = self.cgroups.apply(targets)
-        self.hooks.cgroup_writes(report.writes)
-        for err in report.errors:
-            self.hooks.pinning(False, err.reason)
-            log.warning("event=cgroup_write_failed error=%s", err)
-        if report.writes and not report.errors:
-            self.hooks.pinning(True)
-
     def _pod_failed(self, namespace: str, name: str, stage: str, exc: BaseException) -> None:
         """One pod's failure: logged and told on the pod (a Warning Event, once per message);
         the rest of the batch goes on without it."""
@@ -490,6 +470,29 @@ class NodeAgent:
             self.teller.failed(pod, pod_uid(pod), stage, message)
         except Exception:
             log.exception("event=event_failed pod=%s/%s", namespace, name)
+
+
+def enforce(
+    cgroups: ContainerCgroups,
+    hooks: Hooks,
+    qos: NodeQos,
+    state: HostState,
+    assignments: Iterable[Assignment],
+    quotas: Mapping[str, CpuQuota | None],
+) -> None:
+    """Write the cgroups of `assignments` (the kubelet's own left alone; BE containers held to
+    the QoS loop's BE set), and count the writes and failures."""
+    chosen = [a for a in assignments if a.policy != KUBELET_POLICY]
+    targets = cgroups.targets(state, chosen, quotas, be_cpus=qos.be_cpus, is_be=qos.is_be)
+    if not targets:
+        return
+    report = cgroups.apply(targets)
+    hooks.cgroup_writes(report.writes)
+    for err in report.errors:
+        hooks.pinning(False, err.reason)
+        log.warning("event=cgroup_write_failed error=%s", err)
+    if report.writes and not report.errors:
+        hooks.pinning(True)
 
 
 def _pod_key(pod: Mapping[str, Any]) -> tuple[str, str]:
