@@ -3,6 +3,7 @@ stops on SIGTERM within 5 s, and exits 4 with one line when the API is unreachab
 
 from __future__ import annotations
 
+import argparse
 import os
 import signal
 import subprocess
@@ -13,6 +14,7 @@ from typing import Any
 
 import yaml
 
+from corepin.cli.agent_cmd import add_arguments, settings_from
 from corepin.core.cpuset import CPUSet
 from corepin.enforcement.faketree import make_fake_v1
 from corepin.kube.client import KubeClient
@@ -127,3 +129,46 @@ def test_a_missing_node_name_is_refused_with_exit_2(tmp_path: Path) -> None:
         timeout=60,
     )
     assert out.returncode == 2 and "NODE_NAME" in out.stderr
+
+
+def test_a_bad_qos_policy_file_or_period_is_refused_with_exit_2(tmp_path: Path) -> None:
+    online = CPUSet(os.sched_getaffinity(0))
+    make_fake_v1(tmp_path / "cgroup", cpus=online, mems=CPUSet.of(0), separate_cpu_mount=False)
+    kubeconfig = tmp_path / "kubeconfig"
+    kubeconfig.write_text(
+        yaml.safe_dump(
+            {
+                "apiVersion": "v1",
+                "kind": "Config",
+                "clusters": [{"name": "c", "cluster": {"server": "http://127.0.0.1:9"}}],
+                "users": [{"name": "u", "user": {}}],
+                "contexts": [{"name": "x", "context": {"cluster": "c", "user": "u"}}],
+                "current-context": "x",
+            }
+        )
+    )
+    policy = tmp_path / "qos.yaml"
+    policy.write_text("cpuBurst: {policy: turbo}\n")
+    argv = agent_argv(kubeconfig, tmp_path, "--node-name", "n1")[3:]
+    out = run_corepin(*argv, "--qos-config", str(policy), timeout=60)
+    assert out.returncode == 2, out.stderr
+    assert "cpuBurst.policy" in out.stderr and "turbo" in out.stderr
+    out = run_corepin(*argv, "--qos-period", "-1", timeout=60)
+    assert out.returncode == 2 and "--qos-period" in out.stderr
+
+
+def test_the_agents_qos_settings_come_from_its_flags_and_namespace() -> None:
+    parser = argparse.ArgumentParser()
+    add_arguments(parser, "agent")
+    args = parser.parse_args(["--node-name", "n1", "--qos-config", "/etc/q.yaml"])
+    settings = settings_from(args, {"POD_NAMESPACE": "corepin-system"})
+    assert (settings.qos_config, settings.resctrl_root, settings.qos_period) == (
+        "/etc/q.yaml",
+        "/sys/fs/resctrl",
+        1.0,
+    )
+    assert settings.namespace == "corepin-system"
+    args = parser.parse_args(["--node-name", "n1", "--qos-period", "0", "--resctrl-root", "/r"])
+    settings = settings_from(args, {})
+    assert (settings.qos_config, settings.resctrl_root, settings.qos_period) == (None, "/r", 0.0)
+    assert settings.namespace == ""

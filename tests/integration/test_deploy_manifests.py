@@ -248,6 +248,7 @@ CONTRACT_FIELDS: dict[str, list[tuple[str, Any]]] = {
         ("status.allocations[].mems", CPUSET),
         ("status.allocations[].policy", ["exclusive", "share"]),
         ("status.allocations[].level", ["cpu", "core", "l3", "numa", "socket"]),
+        ("status.allocations[].qosClass", ["LSE", "LSR", "LS", "BE", "SYSTEM"]),
         ("status.heartbeatTime", "date-time"),
         ("status.conditions", "conditions"),
     ],
@@ -266,6 +267,7 @@ CONTRACT_FIELDS: dict[str, list[tuple[str, Any]]] = {
         ("status.cpus", CPUSET),
         ("status.mems", CPUSET),
         ("status.message", "string"),
+        ("status.qosClass", ["LSE", "LSR", "LS", "BE", "SYSTEM"]),
         ("status.conditions", "conditions"),
     ],
 }
@@ -725,6 +727,20 @@ def test_a_leader_elected_component_may_hold_only_its_own_lease_in_its_namespace
     assert not allowed(account, *lease, "delete", namespace=NAMESPACE)
 
 
+def test_the_agent_reads_configmaps_of_its_own_namespace_only() -> None:
+    for verb in READ:
+        assert allowed("corepin-agent", "", "configmaps", verb, namespace=NAMESPACE)
+        assert not allowed("corepin-agent", "", "configmaps", verb)  # cluster wide
+        assert not allowed("corepin-agent", "", "configmaps", verb, namespace="default")
+    for verb in ("create", "update", "patch", "delete"):
+        assert not allowed("corepin-agent", "", "configmaps", verb, namespace=NAMESPACE)
+
+
+def test_the_agent_knows_its_namespace_for_the_qos_configmap() -> None:
+    env = {e["name"]: e for e in container("DaemonSet", "corepin-agent")["env"]}
+    assert env["POD_NAMESPACE"]["valueFrom"] == {"fieldRef": {"fieldPath": "metadata.namespace"}}
+
+
 def test_rbac_has_no_wildcards_and_every_workload_account_exists() -> None:
     for role in objects("ClusterRole") + objects("Role"):
         for rule in role["rules"]:
@@ -758,8 +774,11 @@ CONTRACT_FLAGS = {
 
 
 #: flags beyond the contract's that a Deployment may pass: the extender's TLS with client
-#: certificates and its plain health port
-HARDENING_FLAGS = {"extender": {"--tls-cert", "--tls-key", "--client-ca", "--metrics-address"}}
+#: certificates and its plain health port; the agent's node QoS (resctrl mount, QoS period)
+HARDENING_FLAGS = {
+    "extender": {"--tls-cert", "--tls-key", "--client-ca", "--metrics-address"},
+    "agent": {"--resctrl-root", "--qos-period", "--qos-config"},
+}
 EXTENDER_OPS_PORT = 9468
 
 
@@ -803,7 +822,8 @@ def test_agent_daemonset_passes_the_contract_flags() -> None:
     args = [*c.get("command", []), *c["args"]]
     assert args[:2] == ["corepin", "agent"]
     given = flags(args[1:])
-    assert set(given) <= CONTRACT_FLAGS["agent"], set(given) - CONTRACT_FLAGS["agent"]
+    allowed_flags = CONTRACT_FLAGS["agent"] | HARDENING_FLAGS["agent"]
+    assert set(given) <= allowed_flags, set(given) - allowed_flags
     assert {
         "--node-name", "--sysfs-root", "--proc-root", "--cgroup-root", "--state-dir",
         "--grpc-socket", "--metrics-address",

@@ -156,13 +156,14 @@ PINNED: list[str] = [
     '{"status": {"nodeName": "node-a", "phase": "Applied", "cpus": "0,16", "mems": "0", '
     '"message": "exclusive CPUs of container \'app\'", "conditions": [{"type": "Ready", '
     '"status": "True", "reason": "Applied", "message": "exclusive CPUs of container '
-    '\'app\'", "lastTransitionTime": "2026-01-15T08:00:00Z"}]}}',
+    '\'app\'", "lastTransitionTime": "2026-01-15T08:00:00Z"}], "qosClass": "LSE"}}',
     'PATCH /apis/corepin.io/v1alpha1/nodecputopologies/node-a/status {"status": '
     '{"sharedPool": "1-15,17-31", "reservedCPUs": "", "isolatedCPUs": "", "free": '
     '"1-15,17-31", "freeByNUMA": {"0": "1-7,17-23", "1": "8-15,24-31"}, "freeByL3": {"0": '
     '"1-7,17-23", "1": "8-15,24-31"}, "allocations": [{"namespace": "default", "pod": "db", '
     '"podUID": "<pod-uid>", "container": "app", "cpus": "0,16", "mems": "0", "policy": '
-    '"exclusive", "level": "cpu"}], "heartbeatTime": "2026-01-15T08:00:00Z", "conditions": '
+    '"exclusive", "level": "cpu", "qosClass": "LSE"}], "heartbeatTime": '
+    '"2026-01-15T08:00:00Z", "conditions": '
     '[{"type": "Ready", "status": "True", "reason": "AgentRunning", "message": "the node '
     'agent publishes this node\'s CPUs", "lastTransitionTime": "2026-01-15T08:00:00Z"}]}}',
     'POST /apis/corepin.io/v1alpha1/namespaces/default/podcpubindings {"apiVersion": '
@@ -206,7 +207,7 @@ RESTARTED: list[str] = [
     '{"status": {"nodeName": "node-a", "phase": "Applied", "cpus": "0,16", "mems": "0", '
     '"message": "exclusive CPUs of container \'app\'", "conditions": [{"type": "Ready", '
     '"status": "True", "reason": "Applied", "message": "exclusive CPUs of container '
-    '\'app\'", "lastTransitionTime": "2026-01-15T08:00:00Z"}]}}',
+    '\'app\'", "lastTransitionTime": "2026-01-15T08:00:00Z"}], "qosClass": "LSE"}}',
     'PATCH /apis/corepin.io/v1alpha1/nodecputopologies/node-a [{"op": "replace", "path": '
     '"/spec", "value": {"topology": <topology>, "policy": "topology-aware", "options": {}, '
     '"reservedCPUs": ""}}]',
@@ -215,7 +216,8 @@ RESTARTED: list[str] = [
     '"1-15,17-31", "freeByNUMA": {"0": "1-7,17-23", "1": "8-15,24-31"}, "freeByL3": {"0": '
     '"1-7,17-23", "1": "8-15,24-31"}, "allocations": [{"namespace": "default", "pod": "db", '
     '"podUID": "<pod-uid>", "container": "app", "cpus": "0,16", "mems": "0", "policy": '
-    '"exclusive", "level": "cpu"}], "heartbeatTime": "2026-01-15T08:00:00Z", "conditions": '
+    '"exclusive", "level": "cpu", "qosClass": "LSE"}], "heartbeatTime": '
+    '"2026-01-15T08:00:00Z", "conditions": '
     '[{"type": "Ready", "status": "True", "reason": "AgentRunning", "message": "the node '
     'agent publishes this node\'s CPUs", "lastTransitionTime": "2026-01-15T08:00:00Z"}]}}',
     'POST /apis/corepin.io/v1alpha1/namespaces/default/podcpubindings {"apiVersion": '

@@ -82,6 +82,9 @@ class FakeNode:
             "assignment_dir": str(self.tmp / "assignments"),
             "resync_period": 3600.0,
             "heartbeat_period": 3600.0,
+            # no QoS loop unless a test asks for one: its suppression would measure this
+            # machine's /proc/stat against the synthetic topology and squeeze BE pods
+            "qos_period": 0.0,
         }
         base.update(changes)
         return NodeSettings(**base)

@@ -17,6 +17,8 @@ if TYPE_CHECKING:
     from corepin.agent.node.hooks import Hooks
     from corepin.agent.node.metrics import AgentMetrics
     from corepin.agent.node.settings import NodeSettings
+    from corepin.allocation.qos import QosPolicy
+    from corepin.enforcement.qos.engine import QosReport
     from corepin.state.model import HostState
     from corepin.topology.model import Topology
 
@@ -92,6 +94,28 @@ def add_arguments(parser: argparse.ArgumentParser, name: str) -> None:
         "every allocation (`corepin shield status --state-dir` shows it; `off` takes it down)",
     )
     parser.add_argument(
+        "--qos-config",
+        metavar="FILE",
+        help="the node QoS policy (YAML or JSON: classes, beSuppress, cpuBurst, beCPUIdle); the "
+        "ConfigMap corepin-qos (key qos.yaml) in the agent's namespace ($POD_NAMESPACE) wins "
+        "while it exists (default: the default policy)",
+    )
+    parser.add_argument(
+        "--resctrl-root",
+        metavar="DIR",
+        default="/sys/fs/resctrl",
+        help="where resctrl is mounted, for cache and memory bandwidth classes (default: "
+        "/sys/fs/resctrl; none there: the classes are off)",
+    )
+    parser.add_argument(
+        "--qos-period",
+        metavar="SECONDS",
+        type=_qos_seconds,
+        default=1.0,
+        help="period of the QoS loop: best-effort suppression, CPU burst, resctrl tasks "
+        "(default: 1; 0: no loop)",
+    )
+    parser.add_argument(
         "--kubelet-state",
         metavar="FILE",
         default="/var/lib/kubelet/cpu_manager_state",
@@ -106,6 +130,17 @@ def _idle_seconds(text: str) -> float:
     if value < 4:
         raise argparse.ArgumentTypeError(f"expected at least 4 seconds, got {text!r}")
     return value
+
+
+def _qos_seconds(text: str) -> float:
+    """argparse type of --qos-period: 0 (off) or positive seconds."""
+    try:
+        value = float(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"expected seconds, got {text!r}") from None
+    if value == 0:
+        return 0.0
+    return positive_seconds(text)
 
 
 def settings_from(args: argparse.Namespace, environ: dict[str, str]) -> NodeSettings:
@@ -133,6 +168,10 @@ def settings_from(args: argparse.Namespace, environ: dict[str, str]) -> NodeSett
         metrics_address=args.metrics_address,
         assignment_dir=args.assignment_dir,
         shield_system=bool(args.shield_system),
+        qos_config=args.qos_config or None,
+        resctrl_root=args.resctrl_root,
+        qos_period=args.qos_period,
+        namespace=environ.get("POD_NAMESPACE", ""),
     )
 
 
@@ -140,9 +179,14 @@ def run(args: argparse.Namespace) -> int:
     from corepin.agent.node.agent import NodeAgent
     from corepin.agent.node.enforce import ContainerCgroups, open_hierarchy
     from corepin.agent.node.metrics import AgentMetrics
+    from corepin.agent.node.qos import log_no_resctrl
     from corepin.allocation.policies import get_policy
     from corepin.api.grpc.server import GrpcServer, Listen
     from corepin.api.http import OpsServer
+    from corepin.core.record import replace
+    from corepin.enforcement.qos.cpu import CpuControl, find_cpuacct_root
+    from corepin.enforcement.qos.engine import QosEngine
+    from corepin.enforcement.resctrl.classes import open_resctrl
     from corepin.kube.client import KubeClient
     from corepin.kube.config import load_config
     from corepin.topology.discover import discover
@@ -162,8 +206,21 @@ def run(args: argparse.Namespace) -> int:
     client = KubeClient.from_config(
         load_config(args.kubeconfig, env=environ), idle_timeout=args.api_idle_timeout
     )
+    if not settings.namespace and client.default_namespace:
+        settings = replace(settings, namespace=client.default_namespace)
     metrics = AgentMetrics()
-    agent = NodeAgent(settings, client, topology, cgroups, hooks=_metrics_hooks(metrics))
+    engine = None
+    if settings.qos_period > 0:
+        resctrl, note = open_resctrl(settings.resctrl_root, settings.proc_root)
+        if resctrl is None:
+            log_no_resctrl(note)
+        else:
+            metrics.watch_resctrl(resctrl.samples)
+        cpu = CpuControl(driver, find_cpuacct_root(settings.cgroup_root))
+        engine = QosEngine(cpu, driver, resctrl=resctrl, proc_root=settings.proc_root)
+    agent = NodeAgent(
+        settings, client, topology, cgroups, hooks=_metrics_hooks(metrics), qos_engine=engine
+    )
 
     def ready() -> bool:
         # started, and every informer heard from the API lately (a dead connection shows here)
@@ -181,7 +238,7 @@ def run(args: argparse.Namespace) -> int:
         grpc_server.start()
         watches = 0
         while not done.wait(0.5):
-            restarts = sum(i.stats.watch_restarts for i in agent.watches.informers)
+            restarts = sum(i.stats.watch_restarts for i in agent.watches.every_informer)
             for _ in range(restarts - watches):
                 metrics.watch_restart()
             watches = restarts
@@ -218,5 +275,13 @@ def _metrics_hooks(metrics: AgentMetrics) -> Hooks:
 
         def state(self, state: HostState, topology: Topology) -> None:
             metrics.observe_state(state, topology)
+
+        def qos_period(self, report: QosReport, cpu_seconds: float) -> None:
+            metrics.observe_qos(report.be_budget, report.burst_changes)
+            if report.writes:
+                metrics.cgroup_writes(report.writes)
+
+        def qos_policy(self, policy: QosPolicy) -> None:
+            metrics.qos_policy_changed()
 
     return MetricsHooks()

@@ -19,6 +19,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from corepin.allocation.pools import KOORDINATOR_RESERVATION, Reservation
+from corepin.allocation.qos import CLASSES as QOS_CLASSES
 from corepin.core.cpuset import CPUSet
 from corepin.core.errors import InputError
 from corepin.core.quantity import parse_quantity
@@ -87,6 +88,7 @@ allocations = st.builds(
     mems=cpusets,
     policy=st.sampled_from(m.ALLOCATION_POLICIES),
     level=st.sampled_from(("cpu", "core", "l3", "numa", "socket")),
+    qos_class=st.none() | st.sampled_from(QOS_CLASSES),
 )
 id_maps = st.dictionaries(st.integers(0, 64), cpusets, max_size=4)
 
@@ -135,6 +137,7 @@ pcb_statuses = st.builds(
     mems=cpusets,
     message=short_text,
     conditions=condition_lists,
+    qos_class=st.none() | st.sampled_from(QOS_CLASSES),
 )
 pcbs = st.builds(
     m.PodCPUBinding,
@@ -272,6 +275,8 @@ def test_model_vocabularies_are_the_crd_enums() -> None:
     assert set(m.CONDITION_STATUSES) == set(
         _enum(NCPT_SCHEMA, "status", "conditions", "[]", "status")
     )
+    assert set(QOS_CLASSES) == set(_enum(NCPT_SCHEMA, "status", "allocations", "[]", "qosClass"))
+    assert set(QOS_CLASSES) == set(_enum(PCB_SCHEMA, "status", "qosClass"))
     for plural, kind in (("nodecputopologies", m.NCPT_KIND), ("podcpubindings", m.PCB_KIND)):
         spec = crd(plural)["spec"]
         assert (spec["group"], spec["names"]["kind"], spec["names"]["plural"]) == (
@@ -333,6 +338,8 @@ BAD_NCPT = [
     ("status/freeByL3", {"1": 5}, "status.freeByL3['1']", "a CPU list that is a number"),
     ("status/allocations/0/policy", "none", "status.allocations[0].policy", "policy none"),
     ("status/allocations/0/level", "Core", "status.allocations[0].level", "a CRD-case level"),
+    ("status/allocations/0/qosClass", "Gold", "status.allocations[0].qosClass", "a QoS class"),
+    ("status/allocations/0/qosClass", 3, "status.allocations[0].qosClass", "a class number"),
     ("status/allocations/0/podUID", _GONE, "status.allocations[0].podUID", "no pod uid"),
     ("status/allocations/0/cpus", "1-0", "status.allocations[0].cpus", "a range backwards"),
     ("status/allocations", [{}], "status.allocations[0].policy", "an allocation that is empty"),
@@ -366,6 +373,7 @@ BAD_PCB = [
      "a container twice"),
     ("status/phase", "Done", "status.phase", "an unknown phase"),
     ("status/mems", "0-", "status.mems", "memory nodes cut short"),
+    ("status/qosClass", "be", "status.qosClass", "a QoS class in lower case"),
     ("metadata/namespace", _GONE, "metadata.namespace", "a binding without namespace"),
 ]  # fmt: skip
 
@@ -912,3 +920,34 @@ def test_a_checked_pod_view_names_the_first_malformed_field(raw: Any, path: str)
     with pytest.raises(m.FieldError) as caught:
         m.PodView.checked(raw, "request.object")
     assert caught.value.path == path
+
+
+def test_objects_written_before_qos_classes_read_without_one() -> None:
+    assert "qosClass" not in GOOD_NCPT["status"]["allocations"][0]
+    [row] = m.NodeCPUTopology.from_dict(GOOD_NCPT).status.allocations  # type: ignore[union-attr]
+    assert row.qos_class is None and "qosClass" not in row.to_dict()
+    status = m.PodCPUBinding.from_dict(GOOD_PCB).status
+    assert status is not None and status.qos_class is None
+    told = _with(GOOD_NCPT, "status/allocations/0/qosClass", "LSR")
+    [row] = m.NodeCPUTopology.from_dict(told).status.allocations  # type: ignore[union-attr]
+    assert row.qos_class == "LSR" and row.to_dict()["qosClass"] == "LSR"
+
+
+@pytest.mark.parametrize(
+    ("annotations", "labels", "expected"),
+    [
+        ({}, {}, None),
+        ({"corepin.io/qos-class": "BE"}, {}, ("corepin.io/qos-class", "BE")),
+        ({}, {"koordinator.sh/qosClass": "LS"}, ("koordinator.sh/qosClass", "LS")),
+        ({"koordinator.sh/qosClass": "LSR"}, {}, ("koordinator.sh/qosClass", "LSR")),
+        (
+            {"corepin.io/qos-class": "gold", "koordinator.sh/qosClass": "LS"},
+            {},
+            ("corepin.io/qos-class", "gold"),
+        ),
+    ],
+)
+def test_the_qos_class_a_pod_names_is_read_unchecked(
+    annotations: dict[str, str], labels: dict[str, str], expected: tuple[str, str] | None
+) -> None:
+    assert m.qos_class_request(annotations, labels) == expected

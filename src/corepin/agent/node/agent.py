@@ -13,7 +13,10 @@ Threads and data flow:
   assignment files (`files.py`), the node's NodeCPUTopology and NodeResourceTopology
   (`nodetopology.py`);
 - a timer puts a heartbeat key every `heartbeat_period` and a resync key every
-  `resync_period` (every pod again, every cgroup checked for drift - zero writes when none).
+  `resync_period` (every pod again, every cgroup checked for drift - zero writes when none);
+- node QoS (`qos.py`): the class of each container (`qosclass.py`), the policy in force (the
+  `corepin-qos` ConfigMap's informer, the file: `qospolicy.py`) and the QoS loop's thread,
+  which puts a `qos` key when the best-effort CPU set changed (BE containers get that set).
 
 Restart (`restore.py`): the checkpoint is validated against the live topology, assignments of
 pods that are gone are released, and the agent's own PodCPUBindings fill in what a lost
@@ -43,13 +46,14 @@ from collections.abc import Callable, Iterable, Mapping
 from typing import Any, Final, NoReturn
 
 from corepin.agent.node.decide import Decider, PodWork
-from corepin.agent.node.enforce import ContainerCgroups
+from corepin.agent.node.enforce import ContainerCgroups, cpu_limits
 from corepin.agent.node.files import AssignmentFiles
 from corepin.agent.node.hooks import Hooks
 from corepin.agent.node.lock import NodeLock
 from corepin.agent.node.nodetopology import TopologyPublisher
 from corepin.agent.node.promises import Promises
 from corepin.agent.node.publish import Key, Publisher
+from corepin.agent.node.qos import NodeQos
 from corepin.agent.node.records import PodRecords
 from corepin.agent.node.reservation import NodeReservation
 from corepin.agent.node.restore import Restore
@@ -64,6 +68,7 @@ from corepin.allocation.policies import get_policy
 from corepin.allocation.types import Policy
 from corepin.core.errors import CorepinError, EnvironmentProblem, InputError
 from corepin.enforcement.cgroups import CpuQuota
+from corepin.enforcement.qos.engine import QosEngine
 from corepin.kube.client import KubeClient
 from corepin.kube.events import EventRecorder
 from corepin.kube.models import AGENT_MANAGER, LABEL_MANAGED_BY, ObjectView
@@ -89,6 +94,7 @@ class NodeAgent:
         *,
         hooks: Hooks | None = None,
         clock: Callable[[], float] = time.time,
+        qos_engine: QosEngine | None = None,
     ) -> None:
         self.settings = settings
         self.client = client
@@ -113,12 +119,25 @@ class NodeAgent:
             settings.reserved_cpus, settings.options, self.watches.node, topology, self.events
         )
         self.shield = SystemShield(settings, cgroups)
+        self.qos = NodeQos(
+            settings,
+            self.watches,
+            self.store,
+            cgroups,
+            self.events,
+            self.hooks,
+            engine=qos_engine,
+            wake=lambda: self._enqueue(("qos",)),
+        )
+        self.classes = self.qos.classes
         self.publisher = Publisher(
             self.store,
             self.watches,
-            PodRecords(self.watches, clock),
+            PodRecords(self.watches, clock, self.classes.of),
             AssignmentFiles(settings.assignment_dir, topology, self.watches),
-            TopologyPublisher(settings, self.watches, topology, self.promises, clock),
+            TopologyPublisher(
+                settings, self.watches, topology, self.promises, clock, self.classes.of
+            ),
         )
         self._queue: queue.Queue[Key | None] = queue.Queue()
         self._queued: set[Key] = set()
@@ -149,6 +168,7 @@ class NodeAgent:
         with self.store.transaction() as txn:
             txn.commit_if_changed(self.restore.restored(txn.state, imported))
         self.watches.open()
+        self.qos.open()
         self.watches.pods.add_handlers(
             on_add=lambda o: self._enqueue_pod(o),
             on_update=lambda old, new: self._pod_updated(old, new),
@@ -174,6 +194,7 @@ class NodeAgent:
                     f"the API did not answer the {informer.name} list within {sync_timeout:g} s",
                     reason="api_sync_timeout",
                 )
+        self.qos.start(self._spawn, self._stop, min(10.0, max(0.1, deadline - time.monotonic())))
         self._spawn(self._work, "agent-worker")
         self._spawn(self.publisher.run, "agent-publisher")
         self._enqueue(("node",))
@@ -192,6 +213,7 @@ class NodeAgent:
         self.publisher.stop()
         for informer in self.watches.informers:
             informer.stop(timeout / 2)
+        self.qos.stop(timeout / 2)
         for thread in self._threads:
             thread.join(timeout / 2)
         self.events.stop(timeout / 2)
@@ -382,6 +404,10 @@ class NodeAgent:
                 self.hooks.decided((time.monotonic() - started) / len(done))
             # the shield shrinks before the containers get the CPUs (after the commit)
             state = txn.commit_if_changed(self.shield.apply(state, before, resync=resync))
+        classes_changed = False
+        for work in done:
+            limits = cpu_limits(work.pod)
+            classes_changed |= self.classes.update(state, work.plan.uid, work.request, limits)
         targets: list[Assignment] = []
         quotas: dict[str, CpuQuota | None] = {}
         for work in done:
@@ -390,13 +416,16 @@ class NodeAgent:
                 quotas.update(self.cgroups.quotas(state, work.plan, work.pod))
             except Exception as exc:  # its CPUs are written all the same, its quota left
                 self._pod_failed(work.plan.namespace, work.plan.name, "quota", exc)
+        quotas = self.qos.left_quotas(state, quotas)
+        if "qos" in kinds:  # the QoS loop changed the BE set
+            targets.extend(self.qos.be_containers(state))
         if resync:
             targets.extend(a for a in state if a.container is not None)
         elif state.shared_pool != before.shared_pool:
             targets.extend(shared_pool_users(state))
         if state.shared_pool != before.shared_pool:
             self.publisher.later(("pool",), None)
-        self._enforce(state, _unique(targets), quotas)
+        enforce(self.cgroups, self.hooks, self.qos, state, _unique(targets), quotas)
         for work in done:
             for seconds in self.decider.latencies(work.plan):
                 self.hooks.pinned_after(seconds)
@@ -407,6 +436,7 @@ class NodeAgent:
             self.publisher.later(("pod", work.plan.uid), work)
         for uid in forgotten:
             self.decider.forget(uid)
+            self.classes.forget(uid)
             self.publisher.later(("forget", uid), uid)
         if kinds & {"orphans", "resync"}:
             self.publisher.later(("sweep",), None)
@@ -414,6 +444,7 @@ class NodeAgent:
             self.hooks.reconciled(time.monotonic() - started)
         if (
             kinds & {"heartbeat", "node", "orphans"}
+            or classes_changed
             or state.held != before.held
             or state.reserved != before.reserved
         ):
@@ -421,24 +452,6 @@ class NodeAgent:
         if len(state.free) > len(before.free):
             for pod in self.decider.to_retry(state):
                 self._enqueue_pod(pod)
-
-    def _enforce(
-        self,
-        state: HostState,
-        assignments: Iterable[Assignment],
-        quotas: Mapping[str, CpuQuota | None],
-    ) -> None:
-        chosen = [a for a in assignments if a.policy != KUBELET_POLICY]
-        targets = self.cgroups.targets(state, chosen, quotas)
-        if not targets:
-            return
-        report = self.cgroups.apply(targets)
-        self.hooks.cgroup_writes(report.writes)
-        for err in report.errors:
-            self.hooks.pinning(False, err.reason)
-            log.warning("event=cgroup_write_failed error=%s", err)
-        if report.writes and not report.errors:
-            self.hooks.pinning(True)
 
     def _pod_failed(self, namespace: str, name: str, stage: str, exc: BaseException) -> None:
         """One pod's failure: logged and told on the pod (a Warning Event, once per message);
@@ -457,6 +470,29 @@ class NodeAgent:
             self.teller.failed(pod, pod_uid(pod), stage, message)
         except Exception:
             log.exception("event=event_failed pod=%s/%s", namespace, name)
+
+
+def enforce(
+    cgroups: ContainerCgroups,
+    hooks: Hooks,
+    qos: NodeQos,
+    state: HostState,
+    assignments: Iterable[Assignment],
+    quotas: Mapping[str, CpuQuota | None],
+) -> None:
+    """Write the cgroups of `assignments` (the kubelet's own left alone; BE containers held to
+    the QoS loop's BE set), and count the writes and failures."""
+    chosen = [a for a in assignments if a.policy != KUBELET_POLICY]
+    targets = cgroups.targets(state, chosen, quotas, be_cpus=qos.be_cpus, is_be=qos.is_be)
+    if not targets:
+        return
+    report = cgroups.apply(targets)
+    hooks.cgroup_writes(report.writes)
+    for err in report.errors:
+        hooks.pinning(False, err.reason)
+        log.warning("event=cgroup_write_failed error=%s", err)
+    if report.writes and not report.errors:
+        hooks.pinning(True)
 
 
 def _pod_key(pod: Mapping[str, Any]) -> tuple[str, str]:

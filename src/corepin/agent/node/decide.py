@@ -17,6 +17,7 @@ from typing import Any
 
 from corepin.agent.node.enforce import ContainerCgroups
 from corepin.agent.node.promises import Promises
+from corepin.agent.node.qosclass import ClassRequest, class_events, class_request
 from corepin.agent.node.quantities import refuse_absurd
 from corepin.agent.node.sync import PodEvent, SyncContext, forget_pod, pod_assignments, sync_pod
 from corepin.agent.node.tell import Teller
@@ -42,6 +43,8 @@ class PodWork:
     pod: Mapping[str, Any]
     plan: PodPlan
     events: list[PodEvent]
+    #: the QoS class the pod names (`corepin.agent.node.qosclass`)
+    request: ClassRequest = ClassRequest()
 
 
 class Decider:
@@ -66,7 +69,7 @@ class Decider:
         self.clock = clock
         self._uids: dict[tuple[str, str], str] = {}  # (namespace, pod) -> uid of what we saw
         self._seen_running: dict[tuple[str, str], float] = {}  # (uid, cid) -> first seen
-        self._last_plan: dict[str, tuple[PodPlan, tuple[Assignment, ...]]] = {}
+        self._last_plan: dict[str, tuple[PodPlan, tuple[Assignment, ...], ClassRequest]] = {}
         self._plans: dict[str, tuple[tuple[str, str | None], PodPlan]] = {}
 
     # ------------------------------------------------------------------ what the watches saw
@@ -108,8 +111,9 @@ class Decider:
             return state, None, [uid]  # (every table of the pod goes, held CPUs or not)
         plan = self._plan(pod, bindings.get((namespace, name)))
         held = tuple(pod_assignments(state, plan.uid))
-        if self._last_plan.get(plan.uid) == (plan, held):
-            return state, (PodWork(pod, plan, []) if resync else None), []
+        request = class_request(pod)
+        if self._last_plan.get(plan.uid) == (plan, held, request):
+            return state, (PodWork(pod, plan, [], request) if resync else None), []
         stale = _uids_gone(state, namespace, name, plan.uid)
         for uid in stale:
             state, _ = forget_pod(state, uid)
@@ -117,9 +121,18 @@ class Decider:
         ctx = SyncContext(self.machine, self.policy, self.clock(), promised)
         state, events = sync_pod(state, plan, ctx)
         events.extend(_annotation_events(pod, plan))
+        if request.problem:
+            log.warning(
+                "event=qos_class_ignored pod=%s/%s key=%s value=%r",
+                namespace,
+                name,
+                request.key,
+                request.value,
+            )
+            events.extend(class_events(request))
         state = self.cgroups.attach(state, plan)
-        self._last_plan[plan.uid] = (plan, tuple(pod_assignments(state, plan.uid)))
-        return state, PodWork(pod, plan, events), stale
+        self._last_plan[plan.uid] = (plan, tuple(pod_assignments(state, plan.uid)), request)
+        return state, PodWork(pod, plan, events, request), stale
 
     def _plan(self, pod: Obj, binding: Mapping[str, Any] | None) -> PodPlan:
         """`plan_pod`, reused while neither the pod nor its binding changed (their

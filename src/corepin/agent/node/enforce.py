@@ -8,7 +8,9 @@ from validated components, so a container id with path characters never becomes 
 
 What is written (through the one reconcile engine, `corepin.enforcement.reconcile`, which reads
 first and writes only what differs - a steady state writes nothing):
-- `cpuset.cpus`: the container's CPUs (exclusive, share) or the shared pool (none);
+- `cpuset.cpus`: the container's CPUs (exclusive, share) or the shared pool (none) - for a
+  best-effort container the part of it the QoS loop leaves BE work (`be_cpus`), when it
+  squeezes BE work by cpuset;
 - `cpuset.mems`: the NUMA nodes of those CPUs, or every memory node for the shared pool;
 - CFS quota: removed for exclusive containers, and for the pod cgroup when every app container
   of the pod is exclusive; put back to the kubelet's value (limit x period) when a container
@@ -19,7 +21,7 @@ from __future__ import annotations
 
 import logging
 import os
-from collections.abc import Iterable, Mapping
+from collections.abc import Callable, Iterable, Mapping
 from typing import Any
 
 from corepin.agent.node.quantities import absurd_cpu
@@ -36,6 +38,7 @@ from corepin.enforcement.layout import (
     container_cgroup_path,
     find_container_cgroup,
     pod_cgroup_path,
+    qos_cgroup_path,
 )
 from corepin.enforcement.reconcile import CgroupTarget, Reconciler, ReconcileReport
 from corepin.enforcement.wanted import cpus_and_mems
@@ -100,6 +103,12 @@ class ContainerCgroups:
     def kubepods(self) -> str:
         return self._join(KUBEPODS_SLICE if self.layout == "systemd" else KUBEPODS)
 
+    @property
+    def be_group(self) -> str:
+        """The kubelet's BestEffort QoS cgroup (`kubepods/besteffort`, or
+        `kubepods.slice/kubepods-besteffort.slice` with systemd), relative to the hierarchy."""
+        return qos_cgroup_path(self.layout, "besteffort", cgroup_root=self.kubelet_root)
+
     def pod_path(self, qos: str, pod_uid: str) -> str:
         return pod_cgroup_path(self.layout, qos, pod_uid, cgroup_root=self.kubelet_root)
 
@@ -126,9 +135,14 @@ class ContainerCgroups:
         state: HostState,
         assignments: Iterable[Assignment],
         quotas: Mapping[str, CpuQuota | None] | None = None,
+        *,
+        be_cpus: CPUSet | None = None,
+        is_be: Callable[[Assignment], bool] | None = None,
     ) -> list[CgroupTarget]:
         """Targets for the containers of `assignments` that have a cgroup; `quotas` maps a
-        cgroup path (container or pod) to the CFS quota it should have (None: leave it)."""
+        cgroup path (container or pod) to the CFS quota it should have (None: leave it);
+        `be_cpus`: the CPUs the QoS loop leaves best-effort work, for the assignments `is_be`
+        says are BE (`corepin.enforcement.wanted`)."""
         pool = state.shared_pool
         quotas = dict(quotas or {})
         out: list[CgroupTarget] = []
@@ -138,7 +152,8 @@ class ContainerCgroups:
             if a.container is None or path is None or path in seen:
                 continue
             seen.add(path)
-            cpus, mems = cpus_and_mems(a, pool, self.topology, pool_mems=self._all_mems)
+            be = be_cpus if be_cpus and is_be is not None and is_be(a) else None
+            cpus, mems = cpus_and_mems(a, pool, self.topology, pool_mems=self._all_mems, be_cpus=be)
             if not cpus:
                 continue
             out.append(
@@ -169,14 +184,7 @@ class ContainerCgroups:
         container is exclusive), the kubelet's limit x period for the others."""
         if not self.driver.has_cpu_controller():
             return {}  # (said once at start-up)
-        limits: dict[str, float] = {}
-        for c in PodView(pod).spec.get("containers") or []:
-            raw = ((c.get("resources") or {}).get("limits") or {}).get("cpu")
-            if raw is not None and not absurd_cpu(raw):
-                try:
-                    limits[c.get("name")] = float(parse_quantity(raw))
-                except CorepinError:
-                    continue
+        limits = cpu_limits(pod)
         out: dict[str, CpuQuota | None] = {}
         exclusive = 0
         for a in pod_assignments(state, plan.uid):
@@ -221,6 +229,20 @@ class ContainerCgroups:
         report.missing.extend(missing)
         self.writes += report.writes
         return report
+
+
+def cpu_limits(pod: Mapping[str, Any]) -> dict[str, float]:
+    """The CPU limit of each app container of `pod` that has one (in CPUs; absurd or
+    malformed quantities left out)."""
+    limits: dict[str, float] = {}
+    for c in PodView(pod).spec.get("containers") or []:
+        raw = ((c.get("resources") or {}).get("limits") or {}).get("cpu")
+        if raw is not None and not absurd_cpu(raw):
+            try:
+                limits[c.get("name")] = float(parse_quantity(raw))
+            except CorepinError:
+                continue
+    return limits
 
 
 def open_hierarchy(cgroup_root: str) -> CgroupDriver:

@@ -10,6 +10,8 @@ from __future__ import annotations
 from typing import TYPE_CHECKING
 
 if TYPE_CHECKING:
+    from corepin.allocation.qos import QosPolicy
+    from corepin.enforcement.qos.engine import QosReport
     from corepin.state.model import HostState
     from corepin.topology.model import Topology
 
@@ -28,6 +30,12 @@ class Hooks:
     def pinned_after(self, seconds: float) -> None: ...
 
     def state(self, state: HostState, topology: Topology) -> None: ...
+
+    def qos_period(self, report: QosReport, cpu_seconds: float) -> None:
+        """One QoS period done (`cpu_seconds`: the CPU time it took)."""
+
+    def qos_policy(self, policy: QosPolicy) -> None:
+        """The node QoS policy in force changed."""
 
 
 __all__ = ["Hooks"]

@@ -14,7 +14,13 @@
 - `corepin_decision_duration_seconds` (histogram): one allocation decision;
 - `corepin_pod_event_to_pinned_seconds` (histogram): from the first pod update that reports a
   running container's containerID to the cgroup write;
-- `corepin_watch_restarts_total` (counter): watches of the API that had to start again.
+- `corepin_watch_restarts_total` (counter): watches of the API that had to start again;
+- node QoS: `corepin_be_suppressed_cpus` (gauge): the CPUs best-effort work may use (the
+  budget of the last QoS period); `corepin_cpu_burst_changes_total` (counter): burst and
+  quota changes of CPU burst; `corepin_qos_policy_changes_total` (counter): changes of the
+  policy in force; `corepin_resctrl_llc_occupancy_bytes{class,cache_id}` (gauge) and
+  `corepin_resctrl_memory_bandwidth_bytes_total{class,domain,scope}` (counter), read from
+  resctrl's monitoring when scraped (`watch_resctrl`).
 
 Each process builds one `AgentMetrics` on a registry of its own (never the library's global
 one, so two agents in one test process do not mix) and the agent updates it:
@@ -28,6 +34,8 @@ with metrics.time_reconcile(): ...            # or metrics.observe_reconcile(sec
 with metrics.time_decision(): ...
 metrics.observe_pod_event_to_pinned(seconds)
 metrics.watch_restart()
+metrics.observe_qos(be_budget, burst_changes); metrics.qos_policy_changed()
+metrics.watch_resctrl(classes.samples)         # resctrl monitoring, read at each scrape
 ```
 
 `corepin.api.http` serves `metrics.registry` on GET /metrics.
@@ -35,17 +43,67 @@ metrics.watch_restart()
 
 from __future__ import annotations
 
+import logging
 import threading
 import time
-from collections.abc import Iterator
+from collections.abc import Callable, Iterable, Iterator
 from contextlib import contextmanager
-from typing import TYPE_CHECKING, Final
+from typing import TYPE_CHECKING, Final, Protocol
 
 from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram
+from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, Metric
+from prometheus_client.registry import Collector
 
 if TYPE_CHECKING:
     from corepin.state.model import HostState
     from corepin.topology.model import Topology
+
+log = logging.getLogger("corepin.agent.node")
+
+
+class ResctrlSamplesLike(Protocol):
+    """What `watch_resctrl` reads (`corepin.enforcement.resctrl.classes.ResctrlSamples`):
+    label values in the metrics' label order, the value last."""
+
+    @property
+    def occupancy(self) -> list[tuple[str, str, int]]: ...
+
+    @property
+    def bandwidth(self) -> list[tuple[str, str, str, int]]: ...
+
+
+class _ResctrlCollector(Collector):
+    """resctrl's monitoring counters as metrics, read when scraped."""
+
+    def __init__(self, samples: Callable[[], ResctrlSamplesLike]) -> None:
+        self.samples = samples
+
+    def collect(self) -> Iterable[Metric]:
+        occupancy = GaugeMetricFamily(
+            "corepin_resctrl_llc_occupancy_bytes",
+            "L3 cache occupancy of a QoS class's resctrl group, per cache id.",
+            labels=["class", "cache_id"],
+        )
+        bandwidth = CounterMetricFamily(
+            "corepin_resctrl_memory_bandwidth_bytes",
+            "Memory bandwidth used by a QoS class's resctrl group (bytes since the group was "
+            "made), per domain; scope total or local.",
+            labels=["class", "domain", "scope"],
+        )
+        try:
+            got = self.samples()
+        except Exception as err:  # a scrape never fails for resctrl
+            log.warning("event=resctrl_samples_failed error=%s", err)
+            return [occupancy, bandwidth]
+        for name, cache, value in got.occupancy:
+            occupancy.add_metric([name, cache], value)
+        for name, domain, scope, value in got.bandwidth:
+            bandwidth.add_metric([name, domain, scope], value)
+        return [occupancy, bandwidth]
+
+    def describe(self) -> Iterable[Metric]:
+        return []
+
 
 #: Decisions take microseconds to milliseconds.
 DECISION_BUCKETS: Final = (
@@ -114,6 +172,22 @@ class AgentMetrics:
         self.watch_restarts = Counter(
             "corepin_watch_restarts", "Watches of the API that had to start again.", registry=r
         )
+        self.be_suppressed_cpus = Gauge(
+            "corepin_be_suppressed_cpus",
+            "CPUs best-effort work may use (the budget of the last QoS period).",
+            registry=r,
+        )
+        self.cpu_burst_changes = Counter(
+            "corepin_cpu_burst_changes",
+            "CPU burst allowance and quota changes made by the QoS loop.",
+            registry=r,
+        )
+        self.qos_policy_changes = Counter(
+            "corepin_qos_policy_changes",
+            "Changes of the node QoS policy in force (file or ConfigMap).",
+            registry=r,
+        )
+        self._resctrl: _ResctrlCollector | None = None
 
     # ------------------------------------------------------------------ gauges
     def observe_state(self, state: HostState, topology: Topology) -> None:
@@ -149,6 +223,24 @@ class AgentMetrics:
 
     def watch_restart(self) -> None:
         self.watch_restarts.inc()
+
+    # ------------------------------------------------------------------ node QoS
+    def observe_qos(self, be_budget: float | None, burst_changes: int) -> None:
+        """One QoS period: the BE budget (None: not known, the gauge keeps its value) and the
+        burst changes it made."""
+        if be_budget is not None:
+            self.be_suppressed_cpus.set(be_budget)
+        if burst_changes > 0:
+            self.cpu_burst_changes.inc(burst_changes)
+
+    def qos_policy_changed(self) -> None:
+        self.qos_policy_changes.inc()
+
+    def watch_resctrl(self, samples: Callable[[], ResctrlSamplesLike]) -> None:
+        """Export resctrl's monitoring (`samples`, read at every scrape); once."""
+        if self._resctrl is None:
+            self._resctrl = _ResctrlCollector(samples)
+            self.registry.register(self._resctrl)
 
     # ------------------------------------------------------------------ histograms
     def observe_reconcile(self, seconds: float) -> None:

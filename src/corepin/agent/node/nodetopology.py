@@ -41,18 +41,23 @@ from corepin.kube.models import (
     parse_time,
 )
 from corepin.kube.resources import NCPT, NRT
-from corepin.state.model import HostState
+from corepin.state.model import Assignment, HostState
 from corepin.topology.model import Topology
 
 log = logging.getLogger("corepin.agent.node")
 
 
 def node_status(
-    state: HostState, topology: Topology, heartbeat: str, *, promised: CPUSet | None = None
+    state: HostState,
+    topology: Topology,
+    heartbeat: str,
+    *,
+    promised: CPUSet | None = None,
+    qos_class: Callable[[Assignment], str] | None = None,
 ) -> dict[str, Any]:
     """`NodeCPUTopology.status` of a node state, `heartbeat` its time (RFC 3339). CPUs
     `promised` to pods by PodCPUBindings (their containers not running yet) are not offered as
-    free."""
+    free; `qos_class` gives each row its container's QoS class (none without it)."""
     free = state.free - (promised or CPUSet())
     allocations = []
     for a in state:
@@ -70,6 +75,7 @@ def node_status(
                 policy="share" if a.kind == "share" else "exclusive",
                 level=a.level,
                 workload=a.workload,  # (the placement core scores memory-bound sockets)
+                qos_class=None if qos_class is None else qos_class(a),
             )
         )
     stamp = parse_time(heartbeat, "status.heartbeatTime")
@@ -99,8 +105,10 @@ class TopologyPublisher:
         topology: Topology,
         promises: Promises,
         clock: Callable[[], float],
+        qos_class: Callable[[Assignment], str] | None = None,
     ) -> None:
         self.settings = settings
+        self.qos_class = qos_class
         self.watches = watches
         self.client = watches.client
         self.machine = topology
@@ -122,7 +130,13 @@ class TopologyPublisher:
         )
         spec = wanted.to_dict()
         now = format_time(utc_now(self.clock))
-        status = node_status(state, self.machine, now, promised=self.promises.promised(state))
+        status = node_status(
+            state,
+            self.machine,
+            now,
+            promised=self.promises.promised(state),
+            qos_class=self.qos_class,
+        )
         try:
             if not self._ncpt_created:
                 owner = self._node_owner()

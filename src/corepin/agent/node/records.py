@@ -1,7 +1,8 @@
 """What the node agent records about the containers it pinned, in the API: the pod's
 `corepin.io/cpus` annotation (the containers with CPUs of their own) and one PodCPUBinding per
 such container, labelled as the agent's (`app.kubernetes.io/managed-by: corepin-agent`, the
-node, the pod uid, the container) and owned by the pod, so it goes with the pod.
+node, the pod uid, the container) and owned by the pod, so it goes with the pod; its status
+says the container's QoS class (`qosClass`) when the agent keeps classes.
 
 Each write is done on its own: one that fails is logged and the others go on. A binding is
 written again only when what it says changed; the bindings of a pod that is gone are deleted,
@@ -65,8 +66,14 @@ def binding_name(pod: str, container: str) -> str:
 class PodRecords:
     """The annotation and the PodCPUBindings of the node's pods."""
 
-    def __init__(self, watches: Watches, clock: Callable[[], float]) -> None:
+    def __init__(
+        self,
+        watches: Watches,
+        clock: Callable[[], float],
+        qos_class: Callable[[Assignment], str] | None = None,
+    ) -> None:
         self.watches = watches
+        self.qos_class = qos_class
         self.client = watches.client
         self.node_name = watches.node_name
         self.clock = clock
@@ -117,6 +124,7 @@ class PodRecords:
             a.cpus,
             a.mems,
             f"{a.kind} CPUs of container {owner.container!r}",
+            qos_class=None if self.qos_class is None else self.qos_class(a),
         )
         wrote = (spec, status, a.kind)
         known = self._bindings.get((plan.uid, owner.container))

@@ -1,7 +1,8 @@
 """Settings of the Kubernetes node agent (`corepin agent`).
 
 The CLI builds one `NodeSettings` from its flags and the environment (`NODE_NAME` stands for
-`--node-name`); nothing below the agent reads the environment.
+`--node-name`, `POD_NAMESPACE` names the agent's namespace, where the `corepin-qos` ConfigMap
+lives); nothing below the agent reads the environment.
 """
 
 from __future__ import annotations
@@ -20,6 +21,10 @@ DEFAULT_GRPC_SOCKET: Final = "/run/corepin/corepin.sock"
 DEFAULT_METRICS_ADDRESS: Final = ":9464"
 DEFAULT_ASSIGNMENT_DIR: Final = "/run/corepin/assignments"
 CGROUP_DRIVERS: Final = ("auto", "cgroupfs", "systemd")
+DEFAULT_RESCTRL_ROOT: Final = "/sys/fs/resctrl"
+#: the ConfigMap (in the agent's namespace) whose key `qos.yaml` is the node QoS policy
+QOS_CONFIGMAP: Final = "corepin-qos"
+QOS_CONFIGMAP_KEY: Final = "qos.yaml"
 
 
 @record
@@ -44,6 +49,14 @@ class NodeSettings(AgentSettings):
     #: raise a shield over the whole cpuset hierarchy: everything outside the kubelet's pods
     #: (system daemons, the kubelet, the runtime) runs on the reserved CPUs and the shared pool
     shield_system: bool = False
+    #: node QoS (`corepin.agent.node.qos`): the policy file (None: the default policy, unless
+    #: the ConfigMap `corepin-qos` of `namespace` says otherwise), the resctrl mount, and the
+    #: period of the QoS loop in seconds (0: no loop, classes are still published)
+    qos_config: str | None = None
+    resctrl_root: str = DEFAULT_RESCTRL_ROOT
+    qos_period: float = 1.0
+    #: the agent's namespace ("" : the QoS ConfigMap is not watched)
+    namespace: str = ""
 
     def __post_init__(self) -> None:
         if not self.node_name:
@@ -64,4 +77,11 @@ class NodeSettings(AgentSettings):
                 f"heartbeat {self.heartbeat_period!r}",
                 reason="bad_period",
             )
+        if not self.qos_period >= 0:
+            raise InputError(
+                f"--qos-period must be 0 (off) or positive seconds, got {self.qos_period!r}",
+                reason="bad_period",
+            )
+        if self.namespace:
+            validate_component(self.namespace, "namespace")
         self.check_state_dir()

@@ -1,9 +1,9 @@
 """What the node agent tells about pods: Kubernetes Events on the pod, each message once.
 
-A `CPUPolicyIgnored` or `CPUPinFailed` event is not told again while its message stays the same
-(a pod synced again and again says it once); a container pinned at last (`CPUPinned`,
-`CPUMoved`) clears its `CPUPinFailed`, so a later shortage is told again. The failure of a
-whole pod's sync, quota or events (`failed`) is told once per message too.
+A `CPUPolicyIgnored`, `CPUPinFailed` or `QoSClassIgnored` event is not told again while its
+message stays the same (a pod synced again and again says it once); a container pinned at
+last (`CPUPinned`, `CPUMoved`) clears its `CPUPinFailed`, so a later shortage is told again.
+The failure of a whole pod's sync, quota or events (`failed`) is told once per message too.
 """
 
 from __future__ import annotations
@@ -11,6 +11,7 @@ from __future__ import annotations
 from collections.abc import Callable, Mapping
 from typing import Any
 
+from corepin.agent.node.qosclass import CLASS_IGNORED
 from corepin.agent.node.sync import PodEvent
 from corepin.kube.events import EventRecorder
 from corepin.kube.podplan import PodPlan
@@ -28,7 +29,7 @@ class Teller:
         for event in events:
             key = (plan.uid, event.container, event.reason)
             if (
-                event.reason in ("CPUPolicyIgnored", "CPUPinFailed")
+                event.reason in ("CPUPolicyIgnored", "CPUPinFailed", CLASS_IGNORED)
                 and self._told.get(key) == event.message
             ):
                 continue

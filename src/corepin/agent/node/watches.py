@@ -1,5 +1,7 @@
 """What the node agent sees of the API: informers of the node's pods (field selector
-`spec.nodeName`), of the node itself (its reservation annotation) and of PodCPUBindings.
+`spec.nodeName`), of the node itself (its reservation annotation) and of PodCPUBindings; and,
+apart from those three (the agent starts without it when the API refuses it), of the node QoS
+ConfigMap `corepin-qos` in the agent's namespace (`open_qos`).
 
 List + watch from the list's resourceVersion, relist on 410 Gone, reconnect with bounded backoff
 (`corepin.kube.informer`). The agent creates them when it starts (`open`) and registers its
@@ -11,11 +13,12 @@ from __future__ import annotations
 from collections.abc import Mapping
 from typing import Any
 
+from corepin.agent.node.settings import QOS_CONFIGMAP
 from corepin.kube.client import KubeClient, Obj
 from corepin.kube.informer import Informer
 from corepin.kube.models import ObjectView
 from corepin.kube.podplan import PodPlan
-from corepin.kube.resources import NODES, PCB, PODS
+from corepin.kube.resources import CONFIGMAPS, NODES, PCB, PODS
 
 
 def pod_uid(pod: Mapping[str, Any]) -> str:
@@ -33,8 +36,10 @@ class Watches:
     def __init__(self, client: KubeClient, node_name: str) -> None:
         self.client = client
         self.node_name = node_name
-        #: every informer, once `open` made them
+        #: every informer the agent needs, once `open` made them
         self.informers: list[Informer] = []
+        #: the QoS ConfigMap's, once `open_qos` made it
+        self.qos_config: Informer | None = None
 
     def open(self) -> None:
         """Make the informers (not started: the agent adds its handlers and starts them)."""
@@ -45,6 +50,22 @@ class Watches:
         )
         self.bindings = Informer(self.client, PCB, name="bindings")
         self.informers = [self.pods, self.nodes, self.bindings]
+
+    def open_qos(self, namespace: str) -> Informer:
+        """Make the informer of the QoS ConfigMap of `namespace` (not started)."""
+        self.qos_config = Informer(
+            self.client,
+            CONFIGMAPS,
+            namespace=namespace,
+            field_selector=f"metadata.name={QOS_CONFIGMAP}",
+            name="qos-config",
+        )
+        return self.qos_config
+
+    @property
+    def every_informer(self) -> list[Informer]:
+        """The informers the agent needs and the QoS ConfigMap's (their watch restarts)."""
+        return [*self.informers, *([self.qos_config] if self.qos_config is not None else [])]
 
     # ------------------------------------------------------------------ reads
     def pod(self, name: str, namespace: str) -> Obj | None:

@@ -8,7 +8,9 @@ reads for migration (Crane's `qos.gocrane.io/cpu-manager`, actimanager's
 - `parse_cpus_annotation` / `format_cpus_annotation`: `corepin.io/cpus`, the CPUs the node
   agent gave each container;
 - `parse_node_reservation`: a node's reserved CPUs (`corepin.io/reservation`, else
-  Koordinator's `node.koordinator.sh/reservation`).
+  Koordinator's `node.koordinator.sh/reservation`);
+- `qos_class_request`: the QoS class a pod names (`corepin.io/qos-class`, else Koordinator's
+  `koordinator.sh/qosClass`, a label in Koordinator, read as a label or an annotation).
 
 A malformed value raises `FieldError` naming the annotation key and the value.
 """
@@ -37,6 +39,12 @@ ANN_LEVEL: Final = "corepin.io/exclusiveness-level"
 ANN_WORKLOAD: Final = "corepin.io/workload-type"
 ANN_CPUS: Final = "corepin.io/cpus"
 ANN_RESERVATION: Final = "corepin.io/reservation"
+#: The QoS class of every container of the pod (LSE, LSR, LS, BE, SYSTEM); when absent the
+#: class is derived from the CPU policy and the Kubernetes QoS class
+#: (`corepin.allocation.qos.class_of`).
+ANN_QOS_CLASS: Final = "corepin.io/qos-class"
+#: Koordinator's QoS class key (a pod label there; read as a label, then as an annotation).
+KOORDINATOR_QOS_CLASS: Final = "koordinator.sh/qosClass"
 #: Aliases read for migration; a corepin.io key wins over its alias.
 CRANE_CPU_MANAGER: Final = "qos.gocrane.io/cpu-manager"
 ACTIMANAGER_LEVEL: Final = "cslab.ece.ntua.gr/exclusiveness-level"
@@ -240,3 +248,17 @@ def parse_node_reservation(annotations: Mapping[str, str] | None) -> Reservation
         return parse_koordinator_reservation(data)
     except InputError as exc:
         raise _annotation_error(key, text, exc.message) from None
+
+
+def qos_class_request(
+    annotations: Mapping[str, str] | None, labels: Mapping[str, str] | None = None
+) -> tuple[str, str] | None:
+    """(key, value) of the QoS class a pod names, unchecked: `corepin.io/qos-class`
+    (annotation), else Koordinator's `koordinator.sh/qosClass` (label, then annotation); None
+    when it names none. The caller checks the value (`corepin.allocation.qos.check_class`): a
+    bad one falls back to the derived class, it never refuses the pod."""
+    ann = _strings(annotations, "annotations")
+    lab = _strings(labels, "labels")
+    return _first(
+        [(ANN_QOS_CLASS, ann), (KOORDINATOR_QOS_CLASS, lab), (KOORDINATOR_QOS_CLASS, ann)]
+    )

@@ -1,7 +1,8 @@
 """`NodeCPUTopology` (`corepin.io/v1alpha1`, cluster scoped, one per node, written by the node's
 agent): what the node is (`NodeCPUTopologySpec`: topology, policy, options, reserved CPUs) and
 what it has (`NodeCPUTopologyStatus`: pools, free CPUs, one `Allocation` row per container that
-holds CPUs, the heartbeat and the `Ready` condition).
+holds CPUs - with its QoS class, `qosClass`, absent in objects written before classes existed -,
+the heartbeat and the `Ready` condition).
 
 CPU sets are `CPUSet` values, on the wire strings in the Linux list form (`"0-3,8"`); the
 mappings the models hold are read-only copies (the models compare by value but are not
@@ -17,6 +18,7 @@ from dataclasses import dataclass, field
 from datetime import datetime
 from typing import Any, Final
 
+from corepin.allocation.qos import CLASSES as QOS_CLASSES
 from corepin.allocation.types import WORKLOADS
 from corepin.core.cpuset import EMPTY, CPUSet
 from corepin.kube.models.fields import (
@@ -91,12 +93,17 @@ class Allocation:
     #: the workload family the container asked for (`corepin.io/workload-type`), if any: the
     #: placement core keeps memory-bound pods off sockets busy with memory-bound work
     workload: str | None = None
+    #: the container's QoS class (`corepin.allocation.qos.CLASSES`); None in rows written
+    #: before the agent told it
+    qos_class: str | None = None
 
     def __post_init__(self) -> None:
         one_of(self.policy, "allocation.policy", ALLOCATION_POLICIES)
         check_level(self.level, "allocation.level")
         if self.workload is not None:
             one_of(self.workload, "allocation.workload", WORKLOADS)
+        if self.qos_class is not None:
+            one_of(self.qos_class, "allocation.qosClass", QOS_CLASSES)
 
     @property
     def key(self) -> tuple[str, str]:
@@ -114,6 +121,9 @@ class Allocation:
         workload = optional_string_field(d, "workload", path)
         if workload is not None:
             one_of(workload, f"{path}.workload", WORKLOADS)
+        qos_class = optional_string_field(d, "qosClass", path)
+        if qos_class is not None:
+            one_of(qos_class, f"{path}.qosClass", QOS_CLASSES)
         return cls(
             namespace=string_field(d, "namespace", path, required=True),
             pod=string_field(d, "pod", path, required=True),
@@ -124,6 +134,7 @@ class Allocation:
             policy=policy,
             level=level,
             workload=workload,
+            qos_class=qos_class,
         )
 
     def to_dict(self) -> dict[str, Any]:
@@ -139,6 +150,8 @@ class Allocation:
         }
         if self.workload is not None:
             out["workload"] = self.workload
+        if self.qos_class is not None:
+            out["qosClass"] = self.qos_class
         return out
 
 

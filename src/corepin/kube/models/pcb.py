@@ -1,7 +1,8 @@
 """`PodCPUBinding` (`corepin.io/v1alpha1`, namespaced, actimanager's shape): explicit CPUs for a
 pod (`PodCPUBindingSpec`: the pod, its exclusiveness level, CPUs for the whole pod or per
 container as `ContainerCPUSet` rows), or the node agent's record of what it pinned from
-annotations; `PodCPUBindingStatus` says where it stands.
+annotations; `PodCPUBindingStatus` says where it stands (for the agent's records also the
+container's QoS class, `status.qosClass`; absent in bindings written before classes existed).
 
 Who wrote a binding: the node agent labels every binding it creates
 `app.kubernetes.io/managed-by: corepin-agent` (`agent_binding_labels`, `is_agent_binding`);
@@ -15,6 +16,7 @@ from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any, Final
 
+from corepin.allocation.qos import CLASSES as QOS_CLASSES
 from corepin.core.cpuset import EMPTY, MAX_CPUS, CPUSet
 from corepin.kube.models.fields import (
     MISSING,
@@ -176,7 +178,8 @@ class PodCPUBindingSpec:
 
 @dataclass(frozen=True, slots=True)
 class PodCPUBindingStatus:
-    """Where the binding stands: the node, the phase, the CPUs and memory nodes applied."""
+    """Where the binding stands: the node, the phase, the CPUs and memory nodes applied, and
+    the QoS class of the container (the agent's records; None where not told)."""
 
     phase: str = "Pending"
     node_name: str | None = None
@@ -184,15 +187,21 @@ class PodCPUBindingStatus:
     mems: CPUSet = EMPTY
     message: str = ""
     conditions: tuple[Condition, ...] = ()
+    qos_class: str | None = None
 
     def __post_init__(self) -> None:
         one_of(self.phase, "status.phase", PHASES)
+        if self.qos_class is not None:
+            one_of(self.qos_class, "status.qosClass", QOS_CLASSES)
         set_frozen(self, "conditions", tuple(self.conditions))
         unique([c.type for c in self.conditions], "status.conditions", "type")
 
     @classmethod
     def from_dict(cls, data: object, path: str = "status") -> PodCPUBindingStatus:
         d = object_at(data, path)
+        qos_class = optional_string_field(d, "qosClass", path)
+        if qos_class is not None:
+            one_of(qos_class, f"{path}.qosClass", QOS_CLASSES)
         return cls(
             phase=one_of(
                 string_field(d, "phase", path, default="Pending"), f"{path}.phase", PHASES
@@ -202,6 +211,7 @@ class PodCPUBindingStatus:
             mems=cpuset_field(d, "mems", path),
             message=string_field(d, "message", path),
             conditions=conditions_field(d, path),
+            qos_class=qos_class,
         )
 
     def to_dict(self) -> dict[str, Any]:
@@ -213,6 +223,8 @@ class PodCPUBindingStatus:
             message=self.message,
             conditions=[status_condition(c) for c in self.conditions],
         )
+        if self.qos_class is not None:
+            out["qosClass"] = self.qos_class
         return out
 
 
