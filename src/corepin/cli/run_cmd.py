@@ -231,9 +231,9 @@ def spec_from(args: argparse.Namespace) -> RunSpec:
         )
     qos = getattr(args, "qos_class", None)  # `run` only
     if qos is not None:
-        from corepin.state.model import qos_name
+        from corepin.core.qos import check_class
 
-        qos = qos_name(qos, "--qos-class")
+        qos = check_class(qos, "--qos-class")
     return RunSpec(
         qos=qos,
         exclusive=args.exclusive,

@@ -35,6 +35,7 @@ from corepin.allocation.types import LEVELS, WORKLOADS
 from corepin.core.cpuset import CPUSet
 from corepin.core.digest import canonical_digest
 from corepin.core.errors import AllocationError, RequestError
+from corepin.core.qos import check_class, class_of
 from corepin.core.record import field, record, replace
 from corepin.state.owners import ContainerOwner, Owner, ProcessOwner
 
@@ -48,22 +49,6 @@ STRICT_RESERVATION: Final = "strict-cpu-reservation"
 _EMPTY: Final = CPUSet()
 _NO_OPTIONS: Final[Mapping[str, str]] = MappingProxyType({})
 _NO_ASSIGNMENTS: Final[Mapping[str, Assignment]] = MappingProxyType({})
-
-
-#: The QoS classes by their canonical names (`corepin.allocation.qos.CLASSES`; a unit test keeps
-#: the two equal). A name already in this form is taken as it is: the QoS package loads the
-#: policy parser, which `corepin run` and the checkpoint's reader do not need.
-NODE_QOS_CLASSES: Final = ("LSE", "LSR", "LS", "BE", "SYSTEM")
-
-
-def qos_name(value: object, where: str = "QoS class") -> str:
-    """`value` as a QoS class name (`corepin.allocation.qos.check_class`: case-insensitive;
-    InputError naming `where` and the value when it is none)."""
-    if isinstance(value, str) and value in NODE_QOS_CLASSES:
-        return value
-    from corepin.allocation.qos.classes import check_class
-
-    return check_class(value, where)
 
 
 def _is_true(value: str | None) -> bool:
@@ -120,7 +105,7 @@ class Assignment:
                 f"got {self.workload!r}"
             )
         if self.qos is not None:
-            object.__setattr__(self, "qos", qos_name(self.qos, f"assignment {self.id!r}: qos"))
+            object.__setattr__(self, "qos", check_class(self.qos, f"assignment {self.id!r}: qos"))
         if self.owner is not None and not isinstance(self.owner, (ProcessOwner, ContainerOwner)):
             raise RequestError(f"assignment {self.id!r}: owner must be a process or a container")
         if self.kind == "shared":
@@ -163,20 +148,15 @@ class Assignment:
     @property
     def qos_class(self) -> str:
         """Its QoS class: the one given (`qos`), else derived from its kind and, for a
-        container, its Kubernetes QoS (`corepin.allocation.qos.class_of`)."""
+        container, its Kubernetes QoS (`corepin.core.qos.class_of`)."""
         if self.qos is not None:
             return self.qos
-        from corepin.allocation.qos.classes import class_of
-
         container = self.container
         return class_of(self.kind, (container.qos or None) if container is not None else None)
 
     @property
     def best_effort(self) -> bool:
-        """Whether its class is BE, without loading the QoS package for a process (a run is
-        BE only when it says so: no kind derives BE without a Kubernetes QoS)."""
-        if self.container is None:
-            return self.qos == "BE"
+        """Whether its class is BE."""
         return self.qos_class == "BE"
 
     # ------------------------------------------------------------------ pools

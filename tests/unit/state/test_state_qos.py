@@ -5,12 +5,11 @@ from __future__ import annotations
 
 import pytest
 
-from corepin.allocation.qos import CLASSES, class_of
 from corepin.core.cpuset import CPUSet
 from corepin.core.errors import InputError, StateFormatError
+from corepin.core.qos import check_class, class_of
 from corepin.state import Assignment, ContainerOwner, HostState, ProcessOwner
 from corepin.state.checkpoint import decode_checkpoint, encode_checkpoint, encode_legacy
-from corepin.state.model import NODE_QOS_CLASSES, qos_name
 from corepin.state.payload import CURRENT_VERSION, state_to_payload
 
 C = CPUSet.parse
@@ -25,10 +24,6 @@ def state_with(*assignments: Assignment) -> HostState:
     for a in assignments:
         s = s.add(a)
     return s
-
-
-def test_the_models_class_names_are_the_qos_packages() -> None:
-    assert NODE_QOS_CLASSES == CLASSES
 
 
 @pytest.mark.parametrize(
@@ -66,14 +61,14 @@ def test_the_effective_class_is_the_given_one_else_the_derived_one(
 
 def test_a_class_is_taken_in_any_case_and_kept_canonical() -> None:
     assert Assignment("x", kind="shared", qos="be").qos == "BE"
-    assert qos_name(" lsr ", "--qos-class") == "LSR"
+    assert check_class(" lsr ", "--qos-class") == "LSR"
 
 
 def test_an_unknown_class_is_refused_naming_the_assignment_and_the_value() -> None:
     with pytest.raises(Exception, match=r"assignment 'x': qos: 'GOLD' is not a QoS class"):
         Assignment("x", kind="shared", qos="GOLD")
     with pytest.raises(Exception, match="--qos-class: 'gold'"):
-        qos_name("gold", "--qos-class")
+        check_class("gold", "--qos-class")
 
 
 def test_a_class_round_trips_through_the_checkpoint() -> None:

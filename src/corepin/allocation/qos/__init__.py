@@ -1,6 +1,7 @@
 """Node QoS, the pure part: classes, the policy, the best-effort budget and CPU burst rules.
 
-- `classes`: the QoS classes (LSE, LSR, LS, BE, SYSTEM) and how a workload gets one;
+- the QoS classes (LSE, LSR, LS, BE, SYSTEM) and how a workload gets one (`corepin.core.qos`,
+  re-exported here);
 - `policy`: the node QoS policy (per class resctrl shares, best-effort suppression, CPU burst,
   `beCPUIdle`) parsed from a file's or a ConfigMap's data, refusing bad values by field name;
 - `suppress`: how many CPUs best-effort work may use, and which;
@@ -18,12 +19,6 @@ from corepin.allocation.qos.burst import (
     burst_us_for,
     decide_burst,
 )
-from corepin.allocation.qos.classes import (
-    CLASSES,
-    KOORDINATOR_CLASSES,
-    check_class,
-    class_of,
-)
 from corepin.allocation.qos.policy import (
     BE_SUPPRESS_POLICIES,
     BURST_POLICIES,
@@ -37,6 +32,12 @@ from corepin.allocation.qos.policy import (
     parse_policy_text,
 )
 from corepin.allocation.qos.suppress import be_budget, be_quota_us, grow_step, next_be_cpus
+from corepin.core.qos import (
+    CLASSES,
+    KOORDINATOR_CLASSES,
+    check_class,
+    class_of,
+)
 
 __all__ = [
     "BE_SUPPRESS_POLICIES",

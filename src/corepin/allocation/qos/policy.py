@@ -22,8 +22,8 @@ from typing import Any, Final
 
 import yaml
 
-from corepin.allocation.qos.classes import CLASSES
 from corepin.core.errors import InputError
+from corepin.core.qos import CLASSES
 
 __all__ = [
     "BE_SUPPRESS_POLICIES",

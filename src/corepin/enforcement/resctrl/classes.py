@@ -28,9 +28,9 @@ from collections.abc import Iterable, Mapping
 from pathlib import Path
 from typing import Any, Final, NamedTuple
 
-from corepin.allocation.qos.classes import CLASSES, check_class
 from corepin.allocation.qos.policy import ClassPolicy
 from corepin.core.ids import validate_pid
+from corepin.core.qos import CLASSES, check_class
 from corepin.core.record import record
 from corepin.enforcement.note import Change, Note
 from corepin.enforcement.resctrl.model import ResctrlError, parse_schemata, read_text

@@ -18,9 +18,9 @@ from dataclasses import dataclass, field
 from datetime import datetime
 from typing import Any, Final
 
-from corepin.allocation.qos import CLASSES as QOS_CLASSES
 from corepin.allocation.types import WORKLOADS
 from corepin.core.cpuset import EMPTY, CPUSet
+from corepin.core.qos import CLASSES as QOS_CLASSES
 from corepin.kube.models.fields import (
     MISSING,
     FieldError,

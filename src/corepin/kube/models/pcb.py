@@ -16,8 +16,8 @@ from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any, Final
 
-from corepin.allocation.qos import CLASSES as QOS_CLASSES
 from corepin.core.cpuset import EMPTY, MAX_CPUS, CPUSet
+from corepin.core.qos import CLASSES as QOS_CLASSES
 from corepin.kube.models.fields import (
     MISSING,
     FieldError,

@@ -1,4 +1,5 @@
-"""QoS classes: what a workload is to the node's QoS loop.
+"""QoS classes: what a workload is to the node's QoS loop (one vocabulary for the state, the
+Kubernetes models and the QoS loop; the policy is in `corepin.allocation.qos`).
 
 - `LSE` latency-sensitive, exclusive: CPUs of its own (an exclusive or mixed assignment);
 - `LSR` latency-sensitive, reserved: CPUs of its own that stay in the shared pool (`share`);
