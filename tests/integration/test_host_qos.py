@@ -295,3 +295,38 @@ def test_a_steady_qos_loop_writes_nothing_once_the_be_group_is_squeezed(host: Ho
     before = (checkpoint.stat().st_mtime_ns, agent.pinner.writes)
     assert reconcile_once(agent, loop) == []
     assert (checkpoint.stat().st_mtime_ns, agent.pinner.writes) == before
+
+
+@needs_cpuset
+@pytest.mark.realhost
+def test_a_running_loop_applies_an_edited_qos_config_and_refuses_a_bad_edit(
+    host: Host, tmp_path: Path
+) -> None:
+    from corepin.agent.host.agent import HostAgent
+    from corepin.agent.host.qos import HostQos
+    from corepin.agent.host.qos_policy import read_policy_file
+    from corepin.agent.host.reconcile import reconcile_once
+    from corepin.agent.host.settings import HostSettings
+
+    host.start("--shared", "--qos-class", "BE")
+    path = write_policy(tmp_path, "beSuppress: {policy: off}\n")
+    agent = HostAgent(HostSettings(state_dir=str(host.state), cgroups="on"))
+    loop = HostQos(agent, policy=read_policy_file(str(path)), config=str(path))
+    reconcile_once(agent, loop)
+    pool = host.cpus("besteffort")
+    assert loop.policy().be_suppress.policy == "off"
+    # edited while the loop runs: the next pass reads it, keeps it and squeezes BE
+    path.write_text("beSuppress: {policy: cpuset, sloPercent: 1, minCPUs: 1}\n")
+    notes = reconcile_once(agent, loop)
+    assert any("read the changed QoS policy" in n.detail for n in notes), notes
+    assert loop.policy().be_suppress.slo_percent == 1
+    kept = json.loads((host.state / "qos-policy.json").read_text())
+    assert kept["beSuppress"]["policy"] == "cpuset"
+    assert len(host.cpus("besteffort")) == 1 < len(pool) or len(pool) == 1
+    # a bad edit: a note naming the field, the policy in force stays
+    path.write_text("beSuppress: {policy: cpuset, sloPercent: 0}\n")
+    notes = reconcile_once(agent, loop)
+    refused = [n for n in notes if n.action == "refused"]
+    assert refused and "beSuppress.sloPercent: 0 is outside 1..100" in refused[0].detail
+    assert loop.policy().be_suppress.slo_percent == 1
+    assert json.loads((host.state / "qos-policy.json").read_text()) == kept

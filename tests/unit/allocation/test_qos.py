@@ -95,6 +95,14 @@ beCPUIdle: true
     assert parse_policy_text('{"beCPUIdle": true}', "x.json").be_cpu_idle is True
 
 
+def test_a_bare_off_in_yaml_means_the_policy_off() -> None:
+    # YAML 1.1 reads `off` as false; users write it as the policy's name
+    assert parse_policy_text("beSuppress: {policy: off}", "q").be_suppress.policy == "off"
+    assert parse_policy_text("beSuppress: {policy: 'off'}", "q").be_suppress.policy == "off"
+    with pytest.raises(InputError, match=r"cpuBurst\.policy: False is not one of"):
+        parse_policy_text("cpuBurst: {policy: off}", "q")
+
+
 @pytest.mark.parametrize(
     ("data", "field"),
     [

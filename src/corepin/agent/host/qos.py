@@ -2,7 +2,10 @@
 `corepin reconcile`.
 
 - The policy (`corepin.agent.host.qos_policy`): the one given with `--qos-config`, else the
-  one the state directory keeps, else the default.
+  one the state directory keeps, else the default. Both are read again when they change, so a
+  running `reconcile --interval` applies an edited `--qos-config` file (or a policy another
+  command kept) at its next pass; an edit with a bad value is refused by a note naming the
+  field, and the policy in force stays.
 - The period (`HostQos.period`): every pass of `corepin reconcile` builds one `QosMember` per
   assignment (its trusted cgroup, its live processes, its class) and the `QosNode` (online,
   reserved, the CPUs of exclusive runs, of LSR runs, the shared pool, the BE group) and runs one
@@ -21,9 +24,15 @@ from typing import TYPE_CHECKING, Any
 
 from corepin.agent.host.agent import HostAgent
 from corepin.agent.host.besteffort import DEFAULT_RESCTRL_ROOT
-from corepin.agent.host.qos_policy import POLICY_FILE, store_policy, stored_policy
+from corepin.agent.host.qos_policy import (
+    POLICY_FILE,
+    read_policy_file,
+    store_policy,
+    stored_policy,
+)
 from corepin.allocation.qos import QosPolicy
 from corepin.core.cpuset import CPUSet
+from corepin.core.errors import InputError
 from corepin.enforcement.note import Note
 from corepin.enforcement.qos.cpu import CpuControl
 from corepin.enforcement.qos.engine import QosEngine, QosMember, QosNode
@@ -41,7 +50,8 @@ class HostQos:
     """The node QoS loop of one host's state directory (kept across reconcile passes).
 
     `policy`: the policy given on the command line (kept in the state directory by the first
-    pass), else the kept one, else the default; `resctrl_root`: where resctrl is mounted when
+    pass), else the kept one, else the default; `config`: the file it came from (read again
+    when it changes); `resctrl_root`: where resctrl is mounted when
     given (not there: one note, no error); None: the default, and no note without it."""
 
     def __init__(
@@ -49,10 +59,13 @@ class HostQos:
         host: HostAgent,
         *,
         policy: QosPolicy | None = None,
+        config: str | None = None,
         resctrl_root: str | None = None,
     ) -> None:
         self.host = host
         self.given = policy
+        self.config = config
+        self._config_seen = _stamp(config) if config is not None else None
         self.resctrl_root = resctrl_root
         self._engine: QosEngine | None = None
         self._opened = False
@@ -65,6 +78,25 @@ class HostQos:
         if self.given is not None:
             return self.given
         return stored_policy(self.host.settings.state_dir) or QosPolicy()
+
+    def reread(self) -> list[Note]:
+        """Read the `--qos-config` file again when it changed since it was last read: a good
+        policy replaces the one given (and is kept by `keep_policy`), a bad one is a note
+        naming the field and changes nothing."""
+        if self.config is None:
+            return []
+        stamp = _stamp(self.config)
+        if stamp == self._config_seen:
+            return []
+        self._config_seen = stamp
+        try:
+            policy = read_policy_file(self.config)
+        except InputError as err:
+            return [Note("refused", "qos", f"{err}; the QoS policy in force stays")]
+        if policy == self.given:
+            return []
+        self.given = policy
+        return [Note("qos", "policy", f"read the changed QoS policy in {self.config}")]
 
     def keep_policy(self) -> list[Note]:
         """Keep the policy given in the state directory (under the state lock)."""
@@ -177,6 +209,15 @@ class HostQos:
         notes.extend(report.changes)
         notes.extend(Note("failed", "qos", problem) for problem in report.problems)
         return notes
+
+
+def _stamp(path: str) -> tuple[int, int, int] | None:
+    """What tells a changed file: (inode, size, mtime in ns); None when it is not there."""
+    try:
+        st = os.stat(path)
+    except OSError:
+        return None
+    return (st.st_ino, st.st_size, st.st_mtime_ns)
 
 
 def describe_resctrl(root: str, proc_root: str) -> list[dict[str, Any]]:

@@ -44,7 +44,7 @@ def reconcile_once(
             time.sleep(sample)
     with host.transaction() as txn:
         if loop is not None:
-            changes_first += loop.keep_policy()
+            changes_first += loop.reread() + loop.keep_policy()
         before = txn.state
         state, changes = host.liveness.reap(before)
         changes[:0] = changes_first

@@ -153,8 +153,11 @@ def _mapping(value: object, where: str, fields: tuple[str, ...]) -> Mapping[str,
 
 
 def _choice(value: object, where: str, choices: tuple[str, ...]) -> str:
+    if value is False and "off" in choices:
+        return "off"  # YAML 1.1 (PyYAML) reads a bare `off` as false
     if not isinstance(value, str) or value not in choices:
-        raise _refuse(f"{where}: {value!r} is not one of {', '.join(choices)}")
+        hint = " (YAML reads a bare on/off/yes/no as true/false)" if isinstance(value, bool) else ""
+        raise _refuse(f"{where}: {value!r} is not one of {', '.join(choices)}{hint}")
     return value
 
 
