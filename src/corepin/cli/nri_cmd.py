@@ -71,6 +71,18 @@ def add_arguments(parser: argparse.ArgumentParser, name: str) -> None:
         "(default: :9464)",
     )
     parser.add_argument(
+        "--qos-config",
+        metavar="FILE",
+        help="node QoS policy (YAML or JSON); in NRI mode its classes' resctrl shares are used: "
+        "each container runs in its class's resctrl group (default: the default policy)",
+    )
+    parser.add_argument(
+        "--resctrl-root",
+        metavar="DIR",
+        default="/sys/fs/resctrl",
+        help="where resctrl is mounted (default: /sys/fs/resctrl; not there: logged, no error)",
+    )
+    parser.add_argument(
         "--connect-timeout",
         metavar="SECONDS",
         type=float,
@@ -98,6 +110,8 @@ def settings_from(args: argparse.Namespace, environ: dict[str, str]) -> NriSetti
         options=parse_options(args.option),
         reserved_cpus=reserved,
         metrics_address=args.metrics_address,
+        qos_config=args.qos_config or None,
+        resctrl_root=args.resctrl_root,
     )
 
 

@@ -12,14 +12,17 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from corepin.agent.node.nri.policy import NO_QUOTA, NriPolicy
+from corepin.agent.node.nri.qos import RdtClasses
 from corepin.agent.node.nri.settings import NriSettings
 from corepin.agent.node.nri.view import ANN_CPU_LIMIT, RuntimeView, qos_of_parent
 from corepin.core.cpuset import CPUSet
 from corepin.core.errors import InputError
+from corepin.core.record import replace
 from corepin.kube.podplan import plan_pod
 from corepin.nri.gen import api_pb2 as nri
 from corepin.testing.machines import single_socket_ht
 from support.budget import examples
+from support.resctrl_tree import make_resctrl_tree
 
 POLICY = "corepin.io/cpu-policy"
 
@@ -358,3 +361,55 @@ def test_any_sequence_of_events_keeps_pins_apart(
             for b in exclusive[i + 1 :]:
                 assert not (a & b)
         assert state.shared_pool
+
+
+# ---------------------------------------------------------------------- node QoS: RDT classes
+def test_each_container_gets_its_qos_classes_rdt_class_in_the_create_reply(
+    tmp_path: Path,
+) -> None:
+    resctrl = tmp_path / "resctrl"
+    kernel = make_resctrl_tree(resctrl)
+    config = tmp_path / "qos.yaml"
+    config.write_text("classes: {LS: {resctrl: {mbaPercent: 50}}}\n")
+    settings = NriSettings(
+        node_name="node1",
+        state_dir=str(tmp_path / "state"),
+        qos_config=str(config),
+        resctrl_root=str(resctrl),
+    )
+    rdt = RdtClasses(settings, fs=kernel)
+    assert (resctrl / "corepin-be").is_dir() and (resctrl / "corepin-ls").is_dir()
+    p = NriPolicy(settings, single_socket_ht(), rdt_group=rdt.group_of)
+    p.synchronize([], [])
+
+    def rdt_class(reply: nri.CreateContainerResponse) -> str | None:
+        resources = reply.adjust.linux.resources
+        return resources.rdt_class.value if resources.HasField("rdt_class") else None
+
+    besteffort = sandbox(1)
+    besteffort.linux.cgroup_parent = "/kubepods/besteffort/poduid-1"
+    assert rdt_class(create(p, besteffort, container(1, 1, 0))) == "corepin-be"
+    burstable = sandbox(2)
+    burstable.linux.cgroup_parent = "/kubepods/burstable/poduid-2"
+    assert rdt_class(create(p, burstable, container(2, 2, 500))) == "corepin-ls"
+    exclusive = sandbox(3, "exclusive")
+    assert rdt_class(create(p, exclusive, container(3, 3, 2000))) is None, "LSE: the default"
+    named = sandbox(4)
+    named.annotations["corepin.io/qos-class"] = "BE"
+    assert rdt_class(create(p, named, container(4, 4, 500))) == "corepin-be"
+    bad = sandbox(5)
+    bad.linux.cgroup_parent = "/kubepods/burstable/poduid-5"
+    bad.annotations["corepin.io/qos-class"] = "GOLD"
+    assert rdt_class(create(p, bad, container(5, 5, 500))) == "corepin-ls", "derived instead"
+
+
+def test_no_resctrl_names_no_rdt_class_and_a_bad_policy_file_is_refused(tmp_path: Path) -> None:
+    settings = NriSettings(
+        node_name="node1", state_dir=str(tmp_path), resctrl_root=str(tmp_path / "none")
+    )
+    rdt = RdtClasses(settings)
+    assert rdt.classes is None and rdt.group_of("BE") is None
+    bad = tmp_path / "qos.yaml"
+    bad.write_text("classes: {BE: {resctrl: {l3Percent: [40, 20]}}}\n")
+    with pytest.raises(InputError, match=r"classes\.BE\.resctrl\.l3Percent: start 40"):
+        RdtClasses(replace(settings, qos_config=str(bad)))

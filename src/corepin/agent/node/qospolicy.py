@@ -34,6 +34,11 @@ APPLIED: Final = "QoSPolicyApplied"
 REJECTED: Final = "QoSPolicyRejected"
 
 
+def read_policy_file(path: str) -> QosPolicy:
+    """The policy in file `path` (YAML or JSON); InputError naming the file and the field."""
+    return parse_policy_text(_read(path), path)
+
+
 def _read(path: str) -> str:
     try:
         with open(path, encoding="utf-8") as f:
@@ -79,7 +84,7 @@ class QosPolicySource:
         self._origin = "the default policy"
         if path:
             self._file_stamp = _stamp(path)
-            self._file_policy = parse_policy_text(_read(path), path)
+            self._file_policy = read_policy_file(path)
             self._policy, self._origin = self._file_policy, path
         log.info("event=qos_policy source=%r policy=%s", self._origin, self._policy.to_json())
 
@@ -109,7 +114,7 @@ class QosPolicySource:
                 return
             self._file_stamp = stamp
         try:
-            policy = parse_policy_text(_read(self.path), self.path)
+            policy = read_policy_file(self.path)
         except InputError as err:
             self._reject(err.message, self.node())
             return

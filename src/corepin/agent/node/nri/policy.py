@@ -47,12 +47,20 @@ from collections.abc import Callable, Iterable, Sequence
 from typing import Final, TypeVar
 
 from corepin.agent.node.nri.settings import NriSettings
-from corepin.agent.node.nri.view import ANN_CPU_LIMIT, CpuAsk, RuntimeContainer, RuntimeView
+from corepin.agent.node.nri.view import (
+    ANN_CPU_LIMIT,
+    CpuAsk,
+    RuntimeContainer,
+    RuntimeView,
+    qos_of_parent,
+)
+from corepin.agent.node.qosclass import assignment_class, class_request
 from corepin.agent.node.reservation import NodeReservation
 from corepin.agent.node.store import NodeStore
 from corepin.agent.node.sync import PodEvent, SyncContext, assignment_id, forget_pod, sync_pod
 from corepin.allocation.policies import get_policy
 from corepin.core.cpuset import CPUSet
+from corepin.core.qos import class_of
 from corepin.core.record import record, replace
 from corepin.enforcement.wanted import cpus_and_mems
 from corepin.kube.podplan import PodPlan, plan_pod
@@ -111,6 +119,7 @@ class NriPolicy:
         on_state: Callable[[HostState], None] = lambda state: None,
         on_decided: Callable[[Decided], None] = lambda decided: None,
         on_forgotten: Callable[[str], None] = lambda uid: None,
+        rdt_group: Callable[[str], str | None] = lambda qos_class: None,
         clock: Callable[[], float] = time.time,
     ) -> None:
         self.settings = settings
@@ -123,6 +132,8 @@ class NriPolicy:
         )
         self.on_decided = on_decided
         self.on_forgotten = on_forgotten
+        #: the RDT class (resctrl group) of a QoS class, None when it has none
+        self.rdt_group = rdt_group
         self.clock = clock
         self.runtime = ("", "")
         self.synced = threading.Event()
@@ -187,6 +198,9 @@ class NriPolicy:
             self._fill(reply.adjust.linux.resources.cpu, known, pin)
             if pin.exclusive and known.ask.limit_text():
                 reply.adjust.annotations[ANN_CPU_LIMIT] = known.ask.limit_text()
+            rdt = self.rdt_group(self.qos_class_of(state, known))
+            if rdt is not None:
+                reply.adjust.linux.resources.rdt_class.value = rdt
             self.view.told(known.id, str(pin.cpus), str(pin.mems))
             reply.update.extend(self._updates(state, skip=known.id))
             return reply
@@ -423,6 +437,20 @@ class NriPolicy:
             return Pin(state.shared_pool, self._all_mems)
         cpus, mems = cpus_and_mems(a, state.shared_pool, self.machine, pool_mems=self._all_mems)
         return Pin(cpus, mems, exclusive=a.kind == "exclusive")
+
+    def qos_class_of(self, state: HostState, container: RuntimeContainer) -> str:
+        """The QoS class of `container`: the one its pod names, else derived from its
+        assignment, or (one the plugin does not pin) from its pod's Kubernetes QoS class."""
+        pod = self.view.pods.get(container.pod_id)
+        if pod is None:
+            return class_of("shared")
+        given = class_request(
+            {"metadata": {"annotations": dict(pod.annotations), "labels": dict(pod.labels)}}
+        ).qos_class
+        a = state.get(assignment_id(pod.uid, container.name))
+        if a is not None:
+            return assignment_class(a, given)
+        return class_of("shared", qos_of_parent(pod.cgroup_parent) or None, given)
 
     def _fill(self, cpu: api_pb2.LinuxCPU, container: RuntimeContainer, pin: Pin) -> None:
         """Write the pin into NRI's Linux CPU resources: CPUs, memory nodes, and the quota

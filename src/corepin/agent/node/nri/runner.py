@@ -6,6 +6,8 @@
   every decision is published as the agent publishes it.
 - `NriPolicy` answers the runtime's requests (`corepin.nri.plugin.NriPlugin` serves them on its
   dispatcher thread); each request is counted and timed by the plugin's observer (`NriMetrics`).
+- Node QoS: each container's resctrl class goes to the runtime in its CreateContainer reply
+  (`corepin.agent.node.nri.qos`).
 - Every update of a container goes out in a reply to the runtime (`NriPolicy` says why it
   never calls the runtime's UpdateContainers on its own).
 """
@@ -20,6 +22,7 @@ from collections.abc import Callable
 from corepin.agent.node.lock import NodeLock
 from corepin.agent.node.metrics import NriMetrics
 from corepin.agent.node.nri.policy import EVENTS, NriPolicy
+from corepin.agent.node.nri.qos import RdtClasses
 from corepin.agent.node.nri.report import ApiReporter
 from corepin.agent.node.nri.settings import NriSettings
 from corepin.core.errors import EnvironmentProblem
@@ -52,6 +55,7 @@ class NriAgent:
         self.lock = NodeLock(settings.state_dir, settings.node_name, mode="nri")
         self.reporter = None if client is None else ApiReporter(settings, client, topology)
         reporter = self.reporter
+        self.rdt = RdtClasses(settings)
         self.policy = NriPolicy(
             settings,
             topology,
@@ -59,6 +63,7 @@ class NriAgent:
             on_state=self._committed,
             on_decided=(lambda d: None) if reporter is None else reporter.decided,
             on_forgotten=(lambda uid: None) if reporter is None else reporter.forgotten,
+            rdt_group=self.rdt.group_of,
         )
         self.plugin = NriPlugin(
             self.policy,

@@ -19,6 +19,7 @@ from corepin.nri.plugin import DEFAULT_SOCKET, check_index, check_name
 DEFAULT_PLUGIN_NAME: Final = "corepin"
 DEFAULT_PLUGIN_INDEX: Final = "10"
 DEFAULT_METRICS_ADDRESS: Final = ":9464"
+DEFAULT_RESCTRL_ROOT: Final = "/sys/fs/resctrl"
 
 
 @record
@@ -33,6 +34,10 @@ class NriSettings(AgentSettings):
     options: Mapping[str, str] = field(default_factory=dict)
     reserved_cpus: CPUSet | None = None
     metrics_address: str = DEFAULT_METRICS_ADDRESS
+    #: node QoS in NRI mode: the policy file (None: the default policy) and where resctrl is
+    #: mounted (its class groups are handed to the runtime as each container's RDT class)
+    qos_config: str | None = None
+    resctrl_root: str = DEFAULT_RESCTRL_ROOT
 
     def __post_init__(self) -> None:
         if not self.node_name:
