@@ -304,9 +304,9 @@ def test_a_running_loop_applies_an_edited_qos_config_and_refuses_a_bad_edit(
 ) -> None:
     from corepin.agent.host.agent import HostAgent
     from corepin.agent.host.qos import HostQos
-    from corepin.agent.host.qos_policy import read_policy_file
     from corepin.agent.host.reconcile import reconcile_once
     from corepin.agent.host.settings import HostSettings
+    from corepin.agent.qos_file import read_policy_file
 
     host.start("--shared", "--qos-class", "BE")
     path = write_policy(tmp_path, "beSuppress: {policy: off}\n")

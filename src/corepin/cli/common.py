@@ -108,7 +108,7 @@ def qos_from(args: argparse.Namespace) -> tuple[QosPolicy | None, str | None]:
         return None, root
     if path == "":
         raise InputError("--qos-config '' names no file", reason="bad_usage")
-    from corepin.agent.host.qos_policy import read_policy_file
+    from corepin.agent.qos_file import read_policy_file
 
     return read_policy_file(path), root
 

@@ -24,12 +24,8 @@ from typing import TYPE_CHECKING, Any
 
 from corepin.agent.host.agent import HostAgent
 from corepin.agent.host.besteffort import DEFAULT_RESCTRL_ROOT
-from corepin.agent.host.qos_policy import (
-    POLICY_FILE,
-    read_policy_file,
-    store_policy,
-    stored_policy,
-)
+from corepin.agent.host.qos_policy import POLICY_FILE, store_policy, stored_policy
+from corepin.agent.qos_file import PolicyFile
 from corepin.allocation.qos import QosPolicy
 from corepin.core.cpuset import CPUSet
 from corepin.core.errors import InputError
@@ -64,8 +60,7 @@ class HostQos:
     ) -> None:
         self.host = host
         self.given = policy
-        self.config = config
-        self._config_seen = _stamp(config) if config is not None else None
+        self.config = PolicyFile(config) if config is not None else None
         self.resctrl_root = resctrl_root
         self._engine: QosEngine | None = None
         self._opened = False
@@ -83,20 +78,16 @@ class HostQos:
         """Read the `--qos-config` file again when it changed since it was last read: a good
         policy replaces the one given (and is kept by `keep_policy`), a bad one is a note
         naming the field and changes nothing."""
-        if self.config is None:
+        if self.config is None or not self.config.changed():
             return []
-        stamp = _stamp(self.config)
-        if stamp == self._config_seen:
-            return []
-        self._config_seen = stamp
         try:
-            policy = read_policy_file(self.config)
+            policy = self.config.read()
         except InputError as err:
             return [Note("refused", "qos", f"{err}; the QoS policy in force stays")]
         if policy == self.given:
             return []
         self.given = policy
-        return [Note("qos", "policy", f"read the changed QoS policy in {self.config}")]
+        return [Note("qos", "policy", f"read the changed QoS policy in {self.config.path}")]
 
     def keep_policy(self) -> list[Note]:
         """Keep the policy given in the state directory (under the state lock)."""
@@ -209,15 +200,6 @@ class HostQos:
         notes.extend(report.changes)
         notes.extend(Note("failed", "qos", problem) for problem in report.problems)
         return notes
-
-
-def _stamp(path: str) -> tuple[int, int, int] | None:
-    """What tells a changed file: (inode, size, mtime in ns); None when it is not there."""
-    try:
-        st = os.stat(path)
-    except OSError:
-        return None
-    return (st.st_ino, st.st_size, st.st_mtime_ns)
 
 
 def describe_resctrl(root: str, proc_root: str) -> list[dict[str, Any]]:

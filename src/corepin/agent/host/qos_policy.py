@@ -1,7 +1,8 @@
 """The node QoS policy a host's state directory keeps.
 
-`--qos-config FILE` (`corepin run`, `corepin reconcile`) is parsed before anything is touched (a
-bad file is refused naming the file and the field: exit 2, the old policy stays) and kept beside
+`--qos-config FILE` (`corepin run`, `corepin reconcile`) is parsed before anything is touched
+(`corepin.agent.qos_file`: a bad file is refused naming the file and the field, exit 2, the old
+policy stays) and kept beside
 the checkpoint as `qos-policy.json` (written atomically, under the state lock), so later commands
 without `--qos-config` use the last one given (`stored_policy`). None ever given: the default.
 """
@@ -13,28 +14,14 @@ import json
 import os
 from typing import Final
 
-from corepin.allocation.qos import QosPolicy, parse_policy, parse_policy_text
+from corepin.allocation.qos import QosPolicy, parse_policy
 from corepin.core.errors import InputError, StateFormatError
 from corepin.state.checkpoint import os_error
 
-__all__ = ["POLICY_FILE", "read_policy_file", "store_policy", "stored_policy"]
+__all__ = ["POLICY_FILE", "store_policy", "stored_policy"]
 
 #: The file beside the checkpoint that keeps the last policy given.
 POLICY_FILE: Final = "qos-policy.json"
-
-
-def read_policy_file(path: str) -> QosPolicy:
-    """The policy in `path` (YAML or JSON); InputError naming the file (and the field)."""
-    try:
-        with open(path, encoding="utf-8") as handle:
-            text = handle.read()
-    except FileNotFoundError:
-        raise InputError(f"--qos-config {path!r} does not exist", reason="no_such_file") from None
-    except (OSError, UnicodeDecodeError) as exc:
-        raise InputError(
-            f"cannot read --qos-config {path!r}: {exc}", reason="unreadable_file"
-        ) from None
-    return parse_policy_text(text, path)
 
 
 def stored_policy(state_dir: str) -> QosPolicy | None:

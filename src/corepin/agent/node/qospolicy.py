@@ -17,12 +17,12 @@ start-up refuses the start (InputError, exit 2): nothing was in force yet to kee
 from __future__ import annotations
 
 import logging
-import os
 import threading
 from collections.abc import Callable, Mapping
 from typing import Any, Final
 
 from corepin.agent.node.settings import QOS_CONFIGMAP, QOS_CONFIGMAP_KEY
+from corepin.agent.qos_file import PolicyFile, read_policy_file
 from corepin.allocation.qos import QosPolicy, parse_policy_text
 from corepin.core.errors import InputError
 from corepin.kube.events import EventRecorder
@@ -32,31 +32,6 @@ log = logging.getLogger("corepin.agent.node")
 
 APPLIED: Final = "QoSPolicyApplied"
 REJECTED: Final = "QoSPolicyRejected"
-
-
-def read_policy_file(path: str) -> QosPolicy:
-    """The policy in file `path` (YAML or JSON); InputError naming the file and the field."""
-    return parse_policy_text(_read(path), path)
-
-
-def _read(path: str) -> str:
-    try:
-        with open(path, encoding="utf-8") as f:
-            return f.read()
-    except OSError as err:
-        raise InputError(
-            f"--qos-config {path}: cannot read it: {err.strerror or err}", reason="bad_qos_policy"
-        ) from None
-    except UnicodeDecodeError:
-        raise InputError(f"--qos-config {path}: not UTF-8 text", reason="bad_qos_policy") from None
-
-
-def _stamp(path: str) -> tuple[int, int] | None:
-    try:
-        st = os.stat(path)
-    except OSError:
-        return None
-    return (st.st_mtime_ns, st.st_size)
 
 
 class QosPolicySource:
@@ -77,15 +52,14 @@ class QosPolicySource:
         self.on_change = on_change
         self._lock = threading.Lock()
         self._file_policy = QosPolicy()
-        self._file_stamp: tuple[int, int] | None = None
+        self._file = PolicyFile(path) if path else None
         self._map_policy: QosPolicy | None = None
         self._map_text: str | None = None
         self._policy = QosPolicy()
         self._origin = "the default policy"
-        if path:
-            self._file_stamp = _stamp(path)
-            self._file_policy = read_policy_file(path)
-            self._policy, self._origin = self._file_policy, path
+        if self._file is not None:
+            self._file_policy = self._file.read()
+            self._policy, self._origin = self._file_policy, self._file.path
         log.info("event=qos_policy source=%r policy=%s", self._origin, self._policy.to_json())
 
     @property
@@ -106,15 +80,10 @@ class QosPolicySource:
     # ------------------------------------------------------------------ the file
     def check_file(self) -> None:
         """Read the file again when it changed (a bad one is refused, the policy stays)."""
-        if not self.path:
+        if self._file is None or not self._file.changed():
             return
-        stamp = _stamp(self.path)
-        with self._lock:
-            if stamp == self._file_stamp:
-                return
-            self._file_stamp = stamp
         try:
-            policy = read_policy_file(self.path)
+            policy = read_policy_file(self._file.path)
         except InputError as err:
             self._reject(err.message, self.node())
             return
@@ -123,7 +92,7 @@ class QosPolicySource:
             if self._map_policy is not None:
                 log.info("event=qos_policy_file_read path=%s in_force=%r", self.path, self._origin)
                 return
-        self._apply(policy, self.path)
+        self._apply(policy, self._file.path)
 
     # ------------------------------------------------------------------ the ConfigMap
     def map_changed(self, obj: Mapping[str, Any]) -> None:

@@ -19,7 +19,7 @@ import logging
 import os
 
 from corepin.agent.node.nri.settings import NriSettings
-from corepin.agent.node.qospolicy import read_policy_file
+from corepin.agent.qos_file import read_policy_file
 from corepin.allocation.qos import QosPolicy
 from corepin.core.errors import CorepinError
 from corepin.enforcement.resctrl import ResctrlClasses, ResctrlFs, open_resctrl
