@@ -49,6 +49,9 @@ class FakeResctrlKernel:
     gone: set[int] = field(default_factory=set)
     #: (path relative to root, text) of every write that the kernel took
     written: list[tuple[str, str]] = field(default_factory=list)
+    #: groups (paths relative to root) made and removed, in order
+    made: list[str] = field(default_factory=list)
+    removed: list[str] = field(default_factory=list)
 
     # ------------------------------------------------------------------ layout
     @property
@@ -135,6 +138,7 @@ class FakeResctrlKernel:
             (path / "tasks").write_text("")
             self._make_mon_data(path)
             self._status("ok")
+            self.made.append(os.fspath(path.relative_to(self.root)))
             return
         if parent != self.root:
             raise _refuse(errno.EPERM)
@@ -152,6 +156,7 @@ class FakeResctrlKernel:
         (path / "mon_groups").mkdir()
         self._make_mon_data(path)
         self._status("ok")
+        self.made.append(path.name)
 
     def rmdir(self, path: Path) -> None:
         path = Path(path)
@@ -163,6 +168,7 @@ class FakeResctrlKernel:
             with open(self.root / "tasks", "a") as handle:
                 handle.write("".join(f"{t}\n" for t in moved))
         self._status("ok")
+        self.removed.append(os.fspath(path.relative_to(self.root)))
 
     def write(self, path: Path, text: str) -> None:
         path = Path(path)

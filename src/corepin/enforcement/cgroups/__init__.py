@@ -57,6 +57,7 @@ __all__ = [
     "CpuQuota",
     "PartitionState",
     "detect_mounts",
+    "find_v1_controller",
     "is_cgroup_mount",
     "open_cgroups",
     "open_cpuset_hierarchy",
@@ -163,6 +164,25 @@ def _v1_controller_dirs(root: str, mountinfo: str) -> dict[str, str]:
             if controller:
                 found.setdefault(controller, target)
     return found
+
+
+def find_v1_controller(
+    controller: str,
+    cgroup_root: str | os.PathLike[str] = DEFAULT_CGROUP_ROOT,
+    *,
+    mountinfo: str = "/proc/self/mountinfo",
+) -> str | None:
+    """Where the v1 hierarchy carrying `controller` (`cpuacct`, say) is below `cgroup_root`: at
+    the default root its mount point from mountinfo (its own mount, or one shared with others
+    such as `cpu,cpuacct`); below another root (a bind mount, a symlink, a tree standing in for
+    cgroupfs) the directory named after it. None where there is none."""
+    root = os.fspath(cgroup_root).rstrip("/") or "/"
+    if root == DEFAULT_CGROUP_ROOT:
+        try:
+            return detect_mounts(mountinfo).v1.get(controller)
+        except CorepinError:
+            return None
+    return _v1_controller_dirs(root, mountinfo).get(controller)
 
 
 def open_cpuset_hierarchy(

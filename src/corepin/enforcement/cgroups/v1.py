@@ -147,7 +147,11 @@ class CgroupV1(CgroupDriver):
         """The v1 cpuset rules, so a fake tree refuses what the kernel refuses."""
         parts = split_cgroup_path(path)
         if name == "cpu.cfs_quota_us":
-            return self._fake_quota_check(path, int(value))
+            return self._fake_burst_check(path, int(value), None) or self._fake_quota_check(
+                path, int(value)
+            )
+        if name == "cpu.cfs_burst_us":
+            return self._fake_burst_check(path, None, int(value))
         if name in ("cgroup.procs", "tasks"):
             if not self.read_file(path, self.cpus_file) or not self.read_file(path, self.mems_file):
                 return errno.ENOSPC
@@ -172,6 +176,19 @@ class CgroupV1(CgroupDriver):
         if not new and self.procs(path):
             return errno.ENOSPC
         return None
+
+    def _fake_burst_check(self, path: str, quota: int | None, burst: int | None) -> int | None:
+        """v1 refuses a burst above a finite quota (either written: the other is read)."""
+        root = self.cpu_root
+        if root is None or not os.path.exists(
+            os.path.join(self.dir(path, root), "cpu.cfs_burst_us")
+        ):
+            return None
+        if quota is None:
+            quota = int(self.read_file(path, "cpu.cfs_quota_us", root))
+        if burst is None:
+            burst = int(self.read_file(path, "cpu.cfs_burst_us", root))
+        return errno.EINVAL if burst < 0 or (quota >= 0 and burst > quota) else None
 
     def _fake_quota_check(self, path: str, quota: int) -> int | None:
         """v1 refuses a finite quota above an ancestor's, or below a child's (as a ratio)."""

@@ -174,6 +174,22 @@ class CgroupV2(CgroupDriver):
             return processes_of(self.read_file(path, "cgroup.threads").split())
         return [int(x) for x in text.split()]
 
+    def _fake_kernel_check(self, path: str, name: str, value: str) -> int | None:
+        """v2 refuses a burst (cpu.max.burst) above a finite quota (cpu.max)."""
+        if name not in ("cpu.max", "cpu.max.burst") or not os.path.exists(
+            os.path.join(self.dir(path), "cpu.max.burst")
+        ):
+            return None
+        try:
+            word = (value if name == "cpu.max" else self.read_file(path, "cpu.max")).split()[0]
+            quota = None if word == "max" else int(word)
+            burst = int(value if name == "cpu.max.burst" else self.read_file(path, "cpu.max.burst"))
+        except (IndexError, ValueError):
+            return errno.EINVAL
+        if burst < 0 or (quota is not None and burst > quota):
+            return errno.EINVAL
+        return None
+
     def _fake_seed(self, path: str) -> None:
         for name, value in (
             ("cpuset.cpus", ""),

@@ -27,11 +27,22 @@ differ; tasks already in the class are not written again. Every write is reporte
 
 Modules: `model` (errors, machine facts, schemata text), `percent` (the QoS policy's percent
 interface -> masks and bandwidth values), `writer` (`ResctrlWriter` and its filesystem seam),
-`monitor` (LLC occupancy and bandwidth counters).
+`monitor` (LLC occupancy and bandwidth counters), `classes` (`ResctrlClasses`: one group per
+QoS class, its tasks, what it holds; `open_resctrl`).
 """
 
 from __future__ import annotations
 
+from corepin.enforcement.resctrl.classes import (
+    ClassView,
+    ResctrlClasses,
+    ResctrlSamples,
+    cgroup_threads,
+    group_name,
+    is_default,
+    open_resctrl,
+    threads_of,
+)
 from corepin.enforcement.resctrl.model import (
     ResctrlError,
     ResctrlInfo,
@@ -50,19 +61,27 @@ from corepin.enforcement.resctrl.percent import (
 from corepin.enforcement.resctrl.writer import KernelFs, ResctrlFs, ResctrlWriter
 
 __all__ = [
+    "ClassView",
     "KernelFs",
     "MonSample",
+    "ResctrlClasses",
     "ResctrlError",
     "ResctrlFs",
     "ResctrlInfo",
+    "ResctrlSamples",
     "ResctrlValueError",
     "ResctrlWriter",
     "cbm_for_percent",
+    "cgroup_threads",
     "check_cbm",
     "class_schemata",
     "format_line",
+    "group_name",
+    "is_default",
     "mba_for_percent",
+    "open_resctrl",
     "parse_schemata",
     "read_cpu_vendor",
     "read_monitoring",
+    "threads_of",
 ]

@@ -262,9 +262,25 @@ class ResctrlWriter:
 
         A task that exited in the meantime (ESRCH) is skipped, not an error.
         """
-        present = set(self.tasks(name))
-        changes: list[Change] = []
         path = self._group(name) / "tasks"
+        return self._move(path, f"resctrl/{name}", set(self.tasks(name)), pids)
+
+    def release_tasks(self, pids: Iterable[int]) -> list[Change]:
+        """Move threads/processes (ids) back to the root (default) group, as the kernel does
+        when their class is removed; ids already there are skipped, ESRCH is skipped."""
+        path = self.root / "tasks"
+        try:
+            present = {int(x) for x in read_text(path).split()}
+        except FileNotFoundError:
+            raise ResctrlError(
+                os.fspath(path), "no resctrl root group", reason="resctrl_missing"
+            ) from None
+        return self._move(path, "resctrl", present, pids)
+
+    def _move(
+        self, path: Path, target: str, present: set[int], pids: Iterable[int]
+    ) -> list[Change]:
+        changes: list[Change] = []
         for pid in pids:
             validate_pid(pid)
             if pid in present:
@@ -277,7 +293,7 @@ class ResctrlWriter:
                     continue
                 raise
             present.add(pid)
-            changes.append(Change("tasks", f"resctrl/{name}", "", str(pid)))
+            changes.append(Change("tasks", target, "", str(pid)))
         return changes
 
     def remove_class(self, name: str) -> None:
