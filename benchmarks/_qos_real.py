@@ -148,24 +148,24 @@ class Periodic(threading.Thread):
         self.interval = interval
         self.results: list[tuple[float, Any]] = []
         self.error: BaseException | None = None
-        self._stop = threading.Event()
+        self._done = threading.Event()
 
     def run(self) -> None:
         next_at = time.monotonic()
-        while not self._stop.is_set():
+        while not self._done.is_set():
             try:
                 self.results.append((time.monotonic(), self.period()))
             except BaseException as err:  # handed to the main thread
                 self.error = err
                 return
             next_at += self.interval
-            self._stop.wait(max(0.0, next_at - time.monotonic()))
+            self._done.wait(max(0.0, next_at - time.monotonic()))
 
     def between(self, start: float, end: float) -> list[Any]:
         return [r for t, r in self.results if start <= t <= end]
 
     def close(self) -> None:
-        self._stop.set()
+        self._done.set()
         self.join(timeout=30)
         if self.error is not None:
             raise self.error

@@ -5,8 +5,11 @@ The probe runs in a scratch cgroup `corepin-bench-<random>/burst-...` of the hos
 cpu hierarchy (removed afterwards, also after Ctrl-C) with a CFS quota of `--quota` CPUs per
 100 ms: every `--every-ms` ms it releases `--workers` worker processes (processes: threads
 would share the GIL), each of which spins `--spin-ms` ms of its own CPU time; the burst is done
-when the last worker is. The average stays below the quota (`workers * spin / every` CPUs), but a
-burst asks for more than one period's quota at once, so without burst it is throttled.
+when the last worker is. Each burst starts at a random point (seeded) of the first `--jitter-ms`
+of its slot, so the bursts meet the CFS period at every phase (with a fixed phase a run would
+be throttled on every burst or on none, by chance). The average stays below the quota
+(`workers * spin / every` CPUs), but a burst asks for more than one period's quota at once, so
+without burst it is throttled.
 
 The QoS engine (`corepin.enforcement.qos.QosEngine`) runs its period every `--interval`
 seconds in a thread of this script with the probe's group as an LS member whose base quota is
@@ -27,6 +30,7 @@ from __future__ import annotations
 import argparse
 import json
 import os
+import random
 import select
 import subprocess
 import sys
@@ -91,14 +95,15 @@ def probe_main(args: argparse.Namespace) -> int:
     print("ready", flush=True)
     sys.stdin.readline()  # go
     every = args.every_ms / 1000
+    jitter = random.Random(args.seed)
     completions, late = [], 0
     begin = time.monotonic()
     n = 0
     while True:
-        due = begin + n * every
-        now = time.monotonic()
-        if due - begin >= args.duration:
+        if n * every >= args.duration:
             break
+        due = begin + n * every + jitter.uniform(0, args.jitter_ms / 1000)
+        now = time.monotonic()
         if now < due:
             time.sleep(due - now)
         else:
@@ -164,6 +169,10 @@ def scenario(
                 str(args.every_ms),
                 "--duration",
                 str(args.duration),
+                "--jitter-ms",
+                str(args.jitter_ms),
+                "--seed",
+                str(args.seed),
             ],
         ),
         stdin=subprocess.PIPE,
@@ -204,6 +213,12 @@ def scenario(
     result["in_force"] = in_force
     reports = [r for _t, r in loop.results]
     result["burst_changes"] = sum(r.burst_changes for r in reports)
+    # the engine holds burst back while the shared pool is busier than shareUsageLimitPercent
+    shares = [
+        100 * max(0.0, r.usage["node"] - r.usage["LSE"]) / len(online) for r in reports if r.usage
+    ]
+    result["pool_busy"] = shares
+    result["held_back"] = sum(1 for x in shares if x > args.share_limit)
     result["problems"] = sorted({p for r in reports for p in r.problems})
     return result
 
@@ -214,6 +229,14 @@ def main() -> int:
     parser.add_argument("--workers", type=int, default=4, help="processes per burst")
     parser.add_argument("--spin-ms", type=float, default=30.0, help="CPU time of each worker")
     parser.add_argument("--every-ms", type=float, default=200.0, help="one burst every ...")
+    parser.add_argument(
+        "--jitter-ms",
+        type=float,
+        default=100.0,
+        help="each burst starts up to this much after its slot (uniform, seeded): bursts land "
+        "at every phase of the CFS period, not at one phase that happens to throttle or not",
+    )
+    parser.add_argument("--seed", type=int, default=17)
     parser.add_argument("--duration", type=float, default=30.0, help="seconds per scenario")
     parser.add_argument("--rounds", type=int, default=2)
     parser.add_argument("--interval", type=float, default=1.0, help="QoS period, seconds")
@@ -253,6 +276,7 @@ def report(results: dict[str, list[dict[str, Any]]], args: argparse.Namespace) -
     print(
         f"CPU burst: {cpus} CPUs; quota {args.quota} CPU per {PERIOD_US // 1000} ms; bursts of "
         f"{args.workers} processes x {args.spin_ms:g} ms CPU every {args.every_ms:g} ms "
+        f"(+ 0-{args.jitter_ms:g} ms, seed {args.seed}) "
         f"(average {demand:.2f} CPU); {args.duration:g} s x {args.rounds} rounds per policy; "
         f"engine period {args.interval} s; burstPercent {args.burst_percent}, maxQuotaPercent "
         f"{args.max_quota_percent}, shareUsageLimitPercent {args.share_limit}; 1-min load "
@@ -260,9 +284,10 @@ def report(results: dict[str, list[dict[str, Any]]], args: argparse.Namespace) -
     )
     print(
         "| policy | bursts | throttled periods | p50 ms | p99 ms | max ms | late starts | "
-        "kernel bursts | engine changes | quota / burst us at the end |"
+        "kernel bursts | engine changes | periods over the share limit | "
+        "quota / burst us at the end |"
     )
-    print("|---|---:|---:|---:|---:|---:|---:|---:|---:|---|")
+    print("|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|---|")
     figures: dict[str, dict[str, float]] = {}
     for policy_name, runs in results.items():
         times = sorted(t for r in runs for t in r["completions_ms"])
@@ -275,7 +300,9 @@ def report(results: dict[str, list[dict[str, Any]]], args: argparse.Namespace) -
             f"| {LABEL[policy_name]} | {len(times)} | {100 * share:.1f} % ({throttled}/{periods}) "
             f"| {median(times):.1f} | {percentile(times, 99):.1f} | {times[-1]:.1f} | "
             f"{sum(r['late'] for r in runs)} | {sum(r['stat'].get('nr_bursts', 0) for r in runs)} "
-            f"| {sum(r['burst_changes'] for r in runs)} | {end['quota_us']} / {end['burst_us']} |"
+            f"| {sum(r['burst_changes'] for r in runs)} | "
+            f"{sum(r['held_back'] for r in runs)}/{sum(len(r['pool_busy']) for r in runs)} | "
+            f"{end['quota_us']} / {end['burst_us']} |"
         )
         for p in sorted({p for r in runs for p in r["problems"]}):
             print(f"  engine problem with {policy_name}: {p}")
