@@ -18,6 +18,7 @@ from corepin.core.errors import EnvironmentProblem, InputError, TopologyError
 if TYPE_CHECKING:
     import threading
 
+    from corepin.allocation.qos import QosPolicy
     from corepin.core.cpuset import CPUSet
     from corepin.topology.model import Topology
 
@@ -77,6 +78,39 @@ def add_host_arguments(
     add_state_arguments(parser, cgroups_help=cgroups_help)
     parser.add_argument("--sysfs-root", metavar="DIR", help=argparse.SUPPRESS)
     parser.add_argument("--proc-root", metavar="DIR", help=argparse.SUPPRESS)
+
+
+def add_qos_arguments(parser: argparse.ArgumentParser, *, config: bool = True) -> None:
+    """Node QoS options of host mode: --qos-config FILE (with `config`) and --resctrl-root DIR
+    (`qos_from` reads them)."""
+    if config:
+        parser.add_argument(
+            "--qos-config",
+            metavar="FILE",
+            help="node QoS policy (YAML or JSON: classes, beSuppress, cpuBurst, beCPUIdle); "
+            "kept in the state directory for later commands (default: the last one given)",
+        )
+    parser.add_argument(
+        "--resctrl-root",
+        metavar="DIR",
+        help="where resctrl is mounted (default: /sys/fs/resctrl; not there: a note, no error)",
+    )
+
+
+def qos_from(args: argparse.Namespace) -> tuple[QosPolicy | None, str | None]:
+    """(the QoS policy in --qos-config FILE or None, --resctrl-root or None). A bad file is
+    an InputError naming it and the field, before anything is touched."""
+    root = getattr(args, "resctrl_root", None)
+    if root == "":
+        raise InputError("--resctrl-root '' names no directory", reason="bad_usage")
+    path = getattr(args, "qos_config", None)
+    if path is None:
+        return None, root
+    if path == "":
+        raise InputError("--qos-config '' names no file", reason="bad_usage")
+    from corepin.agent.host.qos_policy import read_policy_file
+
+    return read_policy_file(path), root
 
 
 def cpu_list(text: str) -> CPUSet:

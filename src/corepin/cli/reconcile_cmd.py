@@ -14,8 +14,10 @@ from typing import TYPE_CHECKING
 
 from corepin.cli.common import (
     add_host_arguments,
+    add_qos_arguments,
     add_reserved_arguments,
     positive_seconds,
+    qos_from,
     reserve_from,
 )
 from corepin.core.errors import InputError
@@ -26,9 +28,10 @@ if TYPE_CHECKING:
 
 def add_arguments(parser: argparse.ArgumentParser, name: str) -> None:
     parser.description = (
-        "Free allocations whose processes are gone, re-apply pins that drifted, and repair "
-        "the shield (resize it, adopt new tasks); with --interval, again and again (a "
-        "systemd unit in packaging/ runs it)."
+        "Free allocations whose processes are gone, re-apply pins that drifted, repair "
+        "the shield (resize it, adopt new tasks) and run one node QoS period (best-effort "
+        "suppression, CPU burst, resctrl classes and tasks); with --interval, again and "
+        "again (a systemd unit in packaging/ runs it)."
     )
     parser.add_argument("--once", action="store_true", help="one pass, then exit")
     add_reserved_arguments(parser)
@@ -46,16 +49,22 @@ def add_arguments(parser: argparse.ArgumentParser, name: str) -> None:
         default="text",
         help="how to print what changed (default: text)",
     )
+    add_qos_arguments(parser)
     add_host_arguments(parser)
 
 
 def run(args: argparse.Namespace) -> int:
     from corepin.agent.host.agent import HostAgent
-    from corepin.agent.host.reconcile import reconcile_forever, reconcile_once
+    from corepin.agent.host.qos import HostQos
+    from corepin.agent.host.reconcile import QOS_SAMPLE, reconcile_forever, reconcile_once
     from corepin.agent.host.settings import HostSettings
 
     settings = HostSettings.from_args(args, os.environ)
+    policy, resctrl_root = qos_from(args)  # a bad file: exit 2, nothing touched
     agent = HostAgent(settings, reserve=reserve_from(args))
+    agent.qos_policy = policy
+    agent.resctrl_root = resctrl_root
+    loop = HostQos(agent, policy=policy, resctrl_root=resctrl_root)
 
     def show(changes: list[Note]) -> None:
         if args.output == "json":
@@ -73,7 +82,7 @@ def run(args: argparse.Namespace) -> int:
                 "one or the other",
                 reason="bad_usage",
             )
-        show(reconcile_once(agent))
+        show(reconcile_once(agent, loop, sample=QOS_SAMPLE))
         return 0
-    reconcile_forever(agent, 10.0 if args.interval is None else args.interval, show)
+    reconcile_forever(agent, 10.0 if args.interval is None else args.interval, show, loop)
     return 0

@@ -11,9 +11,14 @@ from __future__ import annotations
 
 import argparse
 import os
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any
 
-from corepin.cli.common import add_host_arguments, positive_seconds, write_output
+from corepin.cli.common import (
+    add_host_arguments,
+    add_qos_arguments,
+    positive_seconds,
+    write_output,
+)
 from corepin.core.errors import InputError
 
 if TYPE_CHECKING:
@@ -53,6 +58,7 @@ def add_arguments(parser: argparse.ArgumentParser, name: str) -> None:
         help="with --node: the API server's kubeconfig (default: $KUBECONFIG, else the "
         "in-cluster service account)",
     )
+    add_qos_arguments(parser, config=False)
     add_host_arguments(parser)
 
 
@@ -60,6 +66,7 @@ def run(args: argparse.Namespace) -> int:
     if args.agent or args.node or args.kubeconfig:
         return _report_remote(args)
     from corepin.agent.host.agent import HostAgent
+    from corepin.agent.host.besteffort import DEFAULT_RESCTRL_ROOT
     from corepin.agent.host.report import report
     from corepin.agent.host.settings import HostSettings
     from corepin.cli.render.report import render_report
@@ -67,7 +74,16 @@ def run(args: argparse.Namespace) -> int:
     settings = HostSettings.from_args(args, os.environ)
     agent = HostAgent(settings)
     state = agent.read_state()
-    data = report(agent, state, sample=args.sample or 0.0)
+    root = args.resctrl_root or DEFAULT_RESCTRL_ROOT
+
+    def resctrl() -> list[dict[str, Any]]:
+        if not os.path.isdir(root):
+            return []  # no resctrl: nothing more to show (the engine is not even loaded)
+        from corepin.agent.host.qos import describe_resctrl
+
+        return describe_resctrl(root, settings.proc_root)
+
+    data = report(agent, state, sample=args.sample or 0.0, resctrl=resctrl)
     write_output(render_report(args.output, data, state, lambda: agent.topology), args.out)
     return 0
 
@@ -78,7 +94,14 @@ def _report_remote(args: argparse.Namespace) -> int:
     from corepin.cli.render.report import render_report
     from corepin.state.report import report_data
 
-    for option in ("state_dir", "cgroups", "cgroup_root", "sysfs_root", "proc_root"):
+    for option in (
+        "state_dir",
+        "cgroups",
+        "cgroup_root",
+        "sysfs_root",
+        "proc_root",
+        "resctrl_root",
+    ):
         if getattr(args, option, None):
             raise InputError(
                 f"--{option.replace('_', '-')} applies to this host's state, not to --agent "

@@ -11,7 +11,14 @@ import argparse
 import os
 from typing import TYPE_CHECKING
 
-from corepin.cli.common import add_host_arguments, add_reserved_arguments, cpu_list, reserve_from
+from corepin.cli.common import (
+    add_host_arguments,
+    add_qos_arguments,
+    add_reserved_arguments,
+    cpu_list,
+    qos_from,
+    reserve_from,
+)
 
 if TYPE_CHECKING:
     from corepin.agent.host.run import RunSpec
@@ -97,7 +104,8 @@ def add_arguments(parser: argparse.ArgumentParser, name: str) -> None:
         "corepin run [--exclusive N [--with-shared] | --cpus LIST | --shared] "
         "[--level LEVEL] [--option NAME[=VALUE]]... [--partition root|isolated] "
         "[--wait [SECONDS]] [--membind NODES | --interleave NODES | --preferred NODE] "
-        "[--reserved-cpus CPUSET | --reserved-count N] [--state-dir DIR] [--policy NAME] "
+        "[--reserved-cpus CPUSET | --reserved-count N] [--qos-class CLASS] "
+        "[--qos-config FILE] [--resctrl-root DIR] [--state-dir DIR] [--policy NAME] "
         "-- CMD ARGS..."
     )
     parser.description = (
@@ -174,6 +182,14 @@ def add_arguments(parser: argparse.ArgumentParser, name: str) -> None:
         metavar="NAME",
         help="a label for this run in reports (default: the command name)",
     )
+    parser.add_argument(
+        "--qos-class",
+        metavar="CLASS",
+        help="the run's node QoS class: LSE, LSR, LS, BE or SYSTEM (default: LSE for "
+        "--exclusive and --cpus, LS for shared runs); BE only for shared runs, which then "
+        "run in the best-effort group that `corepin reconcile` squeezes",
+    )
+    add_qos_arguments(parser)
     add_host_arguments(parser)
     parser.add_argument("cmd", nargs=argparse.REMAINDER, metavar="-- CMD ARGS...")
 
@@ -213,7 +229,13 @@ def spec_from(args: argparse.Namespace) -> RunSpec:
             "--with-shared only",
             reason="bad_usage",
         )
+    qos = getattr(args, "qos_class", None)  # `run` only
+    if qos is not None:
+        from corepin.state.model import qos_name
+
+        qos = qos_name(qos, "--qos-class")
     return RunSpec(
+        qos=qos,
         exclusive=args.exclusive,
         with_shared=bool(args.with_shared),
         options=options,
@@ -239,5 +261,8 @@ def run(args: argparse.Namespace) -> int:
             reason="missing_command",
         )
     spec = spec_from(args)
+    policy, resctrl_root = qos_from(args)
     agent = HostAgent(settings, reserve=reserve_from(args))
+    agent.qos_policy = policy
+    agent.resctrl_root = resctrl_root
     return Runner(agent).run(argv, spec, name=args.name, wait=args.wait)

@@ -50,6 +50,22 @@ _NO_OPTIONS: Final[Mapping[str, str]] = MappingProxyType({})
 _NO_ASSIGNMENTS: Final[Mapping[str, Assignment]] = MappingProxyType({})
 
 
+#: The QoS classes by their canonical names (`corepin.allocation.qos.CLASSES`; a unit test keeps
+#: the two equal). A name already in this form is taken as it is: the QoS package loads the
+#: policy parser, which `corepin run` and the checkpoint's reader do not need.
+NODE_QOS_CLASSES: Final = ("LSE", "LSR", "LS", "BE", "SYSTEM")
+
+
+def qos_name(value: object, where: str = "QoS class") -> str:
+    """`value` as a QoS class name (`corepin.allocation.qos.check_class`: case-insensitive;
+    InputError naming `where` and the value when it is none)."""
+    if isinstance(value, str) and value in NODE_QOS_CLASSES:
+        return value
+    from corepin.allocation.qos.classes import check_class
+
+    return check_class(value, where)
+
+
 def _is_true(value: str | None) -> bool:
     return value is not None and value.strip().lower() in ("", "1", "true", "yes", "on")
 
@@ -64,7 +80,9 @@ class Assignment:
     - `mems`: NUMA node ids for cpuset.mems (empty = not recorded; `validate` fills it in);
     - `owner`: a `ProcessOwner` or a `ContainerOwner` (None only in tests of pure pools);
     - `created`: wall-clock seconds when recorded; `policy`: the policy that decided;
-      `workload`: the workload family when one was given.
+      `workload`: the workload family when one was given;
+    - `qos`: its QoS class when one was given explicitly (`corepin run --qos-class`, the
+      `corepin.io/qos-class` annotation); None: derived (`qos_class`).
     """
 
     id: str
@@ -77,6 +95,7 @@ class Assignment:
     created: float = 0.0
     policy: str = ""
     workload: str | None = None
+    qos: str | None = None
 
     def __post_init__(self) -> None:
         if not isinstance(self.id, str) or not self.id or len(self.id) > 512:
@@ -100,6 +119,8 @@ class Assignment:
                 f"assignment {self.id!r}: workload must be one of {', '.join(WORKLOADS)}, "
                 f"got {self.workload!r}"
             )
+        if self.qos is not None:
+            object.__setattr__(self, "qos", qos_name(self.qos, f"assignment {self.id!r}: qos"))
         if self.owner is not None and not isinstance(self.owner, (ProcessOwner, ContainerOwner)):
             raise RequestError(f"assignment {self.id!r}: owner must be a process or a container")
         if self.kind == "shared":
@@ -138,6 +159,25 @@ class Assignment:
     @property
     def label(self) -> str:
         return self.owner.label if self.owner is not None else self.id
+
+    @property
+    def qos_class(self) -> str:
+        """Its QoS class: the one given (`qos`), else derived from its kind and, for a
+        container, its Kubernetes QoS (`corepin.allocation.qos.class_of`)."""
+        if self.qos is not None:
+            return self.qos
+        from corepin.allocation.qos.classes import class_of
+
+        container = self.container
+        return class_of(self.kind, (container.qos or None) if container is not None else None)
+
+    @property
+    def best_effort(self) -> bool:
+        """Whether its class is BE, without loading the QoS package for a process (a run is
+        BE only when it says so: no kind derives BE without a Kubernetes QoS)."""
+        if self.container is None:
+            return self.qos == "BE"
+        return self.qos_class == "BE"
 
     # ------------------------------------------------------------------ pools
     @property

@@ -8,7 +8,7 @@ Payload, version 4 (`CURRENT_VERSION`):
      "assignments": [{"id": str, "kind": "exclusive"|"mixed"|"share"|"shared",
                       "cpus": "2-3", "withheld": "2-3", "mems": "0", "level": "cpu",
                       "owner": <owner>|null, "created": float, "policy": str,
-                      "workload": str|null}]}   # sorted by id
+                      "workload": str|null, "qos": str|null}]}   # sorted by id
 
     <owner> = {"type": "process", "pid": int, "start_time": int|null,
                "runner_pid": int|null, "runner_start_time": int|null, "cgroup": str|null,
@@ -25,6 +25,10 @@ Payload, version 4 (`CURRENT_VERSION`):
                 "tasks": [[pid, start_time, "cpus"], ...], "kernel_threads": (same),
                 "irq_affinity": [[irq number or "default", "cpus"], ...]}
     (`corepin.state.shield.ShieldRecord`: what `corepin shield off` puts back.)
+
+`qos` (an assignment's QoS class when one was given; null or absent: derived from its kind)
+came after version 4 without a new version: a reader that does not know it ignores it, and a
+row without it reads as null, so checkpoints of either kind stay readable by both.
 
 Older payloads are brought up to this version by `corepin.state.migrations` before they are
 read. `PayloadReader` is the typed field access both use: every error it raises is a
@@ -61,6 +65,7 @@ def _assignment_to_json(a: Assignment) -> dict[str, Any]:
         "created": a.created,
         "policy": a.policy,
         "workload": a.workload,
+        "qos": a.qos,
     }
 
 
@@ -176,6 +181,7 @@ def _assignment_from_json(r: PayloadReader, row: object, where: str) -> Assignme
             created=float(created),
             policy=r.str_(row, "policy", where),
             workload=r.optional_str(row, "workload", where),
+            qos=r.optional_str(row, "qos", where),
         )
     except StateFormatError:
         raise

@@ -29,6 +29,7 @@ from corepin.enforcement.note import Note
 
 if TYPE_CHECKING:
     from corepin.agent.host.pinning import Pinner
+    from corepin.allocation.qos import QosPolicy
     from corepin.allocation.types import Decision, Request
     from corepin.enforcement.shield.control import Shield
     from corepin.state.model import HostState
@@ -57,6 +58,13 @@ class HostAgent:
         self.reserve = reserve
         #: what the shield did in the last transaction that synced it (reports, warnings)
         self.shield_notes: list[Note] = []
+        #: node QoS: the policy given on the command line (`--qos-config`; None: the one kept
+        #: in the state directory), where resctrl is mounted (`--resctrl-root`; None: the
+        #: default, and quiet when it is not there), and the BE set the QoS loop of
+        #: `corepin reconcile` keeps in force (None: the BE group's cpuset is read)
+        self.qos_policy: QosPolicy | None = None
+        self.resctrl_root: str | None = None
+        self.be_cpus: CPUSet | None = None
 
     # ------------------------------------------------------------------ parts
     @property
@@ -237,10 +245,13 @@ class HostAgent:
         chosen = [a for a in state if ids is None or a.id in ids]
         if not chosen:
             return []
-        return self.pinner.apply_all(chosen, state.shared_pool)
+        pool = state.shared_pool
+        be_cpus = self.be_cpus & pool if self.be_cpus is not None else None
+        return self.pinner.apply_all(chosen, pool, be_cpus or None)
 
     def repin_shared(self, state: HostState) -> list[Note]:
-        """Re-pin every shared and mixed assignment to the current shared pool."""
+        """Re-pin every shared and mixed assignment to the current shared pool (best-effort
+        ones to the BE set within it: `Pinner.be_cpus`)."""
         return self.enforce(state, {a.id for a in state.shared_assignments()})
 
     def remove_cgroups(self, state: HostState) -> list[Note]:

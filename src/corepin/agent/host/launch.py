@@ -18,6 +18,10 @@ With `bind_mems` the child also binds its memory to those NUMA nodes (`set_mempo
 see `corepin.enforcement.mempolicy`), which is inherited the same way; used for runs without a
 cpuset cgroup, whose `cpuset.mems` would do it otherwise. With `memory` (a `MemoryPolicy` the
 user asked for: `--membind`, `--interleave`, `--preferred`) the child sets that policy instead.
+`also_join` are more cgroup files the child writes its pid into after its cgroup (cgroup v1's
+cpu and cpuacct hierarchies); `resctrl_tasks` is the `tasks` file of its QoS class's resctrl
+group, written before exec so every thread CMD makes inherits the class (a failure there is
+left to `corepin reconcile`, which writes every thread of every run to its class's group).
 """
 
 from __future__ import annotations
@@ -66,6 +70,8 @@ class Launch:
         env: Mapping[str, str],
         *,
         cgroup_procs: str | None = None,
+        also_join: Sequence[str] = (),
+        resctrl_tasks: str | None = None,
         bind_mems: CPUSet | None = None,
         memory: MemoryPolicy | None = None,
         new_session: bool = False,
@@ -82,6 +88,10 @@ class Launch:
         #: the child writes itself into before it waits for "go" (so the kernel's cgroup attach
         #: overlaps with the parent's checkpoint commit)
         self.cgroup_procs = cgroup_procs
+        #: more cgroup files (cgroup v1's cpu and cpuacct hierarchies) the child joins
+        self.also_join = tuple(also_join)
+        #: the resctrl group's `tasks` file the child writes itself into (best effort)
+        self.resctrl_tasks = resctrl_tasks
         #: NUMA nodes the child binds its memory to before exec (None: leave the policy alone)
         self.bind_mems = bind_mems
         #: a memory policy the child sets before exec (wins over `bind_mems`)
@@ -107,6 +117,8 @@ class Launch:
         by_thread = procs is not None and os.path.basename(procs) == "tasks"
         new_session = self.new_session
         sigmask = self.sigmask
+        also_join = self.also_join
+        resctrl_tasks = self.resctrl_tasks
         bind = None
         if self.memory is not None:
             from corepin.enforcement.mempolicy import prepare_policy
@@ -151,6 +163,22 @@ class Launch:
                         os.write(fd, b"0" if by_thread else str(os.getpid()).encode())
                     finally:
                         os.close(fd)
+                for extra in also_join:
+                    stage = "cgroup"
+                    fd = os.open(extra, os.O_WRONLY)
+                    try:
+                        os.write(fd, str(os.getpid()).encode())
+                    finally:
+                        os.close(fd)
+                if resctrl_tasks is not None:
+                    try:
+                        fd = os.open(resctrl_tasks, os.O_WRONLY | os.O_APPEND)
+                        try:
+                            os.write(fd, str(os.getpid()).encode() + b"\n")
+                        finally:
+                            os.close(fd)
+                    except OSError:
+                        pass  # reconcile writes it later
                 stage = "affinity"
                 os.sched_setaffinity(0, cpus)
                 if bind is not None:

@@ -12,6 +12,14 @@ Host mode pins a run two ways:
   The cgroup parent is per state directory (`HostSettings.cgroup_parent`). Both cgroup v1 (the
   cpuset controller's own mount) and v2 (the unified hierarchy offering `cpuset`: each group
   corepin creates gets `+cpuset` in its parent's `cgroup.subtree_control`) work the same way.
+- a best-effort run (`corepin run --qos-class BE`) is placed in the state directory's one BE
+  group, `<cgroup parent>/besteffort/<assignment id>`, whose cpuset the node QoS loop
+  (`corepin reconcile`) narrows while latency-sensitive work needs the CPUs: a BE run's CPUs are
+  the BE group's current cpuset within the shared pool (`be_cpus`), never the whole pool while
+  the loop keeps it smaller. On cgroup v1 every run's group is made in the cpu and cpuacct
+  hierarchies too and the run joins them (`accounting_joins`), so a quota on the BE group and
+  the CPU accounting the loop reads work; on cgroup v2 the BE group gets `cpu` in its
+  `cgroup.subtree_control` where the hierarchy offers it.
 - on cgroup v2, an exclusive run may ask for a cpuset partition (`corepin run --partition
   root|isolated`): its group is then `<cgroup parent with / as .>.<assignment id>` directly
   below the hierarchy root (the kernel wants a partition's parent to be a partition, and the
@@ -34,8 +42,9 @@ layout (`kubepods` / `kubepods.slice`); a process only when its start time is th
 
 from __future__ import annotations
 
+import contextlib
 import os
-from typing import TYPE_CHECKING, Literal
+from typing import TYPE_CHECKING, Final, Literal
 
 from corepin.core.cpuset import CPUSet
 from corepin.core.errors import CgroupError, CorepinError
@@ -80,6 +89,10 @@ def usable_hierarchy(driver: CgroupDriver) -> CgroupDriver:
     return driver
 
 
+#: The group below a state directory's cgroup parent that holds its best-effort runs.
+BE_GROUP: Final = "besteffort"
+
+
 class Pinner:
     """Applies assignments to the host. Counts its writes in `writes`."""
 
@@ -90,6 +103,7 @@ class Pinner:
         self._driver: CgroupDriver | None = None
         self._cgroups: bool | None = None
         self._inspector: CgroupDriver | Literal[False] | None = None
+        self._cpuacct: str | Literal[False] | None = False  # False: not looked up yet
 
     # ------------------------------------------------------------------ cgroups
     @property
@@ -134,26 +148,39 @@ class Pinner:
                 raise
             return False
 
-    def cgroup_path_for(self, assignment_id: str) -> str:
+    def cgroup_path_for(self, assignment_id: str, *, best_effort: bool = False) -> str:
+        """A run's own group: `<parent>/<id>`, or `<parent>/besteffort/<id>` for a BE run."""
         from corepin.core.ids import validate_component
 
-        return f"{self.settings.cgroup_parent}/{validate_component(assignment_id, 'run id')}"
+        below = self.be_group if best_effort else self.settings.cgroup_parent
+        return f"{below}/{validate_component(assignment_id, 'run id')}"
+
+    @property
+    def be_group(self) -> str:
+        """The group of this state directory's best-effort runs (the QoS loop's BE group)."""
+        return f"{self.settings.cgroup_parent}/{BE_GROUP}"
+
+    def be_cpus(self, pool: CPUSet) -> CPUSet:
+        """The CPUs best-effort runs get with shared pool `pool` (`besteffort.be_cpus`)."""
+        from corepin.agent.host.besteffort import be_cpus
+
+        return be_cpus(self.inspector, self.be_group, pool)
 
     def partition_path_for(self, assignment_id: str) -> str:
         """The group of a partitioned run: `<parent, / as .>.<id>` below the hierarchy root."""
         from corepin.core.ids import validate_component
 
-        return f"{self._partition_prefix}{validate_component(assignment_id, 'run id')}"
+        return f"{self.partition_prefix}{validate_component(assignment_id, 'run id')}"
 
     @property
-    def _partition_prefix(self) -> str:
+    def partition_prefix(self) -> str:
         return self.settings.cgroup_parent.strip("/").replace("/", ".") + "."
 
     def is_partition_path(self, path: str | None) -> bool:
         return (
             path is not None
             and "/" not in path.strip("/")
-            and path.strip("/").startswith(self._partition_prefix)
+            and path.strip("/").startswith(self.partition_prefix)
         )
 
     def trusted_cgroup(self, a: Assignment) -> str | None:
@@ -173,7 +200,11 @@ class Pinner:
         rel = "/".join(parts)
         if a.process is not None:
             try:
-                own = (self.cgroup_path_for(a.id), self.partition_path_for(a.id))
+                own = (
+                    self.cgroup_path_for(a.id),
+                    self.cgroup_path_for(a.id, best_effort=True),
+                    self.partition_path_for(a.id),
+                )
             except IdError:
                 return None
             return rel if rel in own else None
@@ -243,6 +274,10 @@ class Pinner:
         if driver is None:
             raise CgroupError(self.settings.cgroup_root, "cgroups are not enabled")
         self.writes += len(driver.create(path))
+        if path.startswith(self.be_group + "/"):
+            from corepin.agent.host.besteffort import offer_cpu_controller
+
+            offer_cpu_controller(driver, (self.settings.cgroup_parent, self.be_group))
         report = Reconciler(driver, proc_root=self.settings.proc_root).reconcile(
             [CgroupTarget(path, cpus=cpus, mems=mems)]
         )
@@ -251,6 +286,32 @@ class Pinner:
             raise report.errors[0]
         join = "tasks" if driver.version == 1 and not driver.fake_tree else "cgroup.procs"
         return os.path.join(driver.dir(path), join)
+
+    @property
+    def cpuacct_root(self) -> str | None:
+        """cgroup v1: the cpuacct hierarchy when it is a mount of its own; else None."""
+        if self._cpuacct is False:
+            from corepin.agent.host.besteffort import find_cpuacct_root
+
+            driver = self.driver
+            self._cpuacct = find_cpuacct_root(driver, self.settings.cgroup_root) if driver else None
+        return self._cpuacct
+
+    def accounting_joins(self, path: str) -> tuple[str, ...]:
+        """The files a new run's process also writes itself into (`besteffort.accounting_joins`:
+        the cpu and cpuacct hierarchies of cgroup v1)."""
+        from corepin.agent.host.besteffort import accounting_joins
+
+        driver = self.driver
+        return accounting_joins(driver, path, self.cpuacct_root) if driver else ()
+
+    def remove_group(self, driver: CgroupDriver, group: str) -> None:
+        """Remove the (empty) group in every hierarchy corepin made it in."""
+        driver.remove(group)
+        acct = self.cpuacct_root
+        if acct is not None:
+            with contextlib.suppress(OSError):  # not made there, or already gone
+                os.rmdir(driver.dir(group, acct))
 
     def claim_partition(self, path: str, mode: str) -> PartitionState:
         """Make the run group `path` (prepared, no tasks yet) a cpuset partition of `mode`
@@ -316,12 +377,15 @@ class Pinner:
         return out
 
     def targets(
-        self, a: Assignment, pool: CPUSet
+        self, a: Assignment, pool: CPUSet, be_cpus: CPUSet | None = None
     ) -> tuple[CgroupTarget | None, ProcessTarget | None]:
-        """The enforcement targets of one assignment: its trusted cgroup and its processes."""
+        """The enforcement targets of one assignment: its trusted cgroup and its processes.
+        A best-effort assignment's pool is `be_cpus` (the BE set in force) when given."""
         from corepin.enforcement.reconcile import CgroupTarget, ProcessTarget
         from corepin.enforcement.wanted import cpus_and_mems
 
+        if be_cpus is not None and a.best_effort:
+            pool = be_cpus
         cpus, mems = cpus_and_mems(a, pool, self.topology)
         if not cpus:
             return None, None
@@ -347,10 +411,15 @@ class Pinner:
         """Re-apply one assignment (cgroup first, then every thread's affinity)."""
         return self.apply_all([a], pool)
 
-    def apply_all(self, assignments: list[Assignment], pool: CPUSet) -> list[Note]:
+    def apply_all(
+        self, assignments: list[Assignment], pool: CPUSet, be_cpus: CPUSet | None = None
+    ) -> list[Note]:
         """Re-apply `assignments` in one pass of the enforcement reconcile engine (which orders
         widening and shrinking across the hierarchy, verifies every process's start time and
-        writes only what differs). What changed."""
+        writes only what differs). Best-effort ones get `be_cpus` (default: the BE group's
+        cpuset within the pool, `be_cpus()`) instead of the whole pool. What changed."""
+        if be_cpus is None and any(a.best_effort for a in assignments):
+            be_cpus = self.be_cpus(pool)
         from corepin.core.text import printable
         from corepin.enforcement.note import Note
         from corepin.enforcement.reconcile import Reconciler
@@ -369,7 +438,7 @@ class Pinner:
                         "written",
                     )
                 )
-            cgroup, process = self.targets(a, pool)
+            cgroup, process = self.targets(a, pool, be_cpus)
             if cgroup is not None:
                 cgroups.append(cgroup)
             if process is not None:
@@ -414,37 +483,48 @@ class Pinner:
         return changes
 
     def remove_orphans(self, live_ids: set[str]) -> list[Note]:
-        """Remove the empty groups below this state directory's parent whose assignment is
-        gone, and the parent itself once nothing is left in it."""
-        from corepin.enforcement.note import Note
+        """Remove the empty groups of finished runs (`remove_orphans`)."""
+        return remove_orphans(self, live_ids)
 
-        driver = self.driver
-        if driver is None:
-            return []
-        out: list[Note] = []
-        parent = self.settings.cgroup_parent
-        groups = driver.child_groups(parent)
-        prefix = self._partition_prefix
-        partitions = [g for g in driver.child_groups("") if g.startswith(prefix)]
-        for group in [*groups, *partitions]:
-            name = group.rsplit("/", 1)[-1]
-            if group in partitions:
-                name = name[len(prefix) :]
-            if name in live_ids:
+
+def remove_orphans(pinner: Pinner, live_ids: set[str]) -> list[Note]:
+    """Remove the empty groups below `pinner`'s cgroup parent (and its BE group)
+    whose assignment is gone, and the BE group and the parent itself once nothing is left
+    in them."""
+    from corepin.enforcement.note import Note
+
+    driver = pinner.driver
+    if driver is None:
+        return []
+    out: list[Note] = []
+    parent = pinner.settings.cgroup_parent
+    be_group = pinner.be_group
+    groups = [g for g in driver.child_groups(parent) if g != be_group]
+    groups += driver.child_groups(be_group)
+    prefix = pinner.partition_prefix
+    partitions = [g for g in driver.child_groups("") if g.startswith(prefix)]
+    for group in [*groups, *partitions]:
+        name = group.rsplit("/", 1)[-1]
+        if group in partitions:
+            name = name[len(prefix) :]
+        if name in live_ids:
+            continue
+        try:
+            if driver.procs(group):
+                continue
+            pinner.remove_group(driver, group)
+            pinner.writes += 1
+        except CgroupError:
+            continue
+        out.append(Note("removed", name, f"empty cgroup {group} of a finished run"))
+    if not live_ids:
+        for group in (be_group, parent):
+            if not driver.exists(group) or driver.child_groups(group):
                 continue
             try:
-                if driver.procs(group):
-                    continue
-                driver.remove(group)
-                self.writes += 1
-            except CgroupError:
-                continue
-            out.append(Note("removed", name, f"empty cgroup {group} of a finished run"))
-        if not live_ids and driver.exists(parent) and not driver.child_groups(parent):
-            try:
-                if not driver.procs(parent):
-                    driver.remove(parent)
-                    self.writes += 1
+                if not driver.procs(group):
+                    pinner.remove_group(driver, group)
+                    pinner.writes += 1
             except CgroupError:
                 pass
-        return out
+    return out

@@ -1,5 +1,7 @@
-"""`corepin reconcile`: free what died, re-apply drifted pins, repair the shield - once, or pass
-after pass until SIGTERM or SIGINT (a systemd unit in packaging/ runs it so).
+"""`corepin reconcile`: free what died, re-apply drifted pins, repair the shield, run one node
+QoS period (`corepin.agent.host.qos`: best-effort suppression, CPU burst, resctrl) - once, or
+pass after pass until SIGTERM or SIGINT (a systemd unit in packaging/ runs it so). The QoS loop
+(`HostQos`) lives across passes, so CPU use is measured between them.
 
 A steady state writes nothing at all: no checkpoint, no cgroup file, no affinity.
 """
@@ -10,18 +12,42 @@ import signal
 import sys
 import time
 from collections.abc import Callable
+from typing import Final
 
 from corepin.agent.host.agent import HostAgent
+from corepin.agent.host.qos import HostQos
 from corepin.core.errors import StateError
 from corepin.enforcement.note import Note
 
+#: Seconds a single pass (`reconcile --once`) measures CPU use over before its QoS period, when
+#: best-effort work is there to be squeezed (the QoS loop's default period).
+QOS_SAMPLE: Final = 1.0
 
-def reconcile_once(host: HostAgent) -> list[Note]:
+
+def reconcile_once(
+    host: HostAgent, qos: HostQos | None = None, *, sample: float = 0.0
+) -> list[Note]:
     """Free what died, re-apply drifted pins, repair the shield (resize it, adopt new
-    tasks); steady state: no writes at all."""
+    tasks), run one period of the QoS loop `qos`; steady state: no writes at all.
+
+    With `sample` (a single pass), a QoS loop that has not measured yet first measures in a
+    transaction of its own and waits `sample` seconds (without the lock), so the pass's period
+    has CPU use to go by."""
+    loop = qos
+    changes_first: list[Note] = []
+    if loop is not None and sample > 0:
+        with host.transaction() as txn:
+            alive, _ = host.liveness.reap(txn.state)  # (not committed: the pass reaps)
+            if loop.wants_sample(alive):
+                changes_first = loop.keep_policy() + loop.period(alive)
+        if loop.periods:
+            time.sleep(sample)
     with host.transaction() as txn:
+        if loop is not None:
+            changes_first += loop.keep_policy()
         before = txn.state
         state, changes = host.liveness.reap(before)
+        changes[:0] = changes_first
         reserved = host.with_reserved(state)
         if reserved.reserved != state.reserved:
             changes.append(
@@ -44,12 +70,21 @@ def reconcile_once(host: HostAgent) -> list[Note]:
             )
             if synced.shield != state.shield:
                 state = txn.commit(synced)
+        if loop is not None:
+            changes.extend(loop.period(state))
+            host.be_cpus = loop.be_cpus  # the next pass pins BE runs to it
         changes.extend(host.remove_cgroups(state))
     return changes
 
 
-def reconcile_forever(host: HostAgent, interval: float, show: Callable[[list[Note]], None]) -> None:
-    """`reconcile_once` every `interval` seconds, each pass's changes given to `show`, until
+def reconcile_forever(
+    host: HostAgent,
+    interval: float,
+    show: Callable[[list[Note]], None],
+    qos: HostQos | None = None,
+) -> None:
+    """`reconcile_once` every `interval` seconds (one QoS loop `qos` kept across the passes),
+    each pass's changes given to `show`, until
     SIGTERM or SIGINT. A state lock someone else holds is a warning on stderr (busy is not
     broken: an operator may hold the lock for a while), not the end."""
     stop = False
@@ -62,7 +97,7 @@ def reconcile_forever(host: HostAgent, interval: float, show: Callable[[list[Not
     signal.signal(signal.SIGINT, on_signal)
     while not stop:
         try:
-            show(reconcile_once(host))
+            show(reconcile_once(host, qos))
         except StateError as exc:
             if exc.reason != "lock_timeout":
                 raise

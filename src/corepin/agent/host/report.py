@@ -3,13 +3,17 @@ what /proc says of each allocation's processes now (`live`).
 
 `corepin report --agent SOCKET` shows a running agent's state with the live figures of this
 host too (the agent's socket is on this host: its processes are in this /proc).
+
+Node QoS: every allocation's `qos_class`; with resctrl a `qos_classes` list,
+one entry per class with a resctrl group (`ResctrlClasses.describe()`: L3 ways per cache id,
+memory bandwidth, occupancy); without resctrl nothing more.
 """
 
 from __future__ import annotations
 
 import os
 import time
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from typing import TYPE_CHECKING, Any
 
 from corepin.agent.host.agent import HostAgent
@@ -28,16 +32,23 @@ def report(
     *,
     sample: float = 0.0,
     statuses: Mapping[str, str | None] | None = None,
+    resctrl: Callable[[], list[dict[str, Any]]] | None = None,
 ) -> dict[str, Any]:
     """What `corepin report -o json` prints (`corepin.state.report.report_data`), with each
-    allocation's live processes (see `live`). `statuses`: what the state's source says of its
-    allocations (default: this host's liveness)."""
+    allocation's QoS class and live processes (see `live`), and the resctrl classes
+    `resctrl()` gives (`corepin.agent.host.qos.describe_resctrl`) when there are any.
+    `statuses`: what the state's source says of its allocations (default: this host's
+    liveness)."""
     if statuses is None:
         statuses = host.liveness.statuses(state)
     data = report_data(state, statuses)
     rows = live(host, state, sample=sample)
     for row in data["allocations"]:
+        row["qos_class"] = state.assignments[row["id"]].qos_class
         row.update(rows.get(row["id"], {}))
+    classes = resctrl() if resctrl is not None else []
+    if classes:
+        data["qos_classes"] = classes
     return data
 
 

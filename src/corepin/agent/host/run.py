@@ -67,6 +67,9 @@ class RunSpec:
     #: the memory policy CMD gets (`--membind`, `--interleave`, `--preferred`); None: bind to
     #: the NUMA nodes of its CPUs, as without a policy
     memory: MemoryPolicy | None = None
+    #: the QoS class given (`--qos-class`; None: derived, LSE for exclusive runs, LS for
+    #: shared ones); BE only for a shared run, which then runs in the BE group
+    qos: str | None = None
 
     def request(self) -> Request:
         from corepin.allocation.api import build_request
@@ -126,6 +129,12 @@ class Runner:
         signal.signal(signal.SIGCHLD, signal.SIG_DFL)
         request = spec.request()  # bad options are refused before the state is touched
         kind = spec.kind(request)
+        if spec.qos == "BE" and kind != "shared":
+            raise InputError(
+                f"--qos-class BE is for shared runs only (this run is {kind}): leave out "
+                "--exclusive/--cpus, or give another class",
+                reason="bad_usage",
+            )
         label = name or os.path.basename(argv[0]) or "cmd"
         if spec.memory is not None:
             self._check_nodes(spec.memory.nodes, spec.memory.mode)
@@ -218,8 +227,10 @@ class Runner:
                 withheld = decision.withheld if kind != "shared" else CPUSet()
                 held = state.pools.hold(kind, withheld)
                 pool = held.shared_pool
-                probe = Assignment(assignment_id, kind, cpus, withheld)
-                affinity = probe.affinity(pool)
+                probe = Assignment(assignment_id, kind, cpus, withheld, qos=spec.qos)
+                best_effort = probe.best_effort
+                # a BE run gets the BE set the QoS loop left (within the pool), never more
+                affinity = probe.affinity(host.pinner.be_cpus(pool) if best_effort else pool)
                 run_mems = decision.mems if kind == "exclusive" else host.topology.mems_of(affinity)
                 env_mems = decision.mems if kind != "shared" else run_mems
                 memory = spec.memory
@@ -227,6 +238,7 @@ class Runner:
                     run_mems = self._mems_for(memory)
                 cgroup: str | None = None
                 procs: str | None = None
+                also_join: tuple[str, ...] = ()
                 caller_group: str | None = None
                 if spec.partition is not None:
                     self._check_partition(spec, kind)
@@ -234,8 +246,9 @@ class Runner:
                     if spec.partition is not None:
                         cgroup = host.pinner.partition_path_for(assignment_id)
                     else:
-                        cgroup = host.pinner.cgroup_path_for(assignment_id)
+                        cgroup = host.pinner.cgroup_path_for(assignment_id, best_effort=best_effort)
                     procs = host.pinner.prepare(cgroup, affinity, run_mems)
+                    also_join = host.pinner.accounting_joins(cgroup)
                     if spec.partition is not None:
                         got = host.pinner.claim_partition(cgroup, spec.partition)
                         if not got.valid:
@@ -257,6 +270,8 @@ class Runner:
                     affinity,
                     _environment(kind, cpus, pool, run_mems if memory else env_mems),
                     cgroup_procs=procs,
+                    also_join=also_join,
+                    resctrl_tasks=self._resctrl_tasks(probe),
                     bind_mems=run_mems
                     if cgroup is None and run_mems and self._binds_memory()
                     else None,
@@ -288,8 +303,13 @@ class Runner:
                     created=time.time(),
                     policy=decision.policy,
                     workload=request.workload,
+                    qos=spec.qos,
                 )
                 state = state.add(assignment)
+                if host.qos_policy is not None:
+                    from corepin.agent.host.qos_policy import store_policy
+
+                    store_policy(host.settings.state_dir, host.qos_policy)
                 if caller_group is not None and state.shield is not None:
                     from corepin.state.shield import MovedTask, merge_moved
 
@@ -315,6 +335,24 @@ class Runner:
             if mask is not None:
                 signal.pthread_sigmask(signal.SIG_SETMASK, mask)
         return launch, assignment_id
+
+    def _resctrl_tasks(self, probe: Assignment) -> str | None:
+        """The `tasks` file of the run's class's resctrl group, when resctrl is mounted and
+        the class has a group (`--resctrl-root`; given and not there: a note, no error)."""
+        from corepin.agent.host.besteffort import DEFAULT_RESCTRL_ROOT, resctrl_tasks_file
+
+        root = self.host.resctrl_root
+        if not os.path.isdir(root or DEFAULT_RESCTRL_ROOT):
+            if root is not None:
+                print(
+                    printable(
+                        f"corepin run: note: no resctrl at {root}: the run gets no cache or "
+                        "memory bandwidth class"
+                    ),
+                    file=sys.stderr,
+                )
+            return None
+        return resctrl_tasks_file(root or DEFAULT_RESCTRL_ROOT, probe.qos_class)
 
     def _check_partition(self, spec: RunSpec, kind: str) -> None:
         """A partition needs an exclusive run and cpuset cgroups on cgroup v2."""

@@ -28,12 +28,14 @@ def render_report(
 
 def report_table(data: Mapping[str, Any]) -> str:
     live = any("live_cpus" in a for a in data["allocations"])
-    header: tuple[str, ...] = ("ID", "NAME", "PID", "KIND", "CPUS", "MEMS", "STATUS", "COMMAND")
+    header: tuple[str, ...] = ("ID", "NAME", "PID", "KIND", "QOS", "CPUS")
     if live:
-        header = ("ID", "NAME", "PID", "KIND", "CPUS", "LIVE", "CPU%", "MEMS", "STATUS", "COMMAND")
+        header += ("LIVE", "CPU%")
+    header += ("MEMS", "STATUS", "COMMAND")
     rows: list[tuple[str, ...]] = [header]
     for a in data["allocations"]:
-        cells = [a["id"], a["name"], str(a["pid"] or "-"), a["kind"], a["cpus"] or "-"]
+        cells = [a["id"], a["name"], str(a["pid"] or "-"), a["kind"], a.get("qos_class") or "-"]
+        cells.append(a["cpus"] or "-")
         if live:
             percent = a.get("cpu_percent")
             cells += [a.get("live_cpus") or "-", "-" if percent is None else f"{percent:.1f}"]
@@ -59,7 +61,51 @@ def report_table(data: Mapping[str, Any]) -> str:
         over = {a.get("cpu_percent_over") for a in data["allocations"]} - {None}
         if over:
             lines.append(f"CPU%: of one CPU, {', '.join(sorted(over))}")
+    lines.extend(qos_class_lines(data.get("qos_classes") or []))
     return "\n".join(lines) + "\n"
+
+
+def qos_class_lines(classes: list[Mapping[str, Any]]) -> list[str]:
+    """The resctrl classes of a report (`ClassView.to_json()`) as a table: class, group, L3
+    ways per cache id, memory bandwidth per domain, LLC occupancy per cache id."""
+    if not classes:
+        return []
+    rows: list[tuple[str, ...]] = [("CLASS", "GROUP", "L3 WAYS", "MB", "LLC OCCUPANCY")]
+    for c in classes:
+        l3 = {d: v.get("ways") for d, v in _items(c.get("l3")) if isinstance(v, Mapping)}
+        unit = "%" if c.get("mbUnit") == "percent" else ""
+        mb = {d: f"{v}{unit}" for d, v in _items(c.get("mb"))}
+        occupancy = {
+            d: _bytes(v.get("llcOccupancyBytes"))
+            for d, v in _items(c.get("monitoring"))
+            if isinstance(v, Mapping)
+        }
+        cells = (str(c.get("class")), str(c.get("group")), _joined(l3), _joined(mb))
+        rows.append(tuple(printable(cell) for cell in (*cells, _joined(occupancy))))
+    widths = [max(len(r[i]) for r in rows) for i in range(len(rows[0]))]
+    table = ["  ".join(c.ljust(w) for c, w in zip(r, widths, strict=True)).rstrip() for r in rows]
+    return ["", "QoS classes (resctrl):", *table]
+
+
+def _items(value: object) -> list[tuple[str, Any]]:
+    """A per-domain mapping's items, by domain id."""
+    if not isinstance(value, Mapping):
+        return []
+    return sorted(((str(k), v) for k, v in value.items()), key=lambda kv: (len(kv[0]), kv[0]))
+
+
+def _joined(per_domain: Mapping[str, object]) -> str:
+    """`{id: value}` as `id=value;...` ("-" for nothing)."""
+    return ";".join(f"{k}={v}" for k, v in per_domain.items()) or "-"
+
+
+def _bytes(value: object) -> str:
+    if isinstance(value, bool) or not isinstance(value, int):
+        return "-"
+    for unit, size in (("GiB", 1 << 30), ("MiB", 1 << 20), ("KiB", 1 << 10)):
+        if value >= size:
+            return f"{value / size:.1f}{unit}"
+    return f"{value}B"
 
 
 def report_svg(topology: Topology, state: HostState, data: Mapping[str, Any]) -> str:
