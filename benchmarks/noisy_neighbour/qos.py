@@ -29,11 +29,15 @@ Usage: .venv/bin/python benchmarks/noisy_neighbour/qos.py [--rounds 3] [--iterat
 from __future__ import annotations
 
 import argparse
+import contextlib
 import json
 import os
+import shutil
 import statistics
 import subprocess
 import sys
+import tempfile
+import threading
 import time
 from pathlib import Path
 from typing import Any
@@ -53,6 +57,8 @@ from _qos_real import (  # noqa: E402
     stop,
     why_not_real,
 )
+from corepin.agent.host.settings import CGROUP_PARENT  # noqa: E402
+from corepin.agent.settings import state_dir_key  # noqa: E402
 from corepin.allocation.qos import BeSuppress, QosPolicy  # noqa: E402
 from corepin.core.cpuset import CPUSet  # noqa: E402
 from corepin.enforcement.cgroups import CgroupV1  # noqa: E402
@@ -134,6 +140,130 @@ def scenario(
     return result
 
 
+# ---------------------------------------------------------------- the command path
+def corepin(*argv: str) -> list[str]:
+    return [PY, "-m", "corepin", *argv]
+
+
+def group_of(pid: int, controller: str) -> str | None:
+    """The process's group in a v1 hierarchy (relative), None when it is gone."""
+    try:
+        text = Path(f"/proc/{pid}/cgroup").read_text()
+    except OSError:
+        return None
+    for line in text.splitlines():
+        _, names, path = line.split(":", 2)
+        if controller in names.split(","):
+            return path.lstrip("/")
+    return None
+
+
+def scenario_command(
+    state: Path, tag: str, policy_name: str | None, args: argparse.Namespace
+) -> dict[str, Any]:
+    """The same scenario as `corepin` users run it: `run --qos-class BE` for the hogs,
+    `reconcile --interval` for the loop, `run --shared` (LS) for the probe."""
+    probe = corepin("run", "--state-dir", str(state), "--shared", "--", PY, str(PROBE))
+    probe += ["--iterations", str(args.iterations)]
+    if policy_name is None:
+        result, _wall = _run(probe)
+        result["be_cpus_used"] = None
+        return result
+    policy = state.parent / f"qos-{tag}.json"
+    policy.write_text(
+        json.dumps(
+            {
+                "beSuppress": {
+                    "policy": policy_name,
+                    "sloPercent": args.slo,
+                    "minCPUs": args.min_cpus,
+                }
+            }
+        )
+    )
+    hogs = start(
+        [
+            *corepin("run", "--state-dir", str(state), "--qos-class", "BE", "--shared", "--"),
+            PY,
+            str(HOG),
+            str(args.hogs),
+        ],
+        ready_line=True,
+    )
+    loop = None
+    try:
+        # `corepin run` stays the parent of CMD (it holds the allocation): the hog is its child
+        hog = int(Path(f"/proc/{hogs.pid}/task/{hogs.pid}/children").read_text().split()[0])
+        be = group_of(hog, "cpuacct")
+        be_cpuset = group_of(hog, "cpuset")
+        if be is None or be_cpuset is None:
+            raise SystemExit("the BE run has no cgroup (is `corepin run` using cgroups?)")
+        loop = subprocess.Popen(
+            [
+                *corepin("reconcile", "--state-dir", str(state), "--interval", str(args.interval)),
+                "--qos-config",
+                str(policy),
+            ],
+            stdout=subprocess.PIPE,
+            stderr=subprocess.STDOUT,
+            text=True,
+            start_new_session=True,
+        )
+        time.sleep(args.settle)
+        seen: list[str] = []
+        sampling = threading.Event()
+
+        def sample() -> None:
+            while not sampling.wait(0.05):
+                with contextlib.suppress(OSError):
+                    seen.append((CPUSET / be_cpuset / "cpuset.cpus").read_text().strip())
+
+        sampler = threading.Thread(target=sample, daemon=True)
+        sampler.start()
+        used_before, started = Scratch.usage_ns(be), time.monotonic()
+        try:
+            result, _wall = _run(probe)
+        finally:
+            sampling.set()
+            sampler.join()
+        used, ended = Scratch.usage_ns(be) - used_before, time.monotonic()
+    finally:
+        if loop is not None:
+            stop(loop)
+        stop(hogs)
+    out = loop.stdout.read() if loop is not None and loop.stdout is not None else ""
+    result["be_cpus_used"] = used / 1e9 / (ended - started)
+    counts = {c: seen.count(c) for c in sorted(set(seen))}
+    result["be_cpuset"] = [
+        f"{c} ({100 * n / len(seen):.0f} % of samples)" for c, n in counts.items()
+    ]
+    result["be_quota_us"] = []
+    result["loop_lines"] = len(out.splitlines())
+    result["problems"] = [line for line in out.splitlines() if "error" in line.lower()][:5]
+    return result
+
+
+def remove_state_groups(state: Path) -> None:
+    """corepin's group of this state directory (`corepin/<key>`) where it is left empty."""
+    rel = f"{CGROUP_PARENT}/{state_dir_key(str(state))}"
+    for mount in (CPUSET, CPU, CPUACCT):
+        top = mount / rel
+        if top.is_dir():
+            for d in sorted((d for d, _s, _f in os.walk(top)), key=lambda x: -x.count(os.sep)):
+                with contextlib.suppress(OSError):
+                    os.rmdir(d)
+
+
+def _run(cmd: list[str]) -> tuple[dict[str, Any], float]:
+    started = time.monotonic()
+    done = subprocess.run(cmd, capture_output=True, text=True, timeout=900)
+    wall = time.monotonic() - started
+    if done.returncode != 0:
+        raise SystemExit(f"probe failed ({done.returncode}): {done.stderr.strip()}")
+    result: dict[str, Any] = json.loads(done.stdout.strip().splitlines()[-1])
+    return result, wall
+
+
 def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--rounds", type=int, default=3)
@@ -143,6 +273,14 @@ def main() -> int:
     parser.add_argument("--slo", type=int, default=65, help="beSuppress.sloPercent")
     parser.add_argument("--min-cpus", type=int, default=1, help="beSuppress.minCPUs")
     parser.add_argument("--hogs", type=int, default=len(os.sched_getaffinity(0)))
+    parser.add_argument(
+        "--via",
+        choices=("engine", "command"),
+        default="engine",
+        help="engine: QosEngine.period in a thread of this script, on scratch groups; command: "
+        "`corepin run --qos-class BE`, `corepin reconcile --interval`, `corepin run --shared` "
+        "with a state directory of the benchmark's own",
+    )
     parser.add_argument("--quick", action="store_true", help="smoke run: 1 round, short probe")
     parser.add_argument("--json", action="store_true", help="also print the raw results")
     args = parser.parse_args()
@@ -153,8 +291,20 @@ def main() -> int:
         print(f"noisy neighbour, QoS: skipped: {problem}")
         return 0
     interrupts_as_keyboard()
-    scratch = Scratch()
     results: dict[str, list[dict[str, Any]]] = {name: [] for name, _ in SCENARIOS}
+    if args.via == "command":
+        tmp = Path(tempfile.mkdtemp(prefix="corepin-bench-qos-"))
+        try:
+            for rnd in range(args.rounds):
+                for i, (name, policy_name) in enumerate(SCENARIOS):
+                    got = scenario_command(tmp / "state", f"{rnd}-{i}", policy_name, args)
+                    results[name].append(got)
+        finally:
+            remove_state_groups(tmp / "state")
+            shutil.rmtree(tmp, ignore_errors=True)
+        report(results, args)
+        return 0
+    scratch = Scratch()
     try:
         for rnd in range(args.rounds):
             for i, (name, policy_name) in enumerate(SCENARIOS):
@@ -170,7 +320,9 @@ def report(results: dict[str, list[dict[str, Any]]], args: argparse.Namespace) -
     load = os.getloadavg()
     print(
         f"noisy neighbour, QoS: {cpus} CPUs, {args.hogs} BE hogs, probe {args.iterations} steps "
-        f"(LS, shared pool), engine period {args.interval} s in the benchmark, sloPercent "
+        f"(LS, shared pool), QoS period {args.interval} s "
+        + ("in the benchmark" if args.via == "engine" else "(`corepin reconcile --interval`)")
+        + f", sloPercent "
         f"{args.slo}, minCPUs {args.min_cpus}, {args.rounds} rounds (median), 1-min load "
         f"average at the end {load[0]:.2f}; checkout {REPO}"
     )
@@ -196,6 +348,8 @@ def report(results: dict[str, list[dict[str, Any]]], args: argparse.Namespace) -
                 [f"cpus {c}" for c in runs[-1]["be_cpuset"]]
                 + [f"quota {q} us" for q in runs[-1]["be_quota_us"]]
             )
+        if runs[-1].get("loop_lines") is not None:
+            force += f"; reconcile printed {runs[-1]['loop_lines']} lines"
         p99_ratio = m["p99_us"] / alone["p99_us"]
         print(
             f"| {name} | {m['p50_us']:.1f} | {m['p99_us']:.1f} | {m['p999_us']:.1f} | "
