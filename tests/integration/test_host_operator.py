@@ -24,7 +24,14 @@ from corepin.core.cpuset import CPUSet
 from corepin.testing.proc_tree import PF_KTHREAD, ProcTree
 from corepin.testing.sysfs_tree import write_sysfs_tree
 from corepin.topology.model import CPUInfo, Topology
-from support.helpers import allowed_cpus, corepin_argv, reap, run_corepin, wait_for
+from support.helpers import (
+    allowed_cpus,
+    corepin_argv,
+    reap,
+    remove_state_cgroups,
+    run_corepin,
+    wait_for,
+)
 
 ONLINE = CPUSet(os.sched_getaffinity(0))
 two_cpus = pytest.mark.skipif(len(ONLINE) < 2, reason="needs two CPUs")
@@ -36,10 +43,11 @@ SHOW_MAPS = (
 
 
 @pytest.fixture
-def state(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Path:
+def state(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Iterator[Path]:
     path = tmp_path / "state"
     monkeypatch.setenv("COREPIN_STATE_DIR", str(path))  # never the host's default
-    return path
+    yield path
+    remove_state_cgroups(path)
 
 
 def corepin(state: Path, command: str, *args: str, **kw: Any) -> subprocess.CompletedProcess[str]:

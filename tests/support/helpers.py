@@ -110,3 +110,25 @@ def kubelet_vector_file(v: dict[str, Any]) -> str:
         doc["entries"] = v["entries"]
     doc["checksum"] = v["checksum"]
     return json.dumps(doc)
+
+
+#: the v1 hierarchies host mode makes a state directory's groups in
+HOST_HIERARCHIES = ("cpuset", "cpu", "cpuacct")
+
+
+def remove_state_cgroups(state_dir: Path | str, cgroup_root: Path = Path("/sys/fs/cgroup")) -> None:
+    """Remove what host mode left of state directory `state_dir` below the cgroup root: its
+    group `corepin/<state dir key>` in every hierarchy, deepest first (empty groups only: a
+    group that still holds a process is the test's bug, and stays for it to see)."""
+    from corepin.agent.settings import state_dir_key
+
+    key = state_dir_key(str(state_dir))
+    for hierarchy in HOST_HIERARCHIES:
+        top = cgroup_root / hierarchy / "corepin" / key
+        if not top.is_dir():
+            continue
+        for folder in sorted((p for p in top.rglob("*") if p.is_dir()), reverse=True):
+            with contextlib.suppress(OSError):
+                folder.rmdir()
+        with contextlib.suppress(OSError):
+            top.rmdir()

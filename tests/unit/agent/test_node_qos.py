@@ -263,7 +263,7 @@ def test_a_bad_file_refuses_the_start_and_a_bad_change_of_it_is_rejected(
     with pytest.raises(InputError, match=r"beSuppress\.minCPUs") as caught:
         source(str(path), Events(), [])
     assert caught.value.exit_code == 2
-    with pytest.raises(InputError, match="absent.yaml: no such file"):
+    with pytest.raises(InputError, match=r"absent\.yaml: no such file"):
         source(str(tmp_path / "absent.yaml"), Events(), [])
     path.write_text("cpuBurst: {policy: auto}\n")
     events, changes = Events(), list[QosPolicy]()
