@@ -123,7 +123,8 @@ class FakeNode:
 
 def build(base: Path, version: int, containers: int, *, tasks: bool = False) -> FakeNode:
     """The node; with `tasks`, one process of 2 threads in each container (its pid in the
-    group's cgroup.procs, its threads in the fake /proc) for the resctrl classes."""
+    group's cgroup.procs, its threads in `tasks` (v1) or `cgroup.threads` (v2) and in the fake
+    /proc) for the resctrl classes."""
     if version == 1:
         drv: CgroupDriver = make_fake_v1(base / "v1", cpus=ONLINE, mems=CPUSet.of(0))
         cpu_dir = base / "v1" / "cpu,cpuacct"
@@ -165,6 +166,9 @@ def build(base: Path, version: int, containers: int, *, tasks: bool = False) -> 
         if tasks:
             pid = 100_000 + 2 * i
             Path(drv.dir(path), "cgroup.procs").write_text(f"{pid}\n")
+            # and its threads, in the file the kernel lists them in
+            threads = "tasks" if version == 1 else "cgroup.threads"
+            Path(drv.dir(path), threads).write_text(f"{pid}\n{pid + 1}\n")
             for tid in (pid, pid + 1):
                 (proc / str(pid) / "task" / str(tid)).mkdir(parents=True)
         leaf = str(drv.dir(path, str(cpu_dir)))

@@ -113,6 +113,17 @@ class CpuControl:
                 self.cpuacct_root = self.cpu_root  # co-mounted cpu,cpuacct
         else:
             self.cpu_root = driver.root
+        #: `cpu.stat` of each group read in the period under way (v2 keeps usage and
+        #: throttling in the one file: a period reads it once per group); None: no period is
+        #: under way, every read goes to the file
+        self._stats: dict[str, dict[str, int] | None] | None = None
+
+    def begin_period(self) -> None:
+        """From now until `end_period`, read each group's `cpu.stat` once."""
+        self._stats = {}
+
+    def end_period(self) -> None:
+        self._stats = None
 
     # ------------------------------------------------------------------ reading
     def _read(self, path: str, name: str, root: str | None) -> str | None:
@@ -127,8 +138,13 @@ class CpuControl:
             raise
 
     def _stat(self, path: str) -> dict[str, int] | None:
+        if self._stats is not None and path in self._stats:
+            return self._stats[path]
         text = self._read(path, "cpu.stat", self.cpu_root)
-        return None if text is None else _stat_fields(text)
+        stat = None if text is None else _stat_fields(text)
+        if self._stats is not None:
+            self._stats[path] = stat
+        return stat
 
     def usage_ns(self, path: str) -> int | None:
         """CPU time the group's tasks used (ns, all CPUs, since the group exists); None when

@@ -124,6 +124,14 @@ class QosEngine:
 
     # ------------------------------------------------------------------ the period
     def period(self, members: Sequence[QosMember], node: QosNode, policy: QosPolicy) -> QosReport:
+        """One period (see the module docstring)."""
+        self.cpu.begin_period()
+        try:
+            return self._period(members, node, policy)
+        finally:
+            self.cpu.end_period()
+
+    def _period(self, members: Sequence[QosMember], node: QosNode, policy: QosPolicy) -> QosReport:
         report = QosReport()
         usage = self._measure(members, node, report)
         budget: float | None = None
@@ -395,15 +403,25 @@ class QosEngine:
             return
         by_class: dict[str, list[int]] = {}
         for member in members:
-            pids: Iterable[int] = member.pids
-            if member.cgroup is not None:
-                try:
-                    pids = self._driver.procs(member.cgroup)
-                except CgroupError:
-                    pids = member.pids
-            by_class.setdefault(member.qos_class, []).extend(_threads(pids, self.proc_root))
+            by_class.setdefault(member.qos_class, []).extend(self._member_threads(member))
         for qos_class, tids in by_class.items():
             try:
                 report.changes.extend(self.resctrl.assign(qos_class, tids))
             except CorepinError as err:
                 report.problems.append(f"resctrl {qos_class}: threads not assigned: {err}")
+
+    def _member_threads(self, member: QosMember) -> list[int]:
+        """Every thread of `member`: its cgroup's thread list (one read: v1 `tasks`, v2
+        `cgroup.threads`), else the threads of its cgroup's or its own processes."""
+        pids: Iterable[int] = member.pids
+        if member.cgroup is not None and self._driver is not None:
+            name = "tasks" if self._driver.version == 1 else "cgroup.threads"
+            try:
+                return [int(tid) for tid in self._driver.read_file(member.cgroup, name).split()]
+            except (CgroupError, ValueError):
+                pass
+            try:
+                pids = self._driver.procs(member.cgroup)
+            except CgroupError:
+                pids = member.pids
+        return _threads(pids, self.proc_root)
