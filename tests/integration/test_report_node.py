@@ -74,6 +74,7 @@ def test_each_allocation_row_becomes_a_container_assignment_with_its_withheld_un
     assert isinstance(db.owner, ContainerOwner)
     assert db.owner.pod_uid == "6f1c0d2e-8a4b-4c1e-9a57-0b7d2f0c1a11"
     assert (web.kind, str(web.cpus)) == ("share", "2")
+    assert (db.qos_class, web.qos_class) == ("LSE", "LSR"), "published (db), else derived (web)"
     # the derived pools agree with what the agent published
     assert str(got.state.shared_pool) == got.pools["shared_pool"] == "0,2-4,6-7"
     assert str(got.state.free) == got.pools["free"] == "3,6-7"
@@ -129,6 +130,8 @@ def test_report_node_json_lists_the_published_allocations_and_pools(
     assert db["owner"]["type"] == "container" and db["owner"]["pod"] == "db-0"
     assert db["pid"] is None and db["status"] is None
     assert rows["shop/web-1/nginx"]["exclusive"] is False
+    # the QoS class: the one published (LSE), else derived from how it is pinned (LSR)
+    assert (db["qos_class"], rows["shop/web-1/nginx"]["qos_class"]) == ("LSE", "LSR")
     as_yaml = yaml.safe_load(report(fake_kubeconfig, "--node", "worker-1", "-o", "yaml").stdout)
     assert as_yaml == data
 
@@ -139,7 +142,7 @@ def test_report_node_table_and_svg_show_the_containers(
     table = report(fake_kubeconfig, "--node", "worker-1")
     assert table.returncode == 0, table.stderr
     lines = table.stdout.splitlines()
-    assert lines[0].split() == ["ID", "NAME", "PID", "KIND", "CPUS", "MEMS", "STATUS", "COMMAND"]
+    assert lines[0].split() == ["ID", "NAME", "PID", "KIND", "QOS", "CPUS", "MEMS", "STATUS", "COMMAND"]
     db = next(line for line in lines if line.startswith("shop/db-0/postgres"))
     assert db.split() == [
         "shop/db-0/postgres",

@@ -65,6 +65,7 @@ def node_state(ncpt: NodeCPUTopology) -> NodeReport:
                     ),
                     policy=spec.policy,
                     workload=row.workload,
+                    qos=row.qos_class,
                 )
         state = HostState(
             topology=fingerprint(topology),

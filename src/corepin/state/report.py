@@ -40,6 +40,7 @@ def report_data(
                 "cpus": str(a.affinity(pool)),
                 "exclusive": a.exclusive,
                 "kind": a.kind,
+                "qos_class": a.qos_class,
                 "exclusive_cpus": str(a.cpus) if a.holds else "",
                 "withheld": str(a.withheld),
                 "mems": str(a.mems),

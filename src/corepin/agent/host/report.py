@@ -4,7 +4,7 @@ what /proc says of each allocation's processes now (`live`).
 `corepin report --agent SOCKET` shows a running agent's state with the live figures of this
 host too (the agent's socket is on this host: its processes are in this /proc).
 
-Node QoS: every allocation's `qos_class`; with resctrl a `qos_classes` list,
+Node QoS: with resctrl a `qos_classes` list,
 one entry per class with a resctrl group (`ResctrlClasses.describe()`: L3 ways per cache id,
 memory bandwidth, occupancy); without resctrl nothing more.
 """
@@ -44,7 +44,6 @@ def report(
     data = report_data(state, statuses)
     rows = live(host, state, sample=sample)
     for row in data["allocations"]:
-        row["qos_class"] = state.assignments[row["id"]].qos_class
         row.update(rows.get(row["id"], {}))
     classes = resctrl() if resctrl is not None else []
     if classes:
