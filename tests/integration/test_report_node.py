@@ -142,13 +142,24 @@ def test_report_node_table_and_svg_show_the_containers(
     table = report(fake_kubeconfig, "--node", "worker-1")
     assert table.returncode == 0, table.stderr
     lines = table.stdout.splitlines()
-    assert lines[0].split() == ["ID", "NAME", "PID", "KIND", "QOS", "CPUS", "MEMS", "STATUS", "COMMAND"]
+    assert lines[0].split() == [
+        "ID",
+        "NAME",
+        "PID",
+        "KIND",
+        "QOS",
+        "CPUS",
+        "MEMS",
+        "STATUS",
+        "COMMAND",
+    ]
     db = next(line for line in lines if line.startswith("shop/db-0/postgres"))
     assert db.split() == [
         "shop/db-0/postgres",
         "shop/db-0/postgres",
         "-",
         "exclusive",
+        "LSE",
         "1,5",
         "0",
         "-",
