@@ -193,9 +193,15 @@ def test_a_partitioned_run_released_to_the_shared_pool_becomes_a_member_first(
     )
     child = 0
     try:
-        wait_for(lambda: list(v2_root.glob("corepin.*/cpuset.cpus.partition")), what="the group")
+
+        def claimed() -> bool:  # (the group's files appear before the partition is written)
+            return any(
+                p.read_text().strip() == "root"
+                for p in v2_root.glob("corepin.*/cpuset.cpus.partition")
+            )
+
+        wait_for(claimed, what="the run's group to become a partition")
         [group] = v2_root.glob("corepin.*")
-        assert (group / "cpuset.cpus.partition").read_text().strip() == "root"
         report = json.loads(run_corepin("report", "-o", "json", "--state-dir", state).stdout)
         [run] = report["allocations"]
         child = run["pid"]
