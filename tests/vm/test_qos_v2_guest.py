@@ -76,6 +76,7 @@ CASES = [
         "auto raises cpu.max step by step while nr_throttled grows",
     ),
     ("burst", "lowered when idle", "auto lowers cpu.max back to the base when the load stops"),
+    ("burst", "no problem", "no burst period reported a problem or a refused write"),
     ("host", "the runs started", "two BE runs, an LS run and an exclusive run start"),
     ("host", "cpuset", "reconcile with cpuset keeps every BE thread on a smaller BE set"),
     ("host", "exclusive untouched", "no BE thread may use the exclusive run's CPU"),
