@@ -1,4 +1,4 @@
-"""Host mode's BE group on a cgroup v2 tree standing in for cgroupfs: `Pinner.make_be_group`
+"""Host mode's BE group on a cgroup v2 tree standing in for cgroupfs: `make_be_group`
 enables `cpu` from the hierarchy root down (a v2 group offers `cpu` to its children only when
 its parent enabled it), and `HostQos`'s engine puts back what an earlier process narrowed
 (`QosEngine.adopt_be_group`)."""
@@ -9,6 +9,7 @@ import errno
 import os
 from pathlib import Path
 
+from corepin.agent.host.besteffort import make_be_group
 from corepin.agent.host.pinning import Pinner
 from corepin.agent.host.settings import HostSettings
 from corepin.allocation.qos import BeSuppress, QosPolicy
@@ -38,12 +39,10 @@ def test_the_be_group_gets_the_cpu_controller_from_the_hierarchy_root_down(
     driver = pinner.driver
     assert isinstance(driver, CgroupV2) and driver.controllers == ("cpuset",)
     assert "cpu" not in words(driver, "corepin")
-    pinner.make_be_group(driver)
+    assert make_be_group(driver, pinner.be_group) == 1
     for group in ("", "corepin", settings.cgroup_parent, pinner.be_group):
         assert "cpu" in words(driver, group), group
-    writes = pinner.writes
-    pinner.make_be_group(driver)  # a second time: nothing to do
-    assert pinner.writes == writes
+    assert make_be_group(driver, pinner.be_group) == 0  # a second time: nothing to make
 
 
 class KernelV2(CgroupV2):

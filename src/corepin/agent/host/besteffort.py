@@ -31,6 +31,7 @@ __all__ = [
     "accounting_joins",
     "be_cpus",
     "find_cpuacct_root",
+    "make_be_group",
     "offer_cpu_controller",
     "resctrl_tasks_file",
 ]
@@ -74,6 +75,16 @@ def offer_cpu_controller(driver: CgroupDriver, groups: Iterable[str]) -> None:
             driver.enable_controllers(group, ("cpu",))
         except CgroupError:
             return
+
+
+def make_be_group(driver: CgroupDriver, be_group: str) -> int:
+    """Create the BE group where it is missing, and (v2) enable `cpu` from the hierarchy
+    root down to it where offered (`offer_cpu_controller`), so the QoS loop can give it a
+    quota and cpu.idle. The number of groups made."""
+    made = 0 if driver.exists(be_group) else len(driver.create(be_group))
+    parts = be_group.split("/")
+    offer_cpu_controller(driver, ["/".join(parts[:n]) for n in range(len(parts) + 1)])
+    return made
 
 
 def find_cpuacct_root(driver: CgroupDriver, cgroup_root: str) -> str | None:

@@ -274,7 +274,9 @@ class Pinner:
         if driver is None:
             raise CgroupError(self.settings.cgroup_root, "cgroups are not enabled")
         if path.startswith(self.be_group + "/"):
-            self.make_be_group(driver)
+            from corepin.agent.host.besteffort import make_be_group
+
+            self.writes += make_be_group(driver, self.be_group)
         self.writes += len(driver.create(path))
         report = Reconciler(driver, proc_root=self.settings.proc_root).reconcile(
             [CgroupTarget(path, cpus=cpus, mems=mems)]
@@ -284,17 +286,6 @@ class Pinner:
             raise report.errors[0]
         join = "tasks" if driver.version == 1 and not driver.fake_tree else "cgroup.procs"
         return os.path.join(driver.dir(path), join)
-
-    def make_be_group(self, driver: CgroupDriver) -> None:
-        """Create the BE group where it is missing, and (v2) enable `cpu` from the hierarchy
-        root down to it where offered, so the QoS loop can give it a quota and cpu.idle."""
-        from corepin.agent.host.besteffort import offer_cpu_controller
-
-        if not driver.exists(self.be_group):
-            self.writes += len(driver.create(self.be_group))
-        parts = self.be_group.split("/")
-        # a group offers `cpu` to its children only when its parent enabled it
-        offer_cpu_controller(driver, ["/".join(parts[:n]) for n in range(len(parts) + 1)])
 
     @property
     def cpuacct_root(self) -> str | None:

@@ -25,7 +25,7 @@ import os
 from typing import TYPE_CHECKING, Any
 
 from corepin.agent.host.agent import HostAgent
-from corepin.agent.host.besteffort import DEFAULT_RESCTRL_ROOT
+from corepin.agent.host.besteffort import DEFAULT_RESCTRL_ROOT, make_be_group
 from corepin.agent.host.qos_policy import (
     POLICY_FILE,
     read_policy_file,
@@ -205,7 +205,7 @@ class HostQos:
             return [n for n in notes if self._once(n.detail, n)]
         pinner = self.host.pinner
         if pinner.driver is not None:
-            pinner.make_be_group(pinner.driver)
+            pinner.writes += make_be_group(pinner.driver, pinner.be_group)
         node = self.node(state)
         if self.periods == 0 and node.be_group is not None:
             # the BE group is this state directory's own: what a policy no longer in force
