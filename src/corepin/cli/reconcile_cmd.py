@@ -64,7 +64,9 @@ def run(args: argparse.Namespace) -> int:
     agent = HostAgent(settings, reserve=reserve_from(args))
     agent.qos_policy = policy
     agent.resctrl_root = resctrl_root
-    loop = HostQos(agent, policy=policy, config=args.qos_config or None, resctrl_root=resctrl_root)
+    loop = HostQos(
+        agent, policy=policy, config=args.qos_config or None, resctrl_root=resctrl_root
+    )
 
     def show(changes: list[Note]) -> None:
         if args.output == "json":
