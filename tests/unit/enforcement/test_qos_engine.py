@@ -256,8 +256,9 @@ def test_cfs_quota_gives_the_budget_as_a_quota_and_off_puts_everything_back(bed:
     assert report.be_quota_us == be_quota_us(report.be_budget or 0, 100_000)
     assert bed.quota(BE).quota_us == report.be_quota_us
     assert report.be_cpus is None and bed.engine.be_cpus is None
-    # the cpuset came back: the candidates (v2: the BE group's empty value, inheriting)
-    assert bed.cpus(BE) == (str(CANDIDATES) if bed.driver.version == 1 else before)
+    # the cpuset came back: what it was less the exclusive CPUs (v2: the BE group's empty
+    # value, inheriting)
+    assert bed.cpus(BE) == ("0-5" if bed.driver.version == 1 else before)
     bed.tick(ls=2.0)
     off = bed.period(QosPolicy(be_suppress=BeSuppress("off", 65, 2)))
     assert bed.quota(BE).quota_us is None and off.be_quota_us is None and off.be_budget is None
@@ -266,7 +267,9 @@ def test_cfs_quota_gives_the_budget_as_a_quota_and_off_puts_everything_back(bed:
     assert bed.period(QosPolicy(be_suppress=BeSuppress("off", 65, 2))).writes == 0
 
 
-def test_a_v2_group_with_tasks_that_inherited_gets_the_candidates_back(tmp_path: Path) -> None:
+def test_a_v2_group_with_tasks_that_inherited_gets_what_it_had_less_the_exclusive_cpus_back(
+    tmp_path: Path,
+) -> None:
     bed = Bed(tmp_path, 2)
     bed.driver.write_file(CTR1, "cgroup.procs", "4321")
     bed.period(cpuset_policy())
@@ -275,11 +278,41 @@ def test_a_v2_group_with_tasks_that_inherited_gets_the_candidates_back(tmp_path:
     bed.tick(ls=3.0)
     report = bed.period(QosPolicy(be_suppress=BeSuppress("off", 65, 2)))
     assert not report.problems
-    # the kernel keeps a populated cpuset from going empty: BE gets the candidates instead
-    assert bed.cpus(BE) == str(CANDIDATES) and bed.cpus(POD2) == str(CANDIDATES)
+    # the kernel keeps a populated cpuset from going empty: the BE group gets the CPUs it had
+    # (inheriting) less the exclusive ones; pod2 its own CPUs less the exclusive ones
+    assert bed.cpus(BE) == "0-5" and bed.cpus(POD2) == "0-5"
     assert bed.cpus(POD1) == bed.cpus(CTR1) == ""
     bed.tick()
     assert bed.period(QosPolicy(be_suppress=BeSuppress("off", 65, 2))).writes == 0
+
+
+def test_be_is_kept_to_cpus_its_parent_has(tmp_path: Path) -> None:
+    """A cpuset partition elsewhere took CPUs 3-4 from the BE group's parent (its effective
+    CPUs): BE never gets them, even when its own cpuset.cpus named them (a v2 group left with
+    none of its own would run on every CPU of its parent, the exclusive ones included)."""
+    bed = Bed(tmp_path, 2)
+    Path(bed.driver.dir("kubepods"), "cpuset.cpus.effective").write_text("0-2,5-7\n")
+    bed.driver.write_cpus(BE, C("3-4"))
+    first = bed.period(cpuset_policy())
+    assert first.be_cpus == C("1-2") and bed.cpus(BE) == "1-2" and bed.cpus(POD2) == "1-2"
+    bed.tick(ls=1.0)
+    assert (bed.period(cpuset_policy()).be_cpus or C("0-7")) <= C("1-2")
+
+
+def test_off_puts_back_what_each_group_had_less_the_exclusive_cpus(tmp_path: Path) -> None:
+    bed = Bed(tmp_path, 2)
+    bed.driver.write_cpus(POD2, C("1-2"))
+    bed.driver.create(f"{BE}/pod3")
+    bed.driver.write_cpus(f"{BE}/pod3", C("0,6"))
+    bed.period(cpuset_policy())
+    bed.tick(ls=3.0)
+    assert bed.period(cpuset_policy()).be_cpus == C("3-4")
+    assert bed.cpus(POD2) == bed.cpus(f"{BE}/pod3") == "3-4"
+    bed.tick(ls=3.0)
+    report = bed.period(QosPolicy(be_suppress=BeSuppress("off", 65, 2)))
+    assert not report.problems
+    assert bed.cpus(POD2) == "1-2" and bed.cpus(f"{BE}/pod3") == "0"
+    assert bed.cpus(BE) == "" and bed.cpus(POD1) == ""
 
 
 def test_off_leaves_groups_corepin_never_changed(bed: Bed) -> None:

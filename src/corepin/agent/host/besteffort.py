@@ -8,8 +8,9 @@ gets is the BE group's current cpuset within the shared pool (`be_cpus`).
 
 On cgroup v1 the cpu and cpuacct controllers are hierarchies of their own: a run's group is
 made there too and its process joins them before CMD runs (`accounting_joins`), so a quota on
-the BE group holds and the loop can read every run's CPU use. On cgroup v2 the BE group gets
-`cpu` in `cgroup.subtree_control` where offered (`offer_cpu_controller`).
+the BE group holds and the loop can read every run's CPU use. On cgroup v2 the BE group and
+every group above it get `cpu` in `cgroup.subtree_control` where offered
+(`offer_cpu_controller`).
 
 A run joins its class's resctrl group (`resctrl_tasks_file`) before CMD execs, so every thread
 it makes inherits the class.
@@ -30,6 +31,7 @@ __all__ = [
     "accounting_joins",
     "be_cpus",
     "find_cpuacct_root",
+    "make_be_group",
     "offer_cpu_controller",
     "resctrl_tasks_file",
 ]
@@ -61,9 +63,11 @@ def be_cpus(view: CgroupDriver | None, be_group: str, pool: CPUSet) -> CPUSet:
 
 
 def offer_cpu_controller(driver: CgroupDriver, groups: Iterable[str]) -> None:
-    """cgroup v2: `cpu` in the subtree_control of `groups` (top down) where the hierarchy
-    offers it, so the BE group can be given a quota; nothing on v1. A group that cannot
-    (processes of its own) is left as it is: cpusets still work there."""
+    """cgroup v2: `cpu` in the subtree_control of `groups` (top down, from the hierarchy root:
+    a group offers `cpu` to its children only when its parent enabled it) where the hierarchy
+    offers it, so the BE group can be given a quota and cpu.idle; nothing on v1. A group that
+    cannot (processes of its own) is left as it is, and the walk stops there: cpusets still
+    work."""
     if not isinstance(driver, CgroupV2):
         return
     for group in groups:
@@ -71,6 +75,16 @@ def offer_cpu_controller(driver: CgroupDriver, groups: Iterable[str]) -> None:
             driver.enable_controllers(group, ("cpu",))
         except CgroupError:
             return
+
+
+def make_be_group(driver: CgroupDriver, be_group: str) -> int:
+    """Create the BE group where it is missing, and (v2) enable `cpu` from the hierarchy
+    root down to it where offered (`offer_cpu_controller`), so the QoS loop can give it a
+    quota and cpu.idle. The number of groups made."""
+    made = 0 if driver.exists(be_group) else len(driver.create(be_group))
+    parts = be_group.split("/")
+    offer_cpu_controller(driver, ["/".join(parts[:n]) for n in range(len(parts) + 1)])
+    return made
 
 
 def find_cpuacct_root(driver: CgroupDriver, cgroup_root: str) -> str | None:

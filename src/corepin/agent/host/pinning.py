@@ -273,11 +273,11 @@ class Pinner:
         driver = self.driver
         if driver is None:
             raise CgroupError(self.settings.cgroup_root, "cgroups are not enabled")
-        self.writes += len(driver.create(path))
         if path.startswith(self.be_group + "/"):
-            from corepin.agent.host.besteffort import offer_cpu_controller
+            from corepin.agent.host.besteffort import make_be_group
 
-            offer_cpu_controller(driver, (self.settings.cgroup_parent, self.be_group))
+            self.writes += make_be_group(driver, self.be_group)
+        self.writes += len(driver.create(path))
         report = Reconciler(driver, proc_root=self.settings.proc_root).reconcile(
             [CgroupTarget(path, cpus=cpus, mems=mems)]
         )

@@ -11,7 +11,9 @@
   reserved, the CPUs of exclusive runs, of LSR runs, the shared pool, the BE group) and runs one
   `QosEngine.period`: best-effort suppression on the BE group, CPU burst, resctrl classes and
   their tasks. The engine lives as long as the `HostQos` (the reconcile loop keeps it), so CPU
-  use is measured between passes.
+  use is measured between passes. The BE group is the state directory's own (empty cpuset.cpus,
+  no quota, cpu.idle 0 when made), so a pass whose policy no longer narrows it puts those back
+  even after an earlier process did the narrowing (`QosEngine.adopt_be_group`).
 - resctrl (`--resctrl-root`, default /sys/fs/resctrl): not mounted is one note, no error. A
   new run joins its class's group itself before CMD execs
   (`corepin.agent.host.besteffort.resctrl_tasks_file`); the period catches new threads.
@@ -23,7 +25,7 @@ import os
 from typing import TYPE_CHECKING, Any
 
 from corepin.agent.host.agent import HostAgent
-from corepin.agent.host.besteffort import DEFAULT_RESCTRL_ROOT
+from corepin.agent.host.besteffort import DEFAULT_RESCTRL_ROOT, make_be_group
 from corepin.agent.host.qos_policy import POLICY_FILE, store_policy, stored_policy
 from corepin.agent.qos_file import PolicyFile
 from corepin.allocation.qos import QosPolicy
@@ -193,9 +195,14 @@ class HostQos:
         if engine is None:
             return [n for n in notes if self._once(n.detail, n)]
         pinner = self.host.pinner
-        if pinner.driver is not None and not pinner.driver.exists(pinner.be_group):
-            pinner.writes += len(pinner.driver.create(pinner.be_group))
-        report = engine.period(self.members(state), self.node(state), self.policy())
+        if pinner.driver is not None:
+            pinner.writes += make_be_group(pinner.driver, pinner.be_group)
+        node = self.node(state)
+        if self.periods == 0 and node.be_group is not None:
+            # the BE group is this state directory's own: what a policy no longer in force
+            # puts back is known even when an earlier pass (`--once`) narrowed it
+            engine.adopt_be_group(node.be_group, node.shared_pool)
+        report = engine.period(self.members(state), node, self.policy())
         self.periods += 1
         notes.extend(report.changes)
         notes.extend(Note("failed", "qos", problem) for problem in report.problems)

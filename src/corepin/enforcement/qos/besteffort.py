@@ -98,12 +98,12 @@ def write_tree(
     *,
     action: str,
     why: str,
-    fallback: CPUSet | None = None,
+    fallback: Mapping[str, CPUSet] | None = None,
 ) -> TreeWrite:
     """Write `wanted[path]` to every group of `current` (as `read_tree` gave it, parents first)
     that holds something else, in the order the hierarchy's version needs. An empty value
     (v2: inherit the parent's) that the kernel refuses because the group holds tasks is
-    replaced by `fallback` when one is given."""
+    replaced by `fallback[path]` when there is one."""
     out = TreeWrite()
     now = dict(current)
     order = [p for p in current if p in wanted]
@@ -118,5 +118,6 @@ def write_tree(
         return out
     for path in order:
         if now[path] != wanted[path]:
-            _write(driver, path, now[path], wanted[path], action, why, out, fallback)
+            spare = fallback.get(path) if fallback is not None else None
+            _write(driver, path, now[path], wanted[path], action, why, out, spare)
     return out

@@ -10,10 +10,14 @@ Each period:
    period only primes: it suppresses nothing beyond what the policy forces (the BE set keeps
    no exclusive, reserved or LSR CPU);
 2. best-effort suppression (`beSuppress`): the budget `be_budget`; policy `cpuset` writes
-   `next_be_cpus` of the candidates (the shared pool without exclusive, reserved and LSR CPUs)
+   `next_be_cpus` of the candidates (the shared pool without exclusive, reserved and LSR CPUs,
+   and without CPUs the BE group's parent does not have: a cpuset partition elsewhere may have
+   taken them, and a v2 group left with none of its own falls back to every CPU of its parent)
    to the BE group and every group below it (`besteffort`), policy `cfsQuota` writes
    `be_quota_us` as the BE group's quota (at the group's period); what a policy no longer in
-   force had changed is put back (the whole candidate set, the quota there was before);
+   force had changed is put back: each group's cpuset.cpus as it was less the exclusive CPUs
+   (v2: an empty, inheriting one empty again, or - when the kernel refuses because the group
+   holds tasks - the CPUs it then had), the quota there was before;
 3. `beCPUIdle`: the BE group's `cpu.idle` (where the kernel has it) 1, and back to 0 when off;
 4. CPU burst (`cpuBurst`) of LS members with a base quota (`decide_burst`, the shared pool's
    busy share being its use over its size); put back (base quota, no burst) when off;
@@ -107,8 +111,9 @@ class QosEngine:
         self._last_busy: int | None = None
         self._last_usage: dict[str, int] = {}
         self._be_cpus: CPUSet | None = None
-        #: the BE groups whose cpuset corepin changed, and which were empty (v2: inheriting)
-        self._cpuset_changed: dict[str, bool] = {}
+        #: the BE groups whose cpuset corepin changed: their cpuset.cpus and effective CPUs
+        #: before (v2: an empty cpuset.cpus inherits)
+        self._cpuset_changed: dict[str, tuple[CPUSet, CPUSet]] = {}
         self._be_group_seen: str | None = None
         self._saved_quota: CpuQuota | None = None
         self._be_quota: int | None = None
@@ -121,6 +126,24 @@ class QosEngine:
     def be_cpus(self) -> CPUSet | None:
         """The BE CPU set in force (policy cpuset), None when BE is not held to one."""
         return self._be_cpus
+
+    def adopt_be_group(self, group: str, fallback: CPUSet) -> None:
+        """Say that `group`, the BE group, is one corepin made and only this loop writes (host
+        mode): its cpuset.cpus was empty (v2; v1: `fallback`), its quota unlimited and its
+        cpu.idle 0, so a policy no longer in force puts those back even when an earlier engine
+        (an earlier `corepin reconcile --once`) changed them. `fallback`: the CPUs its cpuset
+        gets where the kernel refuses the empty value (tasks below it). Nothing is written
+        when the group holds those values already."""
+        if group != self._be_group_seen:
+            self._forget_be_group()
+            self._be_group_seen = group
+        driver = self.cpuset
+        if driver is not None:
+            original = CPUSet() if driver.version == 2 else fallback
+            self._cpuset_changed.setdefault(group, (original, fallback))
+        if self._saved_quota is None:
+            self._saved_quota = CpuQuota(None, None)
+        self._idle_set = True
 
     # ------------------------------------------------------------------ the period
     def period(self, members: Sequence[QosMember], node: QosNode, policy: QosPolicy) -> QosReport:
@@ -145,6 +168,11 @@ class QosEngine:
                 len(node.reserved),
             )
         candidates = node.shared_pool - node.exclusive - node.reserved - node.lsr
+        if node.be_group is not None and self.cpuset is not None:
+            # CPUs the BE group's parent lacks (a partition took them) cannot be BE's: a v2
+            # group given only such CPUs would run on every CPU of its parent instead
+            room = self._effective(self.cpuset, node.be_group.rpartition("/")[0])
+            candidates = candidates & room if room else candidates
         if node.be_group is not None and node.be_group != self._be_group_seen:
             self._forget_be_group()
             self._be_group_seen = node.be_group
@@ -262,7 +290,7 @@ class QosEngine:
             return
         if not active or group is None:
             if self._cpuset_changed and self._be_group_seen is not None:
-                self._restore_cpuset(driver, self._be_group_seen, candidates, report)
+                self._restore_cpuset(driver, self._be_group_seen, node, candidates, report)
             self._be_cpus = None
             return
         if not candidates:
@@ -284,8 +312,8 @@ class QosEngine:
         why = "BE budget" if budget is None else f"BE budget {budget:.2f} CPUs"
         action = "restricted" if not wanted >= current else "resized"
         for path, cpus in tree.items():
-            if cpus != wanted:
-                self._cpuset_changed.setdefault(path, not cpus)
+            if cpus != wanted and path not in self._cpuset_changed:
+                self._cpuset_changed[path] = (cpus, self._effective(driver, path))
         done = write_tree(driver, tree, dict.fromkeys(tree, wanted), action=action, why=why)
         report.changes.extend(done.notes)
         report.problems.extend(done.problems)
@@ -298,25 +326,38 @@ class QosEngine:
             return CPUSet()
 
     def _restore_cpuset(
-        self, driver: CgroupDriver, group: str, candidates: CPUSet, report: QosReport
+        self,
+        driver: CgroupDriver,
+        group: str,
+        node: QosNode,
+        candidates: CPUSet,
+        report: QosReport,
     ) -> None:
-        """Put the candidate set back in the groups corepin narrowed (v2 groups that were
-        empty, inheriting, get their empty value back where the kernel takes it: not while
-        they hold tasks, where they get the candidates)."""
+        """Put back in the groups corepin narrowed the cpuset.cpus they had, less the CPUs
+        now exclusive (the candidates when nothing is left). v2 groups that were empty,
+        inheriting, get their empty value back where the kernel takes it: not while they hold
+        tasks, where they get the CPUs they had then (less the exclusive ones)."""
         tree = read_tree(driver, group)
         if tree is not None and candidates:
-            wanted = {
-                path: CPUSet() if driver.version == 2 and self._cpuset_changed[path] else candidates
-                for path in tree
-                if path in self._cpuset_changed
-            }
+            allowed = node.online - node.exclusive
+            wanted: dict[str, CPUSet] = {}
+            fallback: dict[str, CPUSet] = {}
+            for path in tree:
+                if path not in self._cpuset_changed:
+                    continue
+                before, effective = self._cpuset_changed[path]
+                if driver.version == 2 and not before:
+                    wanted[path] = CPUSet()
+                    fallback[path] = (effective & allowed) or candidates
+                else:
+                    wanted[path] = (before & allowed) or candidates
             done = write_tree(
                 driver,
                 tree,
                 wanted,
                 action="restored",
                 why="BE suppression off",
-                fallback=candidates,
+                fallback=fallback,
             )
             report.changes.extend(done.notes)
             report.problems.extend(done.problems)
@@ -371,8 +412,9 @@ class QosEngine:
                 if want:
                     self._say_once(
                         f"idle:{group}",
-                        f"{group}: the kernel has no cpu.idle (Linux 5.15 or later): "
-                        "beCPUIdle is not applied",
+                        f"{group}: no cpu.idle (it needs Linux 5.15 or later and, on cgroup "
+                        "v2, the cpu controller enabled for the group): beCPUIdle is not "
+                        "applied",
                         report,
                     )
                 return
