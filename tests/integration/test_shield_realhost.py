@@ -20,7 +20,14 @@ from pathlib import Path
 import pytest
 
 from corepin.core.cpuset import CPUSet
-from support.helpers import corepin_argv, kill_and_remove_cgroup, reap, run_corepin, wait_for
+from support.helpers import (
+    corepin_argv,
+    kill_and_remove_cgroup,
+    reap,
+    remove_state_cgroups,
+    run_corepin,
+    wait_for,
+)
 
 CPUSET = Path("/sys/fs/cgroup/cpuset")
 
@@ -109,6 +116,7 @@ def scope(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Iterator[Scope]:
         yield s
     finally:
         s.close()
+        remove_state_cgroups(state)  # (a pinned task's group: its parent stays until reconcile)
 
 
 def threads_allowed(pid: int) -> dict[int, CPUSet]:
