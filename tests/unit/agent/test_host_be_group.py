@@ -14,8 +14,8 @@ from corepin.agent.host.pinning import Pinner
 from corepin.agent.host.settings import HostSettings
 from corepin.allocation.qos import BeSuppress, QosPolicy
 from corepin.core.cpuset import CPUSet
-from corepin.enforcement.cgroups import CgroupV2, CpuQuota
-from corepin.enforcement.faketree import make_fake_v2, seed_cpu_files
+from corepin.enforcement.cgroups import CgroupV1, CgroupV2, CpuQuota
+from corepin.enforcement.faketree import make_fake_v1, make_fake_v2, seed_cpu_files
 from corepin.enforcement.qos import CpuControl, QosEngine, QosMember, QosNode
 from corepin.testing.machines import SyntheticSpec, synthetic
 from corepin.testing.proc_tree import ProcTree
@@ -89,3 +89,24 @@ def test_an_adopted_be_group_narrowed_by_an_earlier_process_is_put_back(tmp_path
     assert driver.read_quota(be).quota_us is None
     assert cpu.read_idle(be) is False
     assert engine.period(members, node, off).writes == 0
+
+
+def test_the_be_group_gets_the_lowest_cpu_weight_once(tmp_path: Path) -> None:
+    """BE runs get CPU time when others leave it, as the kubelet's besteffort group: v1
+    cpu.shares 2, v2 cpu.weight 1; written once, then only read."""
+    v1 = make_fake_v1(tmp_path / "v1", cpus=C("0-3"), mems=C("0"))
+    v2 = make_fake_v2(tmp_path / "v2", cpus=C("0-3"), mems=C("0"))
+    for driver, name, value in ((v1, "cpu.shares", "2"), (v2, "cpu.weight", "1")):
+        group = "corepin/sd-x/besteffort"
+        make_be_group(driver, group)
+        seed_cpu_files(driver, group)
+        root = driver.cpu_root if isinstance(driver, CgroupV1) else driver.root
+        assert root is not None
+        Path(driver.dir(group, root), name).write_text(
+            "1024\n" if name == "cpu.shares" else "100\n"
+        )
+        make_be_group(driver, group)
+        assert driver.read_file(group, name, root) == value
+        before = driver.writes
+        make_be_group(driver, group)
+        assert driver.writes == before, "a second time: nothing written"

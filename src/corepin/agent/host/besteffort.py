@@ -18,6 +18,7 @@ it makes inherits the class.
 
 from __future__ import annotations
 
+import contextlib
 import os
 from collections.abc import Iterable
 from typing import Final
@@ -77,13 +78,25 @@ def offer_cpu_controller(driver: CgroupDriver, groups: Iterable[str]) -> None:
             return
 
 
+#: the BE group's CPU weight: the least the kernel takes (v1 `cpu.shares`, v2 `cpu.weight`), as
+#: the kubelet gives its besteffort group, so BE runs get a CPU's time when others leave it
+LOWEST_WEIGHT: Final = {1: ("cpu.shares", "2"), 2: ("cpu.weight", "1")}
+
+
 def make_be_group(driver: CgroupDriver, be_group: str) -> int:
-    """Create the BE group where it is missing, and (v2) enable `cpu` from the hierarchy
-    root down to it where offered (`offer_cpu_controller`), so the QoS loop can give it a
-    quota and cpu.idle. The number of groups made."""
+    """Create the BE group where it is missing, (v2) enable `cpu` from the hierarchy root down
+    to it where offered (`offer_cpu_controller`), so the QoS loop can give it a quota and
+    cpu.idle, and give it the lowest CPU weight (`LOWEST_WEIGHT`; read first, written only when
+    it differs). The number of groups made."""
     made = 0 if driver.exists(be_group) else len(driver.create(be_group))
     parts = be_group.split("/")
     offer_cpu_controller(driver, ["/".join(parts[:n]) for n in range(len(parts) + 1)])
+    name, value = LOWEST_WEIGHT[driver.version]
+    root = driver.cpu_root if isinstance(driver, CgroupV1) else driver.root
+    if root is not None and os.path.exists(os.path.join(driver.dir(be_group, root), name)):
+        with contextlib.suppress(CgroupError):
+            if driver.read_file(be_group, name, root) != value:
+                driver.write_file(be_group, name, value, root)
     return made
 
 
