@@ -21,6 +21,7 @@ from typing import Any
 from corepin.core.cpuset import MAX_CPUS, CPUSet
 from corepin.core.errors import TopologyError
 from corepin.core.record import field, record
+from corepin.topology.devices import Device
 
 _EMPTY = CPUSet()
 
@@ -134,6 +135,7 @@ class Topology:
         "_numa_nodes",
         "_online",
         "_present",
+        "devices",
         "name",
     )
 
@@ -143,6 +145,7 @@ class Topology:
         numa_nodes: Iterable[NUMANode] = (),
         *,
         name: str = "",
+        devices: Iterable[Device] = (),
     ) -> None:
         table = sorted(cpus, key=lambda c: c.cpu)
         index: dict[int, CPUInfo] = {}
@@ -155,6 +158,8 @@ class Topology:
         self._cpus: tuple[CPUInfo, ...] = tuple(table)
         self._index = index
         self.name = name
+        #: the PCI devices (`corepin.topology.devices`), by address
+        self.devices: tuple[Device, ...] = tuple(sorted(devices, key=lambda d: d.address))
         self._present = CPUSet(index)
         self._online = CPUSet(c.cpu for c in table if c.online)
         self._isolated = CPUSet(c.cpu for c in table if c.isolated)
@@ -433,6 +438,7 @@ class Topology:
         return {
             "cpus": [c.to_json() for c in self._cpus],
             "numa_nodes": [n.to_json() for n in self._numa_nodes],
+            "devices": [d.to_json() for d in self.devices],
         }
 
     @classmethod
@@ -450,13 +456,18 @@ class Topology:
             raise TopologyError('"numa_nodes" must be a list')
         for i, row in enumerate(raw_nodes):
             nodes.append(_node_from_json(i, row))
-        return cls(cpus, nodes)
+        raw_devices = data.get("devices") or []
+        if not isinstance(raw_devices, list):
+            raise TopologyError('"devices" must be a list')
+        devices = [Device.from_json(f"devices[{i}]", row) for i, row in enumerate(raw_devices)]
+        return cls(cpus, nodes, devices=devices)
 
     def __eq__(self, other: object) -> bool:
         return (
             isinstance(other, Topology)
             and self._cpus == other._cpus
             and self._numa_nodes == other._numa_nodes
+            and self.devices == other.devices
         )
 
     def __hash__(self) -> int:
