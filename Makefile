@@ -26,9 +26,10 @@ $(BIN)/python:
 # Bytecode is compiled once here: corepin is on the hot path of `corepin run`, and an environment
 # with PYTHONDONTWRITEBYTECODE would otherwise recompile every module on every start.
 # setup.py generates the gRPC modules from proto/ on every install (editable: under src/).
-PROTOS := $(wildcard proto/corepin/v1alpha1/*.proto proto/nri/*.proto)
+PROTOS := $(wildcard proto/corepin/v1alpha1/*.proto proto/nri/*.proto proto/podresources/*.proto)
 # (a missing generated package - after `git clean`, say - also means: install again)
-GENERATED := src/corepin/api/grpc/gen/__init__.py src/corepin/nri/gen/__init__.py
+GENERATED := src/corepin/api/grpc/gen/__init__.py src/corepin/nri/gen/__init__.py \
+  src/corepin/kube/gen/__init__.py
 $(GENERATED):
 
 $(VENV)/.installed: $(BIN)/python pyproject.toml setup.py $(PROTOS) $(GENERATED)
@@ -84,5 +85,6 @@ completion: venv
 
 clean:
 	rm -rf $(VENV) $(DEMO_DIR) .corepin-demo dist .pytest_cache .mypy_cache .ruff_cache .hypothesis \
-	  .import_linter_cache src/*.egg-info src/corepin/api/grpc/gen src/corepin/nri/gen
+	  .import_linter_cache src/*.egg-info src/corepin/api/grpc/gen src/corepin/nri/gen \
+	  src/corepin/kube/gen
 	find . -name __pycache__ -type d -prune -exec rm -rf {} +

@@ -6,7 +6,10 @@ Everything else about the package is in pyproject.toml. `build_py` runs grpcio-t
   `corepin/api/grpc/gen/v1alpha1/<name>_pb2.py`, `<name>_pb2.pyi` and `<name>_pb2_grpc.py`;
 - `proto/nri/*.proto`, the messages of the runtime's Node Resource Interface and of the ttrpc
   envelope it travels in, to `corepin/nri/gen/<name>_pb2.py` and `.pyi` (no gRPC stubs: NRI
-  is not gRPC, `corepin.nri` frames it itself).
+  is not gRPC, `corepin.nri` frames it itself);
+- `proto/podresources/*.proto`, the part of the kubelet's PodResources API (package `v1`) that
+  the node agent reads, to `corepin/kube/gen/podresources/api_pb2.py`, `.pyi` and
+  `api_pb2_grpc.py` (the stubs serve the tests' own PodResources server).
 Where they go:
 
 - `pip install .` (and `python -m build`): into the build directory, so the wheel has them;
@@ -34,6 +37,7 @@ from setuptools.command.build_py import build_py
 PROTO_SETS = (
     (os.path.join("proto", "corepin", "v1alpha1"), "corepin.api.grpc.gen", "v1alpha1", True),
     (os.path.join("proto", "nri"), "corepin.nri.gen", "", False),
+    (os.path.join("proto", "podresources"), "corepin.kube.gen", "podresources", True),
 )
 _OWN_IMPORT = re.compile(r'^\s*import\s+(public\s+|weak\s+)?"(corepin|nri|ttrpc)/', re.MULTILINE)
 
