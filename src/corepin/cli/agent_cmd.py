@@ -108,6 +108,16 @@ def add_arguments(parser: argparse.ArgumentParser, name: str) -> None:
         "/sys/fs/resctrl; none there: the classes are off)",
     )
     parser.add_argument(
+        "--pod-resources-socket",
+        metavar="PATH",
+        default="/var/lib/kubelet/pod-resources/kubelet.sock",
+        help="the kubelet's PodResources API: exclusive CPUs go near the NUMA nodes of each "
+        "container's devices (annotation corepin.io/device-alignment: preferred, required or "
+        "none) and the node's devices are published in its NodeCPUTopology (default: "
+        "/var/lib/kubelet/pod-resources/kubelet.sock; none there: the agent works without "
+        "devices and says so once; '' turns it off)",
+    )
+    parser.add_argument(
         "--qos-period",
         metavar="SECONDS",
         type=_qos_seconds,
@@ -172,6 +182,7 @@ def settings_from(args: argparse.Namespace, environ: dict[str, str]) -> NodeSett
         resctrl_root=args.resctrl_root,
         qos_period=args.qos_period,
         namespace=environ.get("POD_NAMESPACE", ""),
+        pod_resources_socket=args.pod_resources_socket,
     )
 
 

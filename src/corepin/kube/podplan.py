@@ -7,7 +7,8 @@ extender) decides fit by the same plan, so both read a pod the same way.
 `PodPlan`: per app container the effective policy (`none`, `share`, `exclusive`), CPU count,
 exclusiveness level, workload family, the reason when a request was ignored, and the container's
 live state from `status.containerStatuses` (runtime and id without the scheme, running or
-terminated).
+terminated), and how an exclusive container's CPUs follow the NUMA nodes of its devices
+(`corepin.io/device-alignment`; the devices themselves come from the kubelet, not the pod).
 
 Rules:
 - policy from `corepin.io/cpu-policy[.<container>]` and the Crane/actimanager aliases
@@ -59,6 +60,8 @@ class ContainerPlan:
     count: int = 0  # CPUs for share / exclusive
     level: str = "cpu"
     workload: str | None = None
+    #: how its CPUs follow its devices' NUMA nodes: preferred | required | none
+    device_alignment: str = "preferred"
     problem: str = ""  # why the request was ignored ("" when it was not)
     bad_id: str = ""  # why the reported container id cannot be used ("" when it can)
     cpus: CPUSet | None = None  # explicit CPUs from a PodCPUBinding
@@ -205,6 +208,7 @@ def plan_pod(pod: Mapping[str, Any], binding: Mapping[str, Any] | None = None) -
                 count=count,
                 level=binding_level if cpus is not None and binding_level else wanted.level,
                 workload=wanted.workload,
+                device_alignment=wanted.device_alignment,
                 problem=why if policy != asked or problem or refused else "",
                 bad_id=id_problem,
                 cpus=cpus,

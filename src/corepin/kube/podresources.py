@@ -176,7 +176,9 @@ class PodResourcesClient:
             merged.setdefault((g.resource, g.numa), []).extend(g.ids)
         return tuple(
             DeviceGroup(resource, tuple(sorted(ids)), numa)
-            for (resource, numa), ids in sorted(merged.items(), key=lambda kv: (kv[0][0], kv[0][1].bits))
+            for (resource, numa), ids in sorted(
+                merged.items(), key=lambda kv: (kv[0][0], kv[0][1].bits)
+            )
         )
 
     def close(self) -> None:

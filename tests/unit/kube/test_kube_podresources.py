@@ -97,7 +97,7 @@ def test_a_server_that_is_gone_is_a_clear_error(tmp_path: Path) -> None:
         assert client.list() == {}
         server.stop()
         Path(server.socket).touch()  # a path that is there but answers nothing
-        with pytest.raises(PodResourcesUnavailable, match="answered /v1.PodResourcesLister/List"):
+        with pytest.raises(PodResourcesUnavailable, match=r"answered /v1\.PodResourcesLister/List"):
             client.list()
     finally:
         client.close()

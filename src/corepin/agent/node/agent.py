@@ -46,6 +46,7 @@ from collections.abc import Callable, Iterable, Mapping
 from typing import Any, Final, NoReturn
 
 from corepin.agent.node.decide import Decider, PodWork
+from corepin.agent.node.devices import DeviceSource
 from corepin.agent.node.enforce import ContainerCgroups, cpu_limits
 from corepin.agent.node.files import AssignmentFiles
 from corepin.agent.node.hooks import Hooks
@@ -112,8 +113,9 @@ class NodeAgent:
         self.restore = Restore(settings, client, topology, clock)
         self.promises = Promises(self.watches, topology)
         self.teller = Teller(self.events, lambda: self.hooks.pinning(False, "not_enough_cpus"))
+        self.devices = DeviceSource(settings.pod_resources_socket)
         self.decider = Decider(
-            self.watches, topology, policy, cgroups, self.promises, self.teller, clock
+            self.watches, topology, policy, cgroups, self.promises, self.teller, clock, self.devices
         )
         self.reservation = NodeReservation(
             settings.reserved_cpus, settings.options, self.watches.node, topology, self.events
@@ -136,7 +138,13 @@ class NodeAgent:
             PodRecords(self.watches, clock, self.classes.of),
             AssignmentFiles(settings.assignment_dir, topology, self.watches),
             TopologyPublisher(
-                settings, self.watches, topology, self.promises, clock, self.classes.of
+                settings,
+                self.watches,
+                topology,
+                self.promises,
+                clock,
+                self.classes.of,
+                self.devices,
             ),
         )
         self._queue: queue.Queue[Key | None] = queue.Queue()
@@ -217,6 +225,7 @@ class NodeAgent:
         for thread in self._threads:
             thread.join(timeout / 2)
         self.events.stop(timeout / 2)
+        self.devices.close()
         self.node_lock.release()
 
     def acquire_node_lock(self, stop: threading.Event | None = None, poll: float = 0.2) -> bool:

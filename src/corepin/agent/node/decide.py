@@ -2,6 +2,10 @@
 state transaction: a pod's plan applied to the state (`corepin.agent.node.sync`), the pods that
 are gone released, the pods that waited for CPUs tried again.
 
+Before a pod's CPUs are decided, the NUMA nodes of the devices the kubelet gave its containers
+are read (`corepin.agent.node.devices`, the kubelet's PodResources API) for the containers that
+may get CPUs of their own: the decision prefers, or requires, CPUs there.
+
 A pod's plan (`corepin.kube.podplan.plan_pod`, with absurd CPU quantities refused) is reused
 while neither the pod nor its binding changed, and a pod whose plan and assignments are what
 they were last time is not synced again, so a resync with nothing to change decides nothing.
@@ -15,6 +19,7 @@ import time
 from collections.abc import Callable, Mapping
 from typing import Any
 
+from corepin.agent.node.devices import DeviceSource
 from corepin.agent.node.enforce import ContainerCgroups
 from corepin.agent.node.promises import Promises
 from corepin.agent.node.qosclass import ClassRequest, class_events, class_request
@@ -23,6 +28,7 @@ from corepin.agent.node.sync import PodEvent, SyncContext, forget_pod, pod_assig
 from corepin.agent.node.tell import Teller
 from corepin.agent.node.watches import Watches, pod_uid
 from corepin.allocation.types import Policy
+from corepin.core.cpuset import CPUSet
 from corepin.core.errors import CorepinError
 from corepin.core.ids import QOS_CLASSES
 from corepin.core.record import record
@@ -59,8 +65,10 @@ class Decider:
         promises: Promises,
         teller: Teller,
         clock: Callable[[], float],
+        devices: DeviceSource | None = None,
     ) -> None:
         self.watches = watches
+        self.devices = devices
         self.machine = topology
         self.policy = policy
         self.cgroups = cgroups
@@ -118,7 +126,9 @@ class Decider:
         for uid in stale:
             state, _ = forget_pod(state, uid)
         promised = self.promises.promised(state, exclude=(namespace, name))
-        ctx = SyncContext(self.machine, self.policy, self.clock(), promised)
+        ctx = SyncContext(
+            self.machine, self.policy, self.clock(), promised, self._device_numa(plan)
+        )
         state, events = sync_pod(state, plan, ctx)
         events.extend(_annotation_events(pod, plan))
         if request.problem:
@@ -133,6 +143,16 @@ class Decider:
         state = self.cgroups.attach(state, plan)
         self._last_plan[plan.uid] = (plan, tuple(pod_assignments(state, plan.uid)), request)
         return state, PodWork(pod, plan, events, request), stale
+
+    def _device_numa(self, plan: PodPlan) -> dict[str, CPUSet]:
+        """Container -> NUMA nodes of its devices, asked of the kubelet only when a running
+        container of the pod may get CPUs of its own chosen by the policy."""
+        if self.devices is None or not any(
+            c.holds and c.running and c.cpus is None and c.device_alignment != "none"
+            for c in plan.containers
+        ):
+            return {}
+        return self.devices.container_numa(plan.namespace, plan.name)
 
     def _plan(self, pod: Obj, binding: Mapping[str, Any] | None) -> PodPlan:
         """`plan_pod`, reused while neither the pod nor its binding changed (their

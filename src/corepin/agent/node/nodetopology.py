@@ -17,6 +17,7 @@ import logging
 from collections.abc import Callable
 from typing import Any
 
+from corepin.agent.node.devices import DeviceSource
 from corepin.agent.node.promises import Promises
 from corepin.agent.node.records import utc_now
 from corepin.agent.node.settings import NodeSettings
@@ -32,6 +33,7 @@ from corepin.kube.models import (
     NodeCPUTopology,
     NodeCPUTopologySpec,
     NodeCPUTopologyStatus,
+    NodeDevices,
     ObjectMeta,
     ObjectView,
     OwnerReference,
@@ -54,10 +56,12 @@ def node_status(
     *,
     promised: CPUSet | None = None,
     qos_class: Callable[[Assignment], str] | None = None,
+    devices: tuple[NodeDevices, ...] = (),
 ) -> dict[str, Any]:
     """`NodeCPUTopology.status` of a node state, `heartbeat` its time (RFC 3339). CPUs
     `promised` to pods by PodCPUBindings (their containers not running yet) are not offered as
-    free; `qos_class` gives each row its container's QoS class (none without it)."""
+    free; `qos_class` gives each row its container's QoS class (none without it); `devices`
+    are the node's devices per NUMA node (from the kubelet)."""
     free = state.free - (promised or CPUSet())
     allocations = []
     for a in state:
@@ -92,6 +96,7 @@ def node_status(
         allocations=tuple(allocations),
         heartbeat_time=stamp,
         conditions=(ready,),
+        devices=devices,
     ).to_dict()
 
 
@@ -106,8 +111,10 @@ class TopologyPublisher:
         promises: Promises,
         clock: Callable[[], float],
         qos_class: Callable[[Assignment], str] | None = None,
+        devices: DeviceSource | None = None,
     ) -> None:
         self.settings = settings
+        self.devices = devices
         self.qos_class = qos_class
         self.watches = watches
         self.client = watches.client
@@ -136,6 +143,7 @@ class TopologyPublisher:
             now,
             promised=self.promises.promised(state),
             qos_class=self.qos_class,
+            devices=() if self.devices is None else self.devices.node_devices(),
         )
         try:
             if not self._ncpt_created:

@@ -22,6 +22,8 @@ DEFAULT_METRICS_ADDRESS: Final = ":9464"
 DEFAULT_ASSIGNMENT_DIR: Final = "/run/corepin/assignments"
 CGROUP_DRIVERS: Final = ("auto", "cgroupfs", "systemd")
 DEFAULT_RESCTRL_ROOT: Final = "/sys/fs/resctrl"
+#: the kubelet's PodResources API (the devices of each container, their NUMA nodes)
+DEFAULT_POD_RESOURCES_SOCKET: Final = "/var/lib/kubelet/pod-resources/kubelet.sock"
 #: the ConfigMap (in the agent's namespace) whose key `qos.yaml` is the node QoS policy
 QOS_CONFIGMAP: Final = "corepin-qos"
 QOS_CONFIGMAP_KEY: Final = "qos.yaml"
@@ -57,6 +59,9 @@ class NodeSettings(AgentSettings):
     qos_period: float = 1.0
     #: the agent's namespace ("" : the QoS ConfigMap is not watched)
     namespace: str = ""
+    #: the kubelet's PodResources socket: exclusive CPUs near each container's devices, the
+    #: node's devices in its NodeCPUTopology ("": not read)
+    pod_resources_socket: str = DEFAULT_POD_RESOURCES_SOCKET
 
     def __post_init__(self) -> None:
         if not self.node_name:

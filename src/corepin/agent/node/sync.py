@@ -18,13 +18,19 @@ Per app container, with identity pod uid + container name (`ContainerOwner`):
   around the CPUs it already holds: kept CPUs never move, added ones come from the same L3,
   then NUMA node, then socket. A changed kind or level is a new allocation;
 - when CPUs are short the container runs on the shared pool (`shared`) and the note says
-  `CPUPinFailed`; the next sync tries again, so it is upgraded once CPUs free up.
+  `CPUPinFailed`; the next sync tries again, so it is upgraded once CPUs free up;
+- a container the kubelet gave devices (`SyncContext.device_numa`, from its PodResources API)
+  gets its new CPUs in those devices' NUMA nodes when they can be had there
+  (`corepin.io/device-alignment: preferred`, the default), only there (`required`: else it is
+  treated as any request that cannot be met, on the shared pool with `CPUPinFailed`), or
+  wherever the policy likes (`none`).
 Init containers run on the shared pool while they run. Assignments imported from the kubelet
 (`--kubelet-compat`, policy `kubelet-static`) are left as they are until their pod is gone.
 """
 
 from __future__ import annotations
 
+from collections.abc import Mapping
 from typing import Final
 
 from corepin.allocation.decide import decide
@@ -32,7 +38,7 @@ from corepin.allocation.levels import withheld_for
 from corepin.allocation.types import Policy, Request
 from corepin.core.cpuset import CPUSet
 from corepin.core.errors import AllocationError, CorepinError
-from corepin.core.record import record
+from corepin.core.record import field, record
 from corepin.kube.podplan import ContainerPlan, PodPlan
 from corepin.state.kubelet import KUBELET_POLICY
 from corepin.state.model import Assignment, HostState
@@ -58,12 +64,15 @@ class PodEvent:
 class SyncContext:
     """What a sync needs besides the state: the machine, the policy, the clock, and the CPUs
     promised to other pods by PodCPUBindings whose containers do not run yet (decisions from
-    annotations leave them alone; the pods they are promised to take them when they start)."""
+    annotations leave them alone; the pods they are promised to take them when they start),
+    and the NUMA nodes of the devices the kubelet gave the pod's containers (container name ->
+    NUMA node ids; a container of no devices is not in it)."""
 
     topology: Topology
     policy: Policy
     now: float = 0.0
     promised: CPUSet = CPUSet()
+    device_numa: Mapping[str, CPUSet] = field(default_factory=dict)
 
 
 def assignment_id(uid: str, container: str) -> str:
@@ -233,7 +242,10 @@ def _allocate(
                 )
             policy_name = "binding"
         else:
-            request = Request(c.count, level=c.level, workload=c.workload)
+            near, strict = _near(c, ctx)
+            request = Request(
+                c.count, level=c.level, workload=c.workload, near=near, near_strict=strict
+            )
             pools = base.pools
             if ctx.promised & pools.free:
                 pools = pools.hold("share", ctx.promised & pools.free)  # (stays in the pool)
@@ -259,6 +271,24 @@ def _allocate(
     return _place(
         state, ident, kind, cpus, withheld, c, owner, ctx, existing, events, policy=policy_name
     )
+
+
+def _near(c: ContainerPlan, ctx: SyncContext) -> tuple[CPUSet | None, bool]:
+    """(near, near_strict) of the request that keeps `c`'s CPUs near its devices: (None, False)
+    when it has no devices of a known NUMA node, its alignment is `none`, or it is a
+    best-effort workload."""
+    nodes = ctx.device_numa.get(c.name)
+    if not nodes or c.device_alignment == "none" or c.workload == "best-effort":
+        return None, False
+    near = ctx.topology.cpus_in_numa_nodes(*nodes)
+    if not near:
+        if c.device_alignment != "required":
+            return None, False
+        raise AllocationError(
+            f"its devices sit on NUMA node(s) {nodes}, which have no online CPU here",
+            reason="near_unsatisfiable",
+        )
+    return near, c.device_alignment == "required"
 
 
 def _resize(

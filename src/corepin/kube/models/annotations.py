@@ -3,7 +3,7 @@ reads for migration (Crane's `qos.gocrane.io/cpu-manager`, actimanager's
 `cslab.ece.ntua.gr/*`; a corepin.io key wins over its alias).
 
 - `parse_pod_annotations`: what a pod asks of corepin (`PodCPUPolicy`: policy, per-container
-  policies, exclusiveness level, workload family);
+  policies, exclusiveness level, workload family, device alignment);
 - `aliases_to_copy`: the corepin.io annotations the webhook adds for the aliases a pod carries;
 - `parse_cpus_annotation` / `format_cpus_annotation`: `corepin.io/cpus`, the CPUs the node
   agent gave each container;
@@ -39,6 +39,10 @@ ANN_LEVEL: Final = "corepin.io/exclusiveness-level"
 ANN_WORKLOAD: Final = "corepin.io/workload-type"
 ANN_CPUS: Final = "corepin.io/cpus"
 ANN_RESERVATION: Final = "corepin.io/reservation"
+#: How an exclusive container's CPUs follow the NUMA nodes of the devices the kubelet gave it
+#: (`preferred`, the default: tried first; `required`: only there; `none`: not at all).
+ANN_DEVICE_ALIGNMENT: Final = "corepin.io/device-alignment"
+DEVICE_ALIGNMENTS: Final = ("preferred", "required", "none")
 #: The QoS class of every container of the pod (LSE, LSR, LS, BE, SYSTEM); when absent the
 #: class is derived from the CPU policy and the Kubernetes QoS class
 #: (`corepin.allocation.qos.class_of`).
@@ -71,6 +75,7 @@ class PodCPUPolicy:
     level: str = "cpu"
     workload: str | None = None
     explicit: bool = False
+    device_alignment: str = "preferred"
 
     def __post_init__(self) -> None:
         one_of(self.policy, ANN_CPU_POLICY, CPU_POLICIES)
@@ -79,6 +84,7 @@ class PodCPUPolicy:
         check_level(self.level, ANN_LEVEL)
         if self.workload is not None:
             one_of(self.workload, ANN_WORKLOAD, WORKLOADS)
+        one_of(self.device_alignment, ANN_DEVICE_ALIGNMENT, DEVICE_ALIGNMENTS)
         set_frozen(self, "containers", readonly(dict(sorted(self.containers.items()))))
 
     def policy_for(self, container: str) -> str:
@@ -135,7 +141,8 @@ def parse_pod_annotations(
     `qos.gocrane.io/cpu-manager`; `corepin.io/cpu-policy.<container>` per container;
     `corepin.io/exclusiveness-level` then actimanager's `cslab.ece.ntua.gr/exclusiveness-level`;
     `corepin.io/workload-type` (annotation, then label) then actimanager's
-    `cslab.ece.ntua.gr/workload-type` (label, then annotation). A malformed value raises
+    `cslab.ece.ntua.gr/workload-type` (label, then annotation); `corepin.io/device-alignment`
+    (default `preferred`). A malformed value raises
     `FieldError` naming the key and the value, even when a higher key hides it (the webhook
     refuses every malformed corepin or alias annotation)."""
     ann = _strings(annotations, "annotations")
@@ -171,12 +178,18 @@ def parse_pod_annotations(
         if key in mapping:
             workloads.append(parse_workload(key, mapping[key]))
             explicit = True
+    alignment = ann.get(ANN_DEVICE_ALIGNMENT, "preferred")
+    if alignment not in DEVICE_ALIGNMENTS:
+        raise _annotation_error(
+            ANN_DEVICE_ALIGNMENT, alignment, f"must be one of {', '.join(DEVICE_ALIGNMENTS)}"
+        )
     return PodCPUPolicy(
         policy=policy,
         containers=containers,
         level=level,
         workload=workloads[0] if workloads else None,
         explicit=explicit,
+        device_alignment=alignment,
     )
 
 

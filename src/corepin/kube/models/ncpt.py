@@ -2,7 +2,8 @@
 agent): what the node is (`NodeCPUTopologySpec`: topology, policy, options, reserved CPUs) and
 what it has (`NodeCPUTopologyStatus`: pools, free CPUs, one `Allocation` row per container that
 holds CPUs - with its QoS class, `qosClass`, absent in objects written before classes existed -,
-the heartbeat and the `Ready` condition).
+the node's devices per NUMA node (`NodeDevices`, from the kubelet's PodResources API; absent in
+objects written before the agent read it), the heartbeat and the `Ready` condition).
 
 CPU sets are `CPUSet` values, on the wire strings in the Linux list form (`"0-3,8"`); the
 mappings the models hold are read-only copies (the models compare by value but are not
@@ -27,6 +28,7 @@ from corepin.kube.models.fields import (
     check_header,
     cpuset_field,
     cpuset_text,
+    integer,
     list_field,
     object_at,
     object_field,
@@ -156,6 +158,52 @@ class Allocation:
 
 
 @dataclass(frozen=True, slots=True)
+class NodeDevices:
+    """One row of `NodeCPUTopology.status.devices`: `count` devices of an extended resource
+    (e.g. `nvidia.com/gpu`) on NUMA node `numa_node` (None: the kubelet knows no NUMA node for
+    them), `allocatable` of them held by no container."""
+
+    resource: str
+    numa_node: int | None
+    count: int
+    allocatable: int
+
+    def __post_init__(self) -> None:
+        if not isinstance(self.resource, str) or not self.resource:
+            raise FieldError("devices.resource", self.resource, "must be a non-empty string")
+        if self.numa_node is not None:
+            integer(self.numa_node, "devices.numaNode", maximum=1 << 20)
+        integer(self.count, "devices.count")
+        integer(self.allocatable, "devices.allocatable", maximum=self.count)
+
+    @property
+    def key(self) -> tuple[str, int]:
+        return (self.resource, -1 if self.numa_node is None else self.numa_node)
+
+    @classmethod
+    def from_dict(cls, data: object, path: str = "device") -> NodeDevices:
+        d = object_at(data, path)
+        node = d.get("numaNode")
+        count = integer(d.get("count", MISSING), f"{path}.count")
+        return cls(
+            resource=string_field(d, "resource", path, required=True),
+            numa_node=None if node is None else integer(node, f"{path}.numaNode"),
+            count=count,
+            allocatable=integer(
+                d.get("allocatable", MISSING), f"{path}.allocatable", maximum=count
+            ),
+        )
+
+    def to_dict(self) -> dict[str, Any]:
+        out: dict[str, Any] = {"resource": self.resource}
+        if self.numa_node is not None:
+            out["numaNode"] = self.numa_node
+        out["count"] = self.count
+        out["allocatable"] = self.allocatable
+        return out
+
+
+@dataclass(frozen=True, slots=True)
 class NodeCPUTopologySpec:
     """What the node is: its topology, the policy and options the agent
     runs with, and the CPUs reserved for the system."""
@@ -230,12 +278,16 @@ class NodeCPUTopologyStatus:
     allocations: tuple[Allocation, ...] = ()
     heartbeat_time: datetime | None = None
     conditions: tuple[Condition, ...] = ()
+    #: the node's devices per resource and NUMA node (empty: none known, or an older agent)
+    devices: tuple[NodeDevices, ...] = ()
 
     def __post_init__(self) -> None:
         set_frozen(self, "free_by_numa", readonly(dict(sorted(self.free_by_numa.items()))))
         set_frozen(self, "free_by_l3", readonly(dict(sorted(self.free_by_l3.items()))))
         set_frozen(self, "allocations", tuple(self.allocations))
         set_frozen(self, "conditions", tuple(self.conditions))
+        set_frozen(self, "devices", tuple(self.devices))
+        unique([d.key for d in self.devices], "status.devices", "resource and NUMA node")
         unique([a.key for a in self.allocations], "status.allocations", "pod uid and container")
         unique([c.type for c in self.conditions], "status.conditions", "type")
         if self.heartbeat_time is not None:
@@ -269,6 +321,10 @@ class NodeCPUTopologyStatus:
             if heartbeat is None
             else parse_time(heartbeat, f"{path}.heartbeatTime"),
             conditions=conditions_field(d, path),
+            devices=tuple(
+                NodeDevices.from_dict(x, f"{path}.devices[{i}]")
+                for i, x in enumerate(list_field(d, "devices", path))
+            ),
         )
 
     def to_dict(self) -> dict[str, Any]:
@@ -284,6 +340,8 @@ class NodeCPUTopologyStatus:
         if self.heartbeat_time is not None:
             out["heartbeatTime"] = format_time(self.heartbeat_time)
         out["conditions"] = [status_condition(c) for c in self.conditions]
+        if self.devices:
+            out["devices"] = [x.to_dict() for x in self.devices]
         return out
 
 
