@@ -254,6 +254,31 @@ def _sized(
     return c, f"spec.containers[{index}]"
 
 
+#: resources of a container's limits that are not devices
+_NOT_DEVICES: Final = frozenset({"cpu", "memory", "ephemeral-storage", "storage", "pods"})
+
+
+def device_requests(pod: Mapping[str, Any]) -> dict[str, int]:
+    """The devices a pod's app containers ask for: extended resources in their limits (a name
+    with a domain, such as `nvidia.com/gpu`, outside `kubernetes.io`; hugepages are memory),
+    summed over the containers, by name. A count that is not a whole number is left out (the
+    API server refuses such pods)."""
+    out: dict[str, int] = {}
+    for c in PodView(pod).containers:
+        limits = loose_object(loose_object(c.get("resources")).get("limits"))
+        for name, value in limits.items():
+            if not isinstance(name, str) or name in _NOT_DEVICES or "/" not in name:
+                continue
+            domain = name.split("/", 1)[0]
+            if domain == "kubernetes.io" or domain.endswith(".kubernetes.io"):
+                continue
+            text = str(value).strip()
+            if isinstance(value, bool) or not text.isdigit() or int(text) <= 0:
+                continue
+            out[name] = out.get(name, 0) + int(text)
+    return dict(sorted(out.items()))
+
+
 def container_size(sized: Mapping[str, Any], where: str) -> tuple[int, str]:
     """(whole CPUs, "") of a container eligible for CPUs of its own (a whole CPU limit >= 1
     equal to the request), else (0, why not)."""

@@ -39,7 +39,7 @@ from corepin.placement.fit import (
 )
 from corepin.placement.ledger import Assumption, Effective, Ledger, effective_pools
 from corepin.placement.node import NodeView
-from corepin.placement.request import PodRequest, Signature
+from corepin.placement.request import DeviceKey, PodRequest, Signature
 from corepin.placement.score import MAXIMUM_UTILIZATION, check_profile, extender_score, score
 
 #: how often, at most, `evaluate` looks for expired assumptions (seconds)
@@ -86,8 +86,9 @@ class _Entry:
             self.static = Answer(view.name, False, 0, problem.reason, problem.code, problem)
 
 
-#: What a cached answer is for: the pod's signature, its workload family, the score profile.
-ScoreKey = tuple[Signature, str | None, str]
+#: What a cached answer is for: the pod's signature, its workload family, the score profile,
+#: its devices.
+ScoreKey = tuple[Signature, str | None, str, DeviceKey]
 
 
 def _running(pod: PodView, names: Iterable[str]) -> bool:
@@ -255,7 +256,7 @@ class Cluster:
         """One answer per node of `names`, in their order (see the module docstring)."""
         chosen = self.profile if profile is None else profile
         signature = request.signature
-        score_key = (signature, request.workload, chosen)
+        score_key = (signature, request.workload, chosen, request.device_key)
         holds = request.holds
         stale_before = now - self.stale_after
         out: list[Answer] = []

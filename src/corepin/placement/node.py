@@ -16,7 +16,8 @@ so `NodePools.free` and `NodePools.shared_pool` of the view are exactly the publ
 question). A view is unusable (its `problem` says why, in a sentence) when the agent runs a
 policy this build does not know, or when it has not published its CPUs yet. `ready` is the
 `Ready` condition; `heartbeat` the agent's last heartbeat in seconds since the epoch
-(staleness is judged by the caller, who knows the time).
+(staleness is judged by the caller, who knows the time); `devices` the node's devices per NUMA
+node, as its agent read them from the kubelet.
 """
 
 from __future__ import annotations
@@ -34,6 +35,7 @@ from corepin.kube.models import (
     Allocation,
     NodeCPUTopology,
     NodeCPUTopologySpec,
+    NodeDevices,
     find_condition,
 )
 from corepin.topology.model import Topology
@@ -60,6 +62,8 @@ class NodeView:
     version: str = ""
     #: CPUs held by memory-bound containers, per socket id
     memory_bound: Mapping[int, int] = field(default_factory=dict)
+    #: the node's devices per resource and NUMA node (`status.devices`; empty: none known)
+    devices: tuple[NodeDevices, ...] = ()
 
     @property
     def usable(self) -> bool:
@@ -142,6 +146,7 @@ def node_view(ncpt: NodeCPUTopology, *, version: str = "") -> NodeView:
         problem=problem,
         version=version,
         memory_bound=memory_bound,
+        devices=status.devices,
     )
 
 

@@ -10,6 +10,11 @@ asks for nothing here either.
 
 `PodRequest.signature` is a hashable summary of what decides fit: two pods with the same
 signature fit the same nodes, which lets `Cluster` reuse one decision for a burst of alike pods.
+
+`PodRequest.devices` are the devices the pod asks for (extended resources in its containers'
+limits, such as `nvidia.com/gpu: 1`; `corepin.kube.podplan.device_requests`) and
+`device_alignment` its `corepin.io/device-alignment`: they never decide fit (the kubelet and
+the default scheduler count devices), only the score (`corepin.placement.score`).
 """
 
 from __future__ import annotations
@@ -19,7 +24,7 @@ from typing import Any, Final
 
 from corepin.core.cpuset import CPUSet
 from corepin.core.record import record
-from corepin.kube.podplan import plan_pod
+from corepin.kube.podplan import device_requests, plan_pod
 
 #: the agent's assignment kind per effective container policy
 KIND_OF: Final = {"none": "shared", "share": "share", "exclusive": "exclusive"}
@@ -28,6 +33,9 @@ KIND_OF: Final = {"none": "shared", "share": "share", "exclusive": "exclusive"}
 AskKey = tuple[str, int, str, str | None, CPUSet | None]
 #: What decides a pod's fit: (name, *key) of each container that holds CPUs, in order.
 Signature = tuple[tuple[str, str, int, str, str | None, CPUSet | None], ...]
+
+#: What a pod's devices add to its score: ((resource, count), ...) and its alignment.
+DeviceKey = tuple[tuple[tuple[str, int], ...], str]
 
 #: what a pod without any corepin request fits with
 NOTHING: Final[Signature] = ()
@@ -64,6 +72,9 @@ class PodRequest:
     containers: tuple[ContainerAsk, ...] = ()
     workload: str | None = None
     problem: str = ""  # malformed annotations: every container runs on the shared pool
+    #: devices asked for ((resource, count), sorted) and how its CPUs should follow them
+    devices: tuple[tuple[str, int], ...] = ()
+    device_alignment: str = "preferred"
 
     @property
     def key(self) -> str:
@@ -78,6 +89,13 @@ class PodRequest:
     def cpus(self) -> int:
         """CPUs asked for in all (exclusive and share)."""
         return sum(c.count for c in self.containers if c.holds)
+
+    @property
+    def device_key(self) -> DeviceKey:
+        """What the pod's devices add to its score (nothing with alignment `none`)."""
+        if self.device_alignment == "none" or not self.devices:
+            return ((), "none")
+        return (self.devices, self.device_alignment)
 
     @property
     def signature(self) -> Signature:
@@ -119,6 +137,7 @@ def pod_request(pod: Mapping[str, Any], binding: Mapping[str, Any] | None = None
             )
         )
         workload = workload or c.workload
+    alignment = plan.containers[0].device_alignment if plan.containers else "preferred"
     return PodRequest(
         namespace=plan.namespace,
         name=plan.name,
@@ -126,7 +145,9 @@ def pod_request(pod: Mapping[str, Any], binding: Mapping[str, Any] | None = None
         containers=tuple(asks),
         workload=workload,
         problem=plan.problem,
+        devices=tuple(device_requests(pod).items()),
+        device_alignment=alignment,
     )
 
 
-__all__ = ["KIND_OF", "ContainerAsk", "PodRequest", "pod_request"]
+__all__ = ["KIND_OF", "ContainerAsk", "DeviceKey", "PodRequest", "pod_request"]

@@ -19,6 +19,14 @@ plugin sorts them) weighs a family score twice as much as the base:
   pool has CPUs: such pods go to the shared pool of busy nodes and leave idle nodes for
   pinned work.
 
+A pod that asks for devices (extended resources such as `nvidia.com/gpu` in its containers'
+limits) and CPUs of its own, with `corepin.io/device-alignment` other than `none`, weighs a
+device score twice as much as the rest: 100 when one NUMA node of the node has both the
+devices (allocatable, as the node's agent published them from the kubelet) and the free CPUs
+the pod asks for, 50 when the devices are there but on no NUMA node with enough free CPUs,
+0 when the node published no such devices. It never refuses a node: the kubelet and the
+default scheduler count the devices themselves.
+
 `extender_score` maps 0-100 to the extender API's 0-10 (`MaxExtenderPriority`).
 """
 
@@ -86,6 +94,29 @@ def _cpu_bound(view: NodeView, before: NodePools, result: Fit) -> float:
     return 100.0 * whole / len(cpus)
 
 
+def device_alignment(view: NodeView, request: PodRequest, before: NodePools) -> float | None:
+    """The device score of the module docstring (None: the pod's devices play no part)."""
+    wanted, alignment = request.device_key
+    if alignment == "none" or not request.cpus:
+        return None
+    topology = view.topology
+    nodes: set[int] | None = None
+    for resource, count in wanted:
+        here = {
+            d.numa_node
+            for d in view.devices
+            if d.resource == resource and d.numa_node is not None and d.allocatable >= count
+        }
+        nodes = here if nodes is None else nodes & here
+    if not nodes:
+        return 0.0
+    for node in sorted(nodes):
+        free = before.free_bits & topology.cpus_in_numa_nodes(node).bits
+        if free.bit_count() >= request.cpus:
+            return 100.0
+    return 50.0
+
+
 def score(
     view: NodeView,
     request: PodRequest,
@@ -112,6 +143,9 @@ def score(
         value = (base + 2 * busy) / 3
     else:
         value = base
+    devices = device_alignment(view, request, start)
+    if devices is not None:
+        value = (value + 2 * devices) / 3
     return max(0, min(MAX_SCORE, round(value)))
 
 
@@ -127,6 +161,7 @@ __all__ = [
     "MAXIMUM_UTILIZATION",
     "PROFILES",
     "check_profile",
+    "device_alignment",
     "extender_score",
     "score",
     "utilization",
