@@ -775,9 +775,10 @@ CONTRACT_FLAGS = {
 
 #: flags beyond the contract's that a Deployment may pass: the extender's TLS with client
 #: certificates and its plain health port; the agent's node QoS (resctrl mount, QoS period)
+#: and the kubelet's PodResources socket (CPUs near devices)
 HARDENING_FLAGS = {
     "extender": {"--tls-cert", "--tls-key", "--client-ca", "--metrics-address"},
-    "agent": {"--resctrl-root", "--qos-period", "--qos-config"},
+    "agent": {"--resctrl-root", "--qos-period", "--qos-config", "--pod-resources-socket"},
 }
 EXTENDER_OPS_PORT = 9468
 
@@ -843,6 +844,12 @@ def test_agent_daemonset_passes_the_contract_flags() -> None:
         ("--cgroup-root", "", "/sys/fs/cgroup", True),
         ("--state-dir", "", "/var/lib/corepin", True),
         ("--grpc-socket", "", "/run/corepin/corepin.sock", True),
+        (
+            "--pod-resources-socket",
+            "",
+            "/var/lib/kubelet/pod-resources/kubelet.sock",
+            False,
+        ),
     ],
 )
 def test_agent_flag_points_at_the_host_path(
