@@ -129,9 +129,7 @@ def read_pci_devices(
     return out
 
 
-def _read_function(
-    reader: SysfsFiles, address: str, path: str, proc: str
-) -> PciFunction | None:
+def _read_function(reader: SysfsFiles, address: str, path: str, proc: str) -> PciFunction | None:
     if not os.path.isdir(path):
         if os.path.lexists(path) and not os.path.exists(path):
             reader.note("pci_device_unreadable", path, "skipped: a dangling link")
