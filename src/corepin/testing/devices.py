@@ -42,6 +42,8 @@ __all__ = [
 ]
 
 _DRM = re.compile(r"^(card|renderD)\d+$")
+#: no local CPUs given: `with_devices` gives the device its NUMA node's
+_NO_CPUS = CPUSet()
 
 
 def _ordered(names: Iterable[str], pci_class: int) -> tuple[str, ...]:
@@ -55,7 +57,7 @@ def gpu(
     numa: int | None = None,
     index: int = 0,
     nvidia: bool = True,
-    local_cpus: CPUSet = CPUSet(),
+    local_cpus: CPUSet = _NO_CPUS,
 ) -> Device:
     """A 3D controller (class 0x030200): `card<index>`, `renderD<128+index>`, and with `nvidia`
     an NVIDIA one (vendor 0x10de, an H100's id) with `nvidia<index>`."""
@@ -78,7 +80,7 @@ def nic(
     *,
     numa: int | None = None,
     ifname: str = "eth0",
-    local_cpus: CPUSet = CPUSet(),
+    local_cpus: CPUSet = _NO_CPUS,
 ) -> Device:
     """An Ethernet controller (class 0x020000, Mellanox ConnectX-6 ids) named `ifname`."""
     return Device(
@@ -98,7 +100,7 @@ def nvme(
     numa: int | None = None,
     index: int = 0,
     namespaces: int = 1,
-    local_cpus: CPUSet = CPUSet(),
+    local_cpus: CPUSet = _NO_CPUS,
 ) -> Device:
     """An NVMe controller (class 0x010802) `nvme<index>` with block devices `nvme<index>n1..`."""
     names = [f"nvme{index}", *(f"nvme{index}n{n}" for n in range(1, namespaces + 1))]
@@ -118,7 +120,7 @@ def accelerator(
     *,
     numa: int | None = None,
     index: int = 0,
-    local_cpus: CPUSet = CPUSet(),
+    local_cpus: CPUSet = _NO_CPUS,
 ) -> Device:
     """A processing accelerator (class 0x120000, Intel Gaudi ids) with `accel<index>`."""
     return Device(

@@ -15,7 +15,7 @@ from __future__ import annotations
 from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass, field
 
-from corepin.cli.render._common import KIND_LABELS, shown_devices, short_core_type, summary
+from corepin.cli.render._common import KIND_LABELS, short_core_type, shown_devices, summary
 from corepin.core.cpuset import CPUSet
 from corepin.topology.devices import Device
 from corepin.topology.model import CPUInfo, Topology
@@ -171,8 +171,8 @@ class BoxBuilder:
             )
             strip.children = [self.pu(c) for c in loose]
             children.append(strip)
-        for node in sorted(self.devices, key=lambda n: -1 if n is None else n):
-            children.extend(self.device_boxes(node))  # no NUMA node, or none drawn
+        for left in sorted(self.devices, key=lambda n: -1 if n is None else n):
+            children.extend(self.device_boxes(left))  # no NUMA node, or none drawn
         return Box("machine", "Machine", children=children, tip=summary(self.t))
 
     def level(

@@ -23,7 +23,7 @@ from __future__ import annotations
 import math
 from collections.abc import Mapping
 
-from corepin.cli.render._common import shown_devices, short_core_type, summary
+from corepin.cli.render._common import short_core_type, shown_devices, summary
 from corepin.cli.render.boxes import OWNER_COLOURS, STYLES, Box, BoxBuilder, owner_colours
 from corepin.core.cpuset import CPUSet
 from corepin.topology.model import Topology

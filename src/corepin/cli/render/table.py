@@ -5,7 +5,7 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 
-from corepin.cli.render._common import shown_devices, short_core_type, summary
+from corepin.cli.render._common import short_core_type, shown_devices, summary
 from corepin.core.cpuset import CPUSet
 from corepin.topology.model import CPUInfo, Topology
 

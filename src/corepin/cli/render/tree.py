@@ -3,7 +3,7 @@ device (GPU, NIC, NVMe, accelerator) under its NUMA node, those without one unde
 
 from __future__ import annotations
 
-from corepin.cli.render._common import device_line, shown_devices, short_core_type, summary
+from corepin.cli.render._common import device_line, short_core_type, shown_devices, summary
 from corepin.topology.devices import Device
 from corepin.topology.model import PoolNode, Topology
 
