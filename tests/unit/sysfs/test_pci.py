@@ -336,6 +336,17 @@ garbage = st.one_of(
 )
 
 
+class Collect(logging.Handler):
+    """Keeps the records (caplog is function-scoped, Hypothesis runs many examples per call)."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.records: list[logging.LogRecord] = []
+
+    def emit(self, record: logging.LogRecord) -> None:
+        self.records.append(record)
+
+
 @pytest.fixture(scope="module")
 def garbage_tree() -> Iterator[Path]:
     root = Path(tempfile.mkdtemp(prefix="corepin-pci-garbage-"))
@@ -357,9 +368,8 @@ def test_garbage_in_a_file_never_stops_discovery_the_device_is_read_or_skipped_w
     path = device_dir(garbage_tree, GPU) / which
     before = path.read_bytes()
     path.write_bytes(data)
-    records: list[logging.LogRecord] = []
-    handler = logging.Handler()
-    handler.emit = records.append  # type: ignore[method-assign]
+    handler = Collect()
+    records = handler.records
     logger = logging.getLogger("corepin.sysfs")
     logger.addHandler(handler)
     try:
