@@ -230,3 +230,12 @@ def test_a_device_with_local_cpus_of_its_own_keeps_them() -> None:
     assert topo.devices[0].local_cpus == CPUSet.parse("0-3")
     row = next(line for line in render(topo, "table").splitlines() if line.startswith(NIC))
     assert row.split()[-1] == "0-3"
+
+
+def test_the_readmes_tree_example_with_devices_is_what_the_tree_prints() -> None:
+    readme = (Path(__file__).resolve().parents[2] / "README.md").read_text(encoding="utf-8")
+    shown = [line for line in readme.splitlines() if line.lstrip().startswith(("NIC 0", "GPU 0"))]
+    assert len(shown) == 2
+    tree = render(machine(), "tree").splitlines()
+    for line in shown:
+        assert line in tree
