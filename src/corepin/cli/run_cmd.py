@@ -13,8 +13,8 @@ from typing import TYPE_CHECKING
 
 from corepin.cli.common import (
     add_host_arguments,
-    add_qos_arguments,
     add_near_arguments,
+    add_qos_arguments,
     add_reserved_arguments,
     cpu_list,
     near_names,
