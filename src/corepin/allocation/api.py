@@ -7,7 +7,9 @@ Request options understood by every policy:
 - `smt=auto|whole-cores|spread` SMT preference,
 - `numa=LIST` preferred NUMA node ids (e.g. `numa=1` or `numa=0-1`),
 - `prefer-isolated[=true|false]` isolated CPUs first (default true),
-- `shared[=true|false]` a shared (non-exclusive) request.
+- `shared[=true|false]` a shared (non-exclusive) request,
+- `near=CPUS` CPUs to run near (a device's local CPUs; `corepin.allocation.near`): preferred,
+- `near-strict[=true|false]` only the `near` CPUs (exit 3 when they cannot be had).
 Every other option is passed to the policy, which rejects the ones it does not know.
 """
 
@@ -65,6 +67,17 @@ def build_request(count: int, options: OptionsArg = ()) -> Request:
                 f"option numa={opts['numa']!r} is not a list of NUMA node ids: {exc.problem}",
                 reason="bad_option_value",
             ) from None
+    near = None
+    if "near" in opts:
+        try:
+            near = CPUSet.parse(opts["near"])
+        except CPUSetParseError as exc:
+            raise RequestError(
+                f"option near={opts['near']!r} is not a CPU list: {exc.problem}",
+                reason="bad_option_value",
+            ) from None
+        if not near:
+            raise RequestError("option near= names no CPU", reason="bad_option_value")
     workload = opts.get("workload") or None
     policy_opts = {k: v for k, v in opts.items() if k not in GENERIC_OPTIONS}
     return Request(
@@ -76,6 +89,8 @@ def build_request(count: int, options: OptionsArg = ()) -> Request:
         smt=opts.get("smt", "auto"),
         prefer_isolated=option_flag(opts, "prefer-isolated") if "prefer-isolated" in opts else True,
         options=policy_opts,
+        near=near,
+        near_strict=option_flag(opts, "near-strict"),
     )
 
 
@@ -89,6 +104,14 @@ def check_request(topology: Topology, request: Request) -> Request:
             raise RequestError(
                 f"option numa={request.numa_hint} names NUMA node(s) {unknown} that this "
                 f"machine does not have (NUMA nodes with CPUs: {known or 'none'})",
+                reason="bad_option_value",
+            )
+    if request.near is not None:
+        outside = request.near - topology.present_cpus
+        if outside:
+            raise RequestError(
+                f"option near={request.near} names CPU(s) {outside} that this machine does not "
+                f"have (CPUs: {topology.present_cpus})",
                 reason="bad_option_value",
             )
     return request

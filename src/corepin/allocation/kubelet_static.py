@@ -45,6 +45,7 @@ from collections.abc import Callable, Iterable, Iterator, Mapping
 from dataclasses import dataclass
 from typing import Final
 
+from corepin.allocation.near import decide_near
 from corepin.allocation.pools import NodePools
 from corepin.allocation.types import Decision, Request, Step
 from corepin.core.cpuset import EMPTY, CPUSet
@@ -1047,12 +1048,15 @@ class KubeletStaticPolicy:
     (shared) cpuset: reserved CPUs are removed from it before exclusive allocation. smt
     "whole-cores" turns on full-pcpus-only and "spread" distribute-cpus-across-cores; numa_hint is
     the topology manager's NUMA affinity. Shared requests get the shared pool (minus the reserved
-    CPUs with strict-cpu-reservation).
+    CPUs with strict-cpu-reservation). CPUs to run near (`Request.near`, a corepin extension):
+    the kubelet's choice out of those first (`corepin.allocation.near`).
     """
 
     name = "kubelet-static"
 
     def decide(self, topology: Topology, request: Request, available: CPUSet) -> Decision:
+        if request.near is not None:
+            return decide_near(self, topology, request, available)
         kubelet_opts: dict[str, object] = {}
         reserved_text: str | None = None
         num_reserved: int | None = None

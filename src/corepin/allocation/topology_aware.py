@@ -25,7 +25,8 @@ linear in the number of units: no combinations are enumerated, so it stays fast 
 nodes and 1,000+ CPUs.
 
 Options in `Request`: `level` (exclusiveness: only fully free units of that level are used and
-the decision reserves them whole), `numa_hint` (tried first), `prefer_isolated` (isolated CPUs
+the decision reserves them whole), `near` (CPUs near a device, `corepin.allocation.near`: the
+same walk inside them first), `numa_hint` (tried first), `prefer_isolated` (isolated CPUs
 first, else they are tried last), `smt` ("whole-cores" insists on whole cores, "spread" takes one
 thread per core). Policy option: `full-pcpus-only` (same as smt="whole-cores").
 
@@ -40,6 +41,7 @@ from typing import Final
 
 from corepin.allocation.fit import Fit, fewest_to_hold, lowest_bits
 from corepin.allocation.levels import L3Part, NumaUnit, TopologyIndex, index_of
+from corepin.allocation.near import decide_near
 from corepin.allocation.pools import NodePools
 from corepin.allocation.types import Decision, Request, Step, check_options, option_flag
 from corepin.core.cpuset import CPUSet
@@ -429,6 +431,8 @@ class TopologyAwarePolicy:
     name: str = NAME
 
     def decide(self, topology: Topology, request: Request, available: CPUSet) -> Decision:
+        if request.near is not None:
+            return decide_near(self, topology, request, available)
         check_options(request.options, OPTIONS, NAME)
         whole = request.smt == "whole-cores" or option_flag(request.options, "full-pcpus-only")
         idx = index_of(topology)

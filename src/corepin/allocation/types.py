@@ -6,6 +6,10 @@ and an explanation made of `Step`s (the levels tried and why each was chosen or 
 
 Requests validate themselves on construction and raise `RequestError` (exit 2) naming the bad
 value; policies validate their own options. Everything here is immutable.
+
+`Request.near` is the set of CPUs a workload should run near (the CPUs local to the devices it
+uses, `corepin.allocation.near`): every policy takes its CPUs there when enough are free and
+falls back outside only when `near_strict` is off.
 """
 
 from __future__ import annotations
@@ -28,7 +32,16 @@ WORKLOADS: Final = ("memory-bound", "cpu-bound", "io-bound", "best-effort")
 #: SMT preferences: policy default, whole physical cores, or one thread per core.
 SMT_MODES: Final = ("auto", "whole-cores", "spread")
 #: Options that every policy understands: they become Request fields (allocation/api.py).
-REQUEST_OPTIONS: Final = ("level", "workload", "smt", "numa", "prefer-isolated", "shared")
+REQUEST_OPTIONS: Final = (
+    "level",
+    "workload",
+    "smt",
+    "numa",
+    "prefer-isolated",
+    "shared",
+    "near",
+    "near-strict",
+)
 
 _NO_OPTIONS: Final[Mapping[str, str]] = MappingProxyType({})
 
@@ -45,6 +58,9 @@ class Request:
     smt: str = "auto"
     prefer_isolated: bool = True
     options: Mapping[str, str] = field(default_factory=lambda: _NO_OPTIONS)
+    #: CPUs to run near (a device's local CPUs): preferred, or required with `near_strict`
+    near: CPUSet | None = None
+    near_strict: bool = False
 
     def __post_init__(self) -> None:
         count = self.count
@@ -76,6 +92,7 @@ class Request:
                 f"numa_hint must be a CPUSet of NUMA node ids, got {self.numa_hint!r}",
                 reason="bad_numa_hint",
             )
+        self._check_near()
         if not isinstance(self.options, Mapping):
             raise RequestError(
                 f"options must be a mapping of name to value, got {self.options!r}",
@@ -83,6 +100,24 @@ class Request:
             )
         if not isinstance(self.options, MappingProxyType):
             object.__setattr__(self, "options", MappingProxyType(dict(self.options)))
+
+    def _check_near(self) -> None:
+        if self.near is not None and not isinstance(self.near, CPUSet):
+            raise RequestError(f"near must be a CPUSet, got {self.near!r}", reason="bad_near")
+        if not isinstance(self.near_strict, bool):
+            raise RequestError(
+                f"near_strict must be true or false, got {self.near_strict!r}", reason="bad_near"
+            )
+        if self.near_strict and self.near is None:
+            raise RequestError(
+                "near-strict needs the CPUs to be near (option near=CPUS)", reason="bad_near"
+            )
+        if self.near is not None and (not self.exclusive or self.workload == "best-effort"):
+            raise RequestError(
+                f"near={self.near} shapes exclusive requests only (a shared or best-effort "
+                "request runs in the shared pool)",
+                reason="bad_near",
+            )
 
     def __hash__(self) -> int:
         return hash(
@@ -95,6 +130,8 @@ class Request:
                 self.smt,
                 self.prefer_isolated,
                 tuple(sorted(self.options.items())),
+                self.near,
+                self.near_strict,
             )
         )
 

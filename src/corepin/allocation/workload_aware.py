@@ -13,6 +13,9 @@
   ties by lowest id. Nothing is withheld.
 - no family: the `topology-aware` choice.
 
+A request with CPUs to run near (`Request.near`) gets its family's placement inside them first
+(`corepin.allocation.near`).
+
 Deterministic: every choice is ordered by counts and then by lowest id.
 """
 
@@ -22,6 +25,7 @@ from collections.abc import Mapping
 from typing import Final
 
 from corepin.allocation.levels import TopologyIndex, index_of
+from corepin.allocation.near import decide_near
 from corepin.allocation.topology_aware import Selector, TopologyAwarePolicy, mems_of
 from corepin.allocation.types import (
     LEVELS,
@@ -95,6 +99,8 @@ class WorkloadAwarePolicy:
         *,
         usage: Mapping[int, int] | None = None,
     ) -> Decision:
+        if request.near is not None:  # never best-effort: its usage does not matter
+            return decide_near(self, topology, request, available)
         check_options(request.options, OPTIONS, NAME)
         idx = index_of(topology)
         avail = available.bits & idx.online
