@@ -425,5 +425,9 @@ class HostState:
 
 
 def fingerprint(topology: Topology) -> str:
-    """`sha256:<hex>` of the canonical JSON form of the topology (sorted keys, no spaces)."""
-    return canonical_digest(topology.to_json())
+    """`sha256:<hex>` of the canonical JSON form of the topology's CPUs and NUMA nodes (sorted
+    keys, no spaces). Its PCI devices are left out: a device plugged in, removed or renamed
+    does not make the state another machine's."""
+    data = topology.to_json()
+    data.pop("devices", None)
+    return canonical_digest(data)
