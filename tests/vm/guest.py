@@ -225,8 +225,12 @@ class Guest:
             f"local,id=share,path={self.share},security_model=none",
             "-device",
             "virtio-9p-pci,fsdev=share,mount_tag=share",
+            *self.shape.device_args(),
         ]
-        if files.bios:
+        if self.shape.pci_nodes and files.bzimage is not None:
+            # SeaBIOS numbers the expander bridges' buses (qboot leaves them without any)
+            argv[argv.index("-kernel") + 1] = str(files.bzimage)
+        elif files.bios:
             argv[1:1] = ["-bios", files.bios]
         return argv
 

@@ -36,7 +36,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 #: the modules the guest needs (their dependencies are added from modules.dep)
-MODULES = ("virtio_pci", "9pnet_virtio", "9p")
+MODULES = ("virtio_pci", "9pnet_virtio", "9p", "virtio_net")
 BUSYBOX_CANDIDATES = ("/bin/busybox", "/usr/bin/busybox")
 QBOOT = "/usr/share/qemu/qboot.rom"
 
@@ -283,6 +283,9 @@ class BootFiles:
     initrd: Path
     bios: str | None
     release: str
+    #: the kernel as a bzImage, for QEMU's default firmware (SeaBIOS): a guest with PCI
+    #: expander bridges needs it, since qboot does not give their buses numbers
+    bzimage: Path | None = None
 
 
 def prepare(workdir: Path, *, modules: tuple[str, ...] = MODULES) -> BootFiles:
@@ -294,9 +297,9 @@ def prepare(workdir: Path, *, modules: tuple[str, ...] = MODULES) -> BootFiles:
     if os.path.isfile(QBOOT):
         try:
             elf = extract_vmlinux(kernel.vmlinuz, workdir / "vmlinux")
-            return BootFiles(elf, initrd, QBOOT, kernel.release)
+            return BootFiles(elf, initrd, QBOOT, kernel.release, kernel.vmlinuz)
         except ImageError:
             pass
     copy = workdir / "vmlinuz"
     shutil.copyfile(kernel.vmlinuz, copy)
-    return BootFiles(copy, initrd, None, kernel.release)
+    return BootFiles(copy, initrd, None, kernel.release, copy)

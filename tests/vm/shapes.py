@@ -50,6 +50,10 @@ class Shape:
     offline: tuple[int, ...] = ()
     isolcpus: tuple[int, ...] = ()
     extra_cmdline: tuple[str, ...] = field(default=())
+    #: NUMA nodes that get a PCI expander bridge (QEMU `pxb` with `numa_node=`) with one
+    #: virtio-net NIC behind it: the guest kernel then reports that NIC's `numa_node` and
+    #: `local_cpulist` as the node's (the NIC has no network: it is there to be found)
+    pci_nodes: tuple[int, ...] = field(default=())
 
     def __post_init__(self) -> None:
         if min(self.sockets, self.dies, self.cores, self.threads, self.nodes) < 1:
@@ -178,6 +182,25 @@ class Shape:
                     args += ["-numa", f"dist,src={a},dst={b},val={self.distance(a, b)}"]
         return args
 
+    def device_args(self) -> list[str]:
+        """The -device options of the shape's PCI expander bridges and NICs (they go last on
+        QEMU's command line: a device without `bus=` after a bridge would be put behind it)."""
+        args: list[str] = []
+        for i, node in enumerate(self.pci_nodes):
+            args += [
+                "-device",
+                f"pxb,id=pxb{i},bus_nr={32 + 32 * i},numa_node={node},bus=pci.0",
+                "-device",
+                f"virtio-net-pci,bus=pxb{i},addr=0x1,mac=52:54:00:12:34:{0x10 + i:02x}",
+            ]
+        return args
+
+    def nic_address(self, index: int) -> str:
+        """The PCI address of the NIC behind the `index`-th expander bridge: QEMU puts a
+        PCI-PCI bridge on the expander's bus (`bus_nr`), the NIC in slot 1 of the bus behind
+        it."""
+        return f"0000:{32 + 32 * index + 1:02x}:01.0"
+
     def cmdline(self) -> list[str]:
         """Kernel command line words of this shape."""
         words = list(self.extra_cmdline)
@@ -225,6 +248,19 @@ SHAPES: Mapping[str, Shape] = {
             nodes=4,
             mem_mb=256,
             distances=((10, 11, 21, 21), (11, 10, 21, 21), (21, 21, 10, 11), (21, 21, 11, 10)),
+        ),
+        # 2 sockets of 2 cores, a NUMA node each, a NIC behind a PCI bridge on node 1
+        Shape("numa2-nic", sockets=2, cores=2, threads=1, nodes=2, mem_mb=256, pci_nodes=(1,)),
+        # numa4-nosmt with a NIC behind a PCI bridge on node 3
+        Shape(
+            "numa4-nic",
+            sockets=2,
+            cores=4,
+            threads=1,
+            nodes=4,
+            mem_mb=256,
+            distances=((10, 11, 21, 21), (11, 10, 21, 21), (21, 21, 10, 11), (21, 21, 11, 10)),
+            pci_nodes=(3,),
         ),
         # 1 socket of 4 cores x SMT2 with CPUs 6 and 7 (a whole core) offline, 2-3 isolated
         Shape(

@@ -1,4 +1,8 @@
-"""`corepin allocate`: one allocation decision, no side effects."""
+"""`corepin allocate`: one allocation decision, no side effects.
+
+`--near DEVICE` names devices of the topology (`--topology FILE`'s `devices`, or those found
+under `--sysfs-root`): their CPUs become the request's `near` option (`corepin.allocation.near`).
+"""
 
 from __future__ import annotations
 
@@ -6,7 +10,14 @@ import argparse
 import json
 import sys
 
-from corepin.cli.common import add_topology_source, load_topology, write_output
+from corepin.cli.common import (
+    add_near_arguments,
+    add_topology_source,
+    load_topology,
+    near_names,
+    near_options,
+    write_output,
+)
 from corepin.core.errors import EXIT_OK, EXIT_UNSATISFIABLE, AllocationError, RequestError
 
 
@@ -41,6 +52,7 @@ def add_arguments(parser: argparse.ArgumentParser, name: str) -> None:
         "distribute-cpus-across-numa, distribute-cpus-across-cores, "
         "prefer-align-cpus-by-uncorecache, align-by-socket",
     )
+    add_near_arguments(parser)
     parser.add_argument(
         "-o",
         "--output",
@@ -61,7 +73,7 @@ def parse_count(text: str) -> int:
 
 
 #: Request options that only shape exclusive requests (a shared one gets the whole pool).
-EXCLUSIVE_ONLY = ("level", "smt", "numa", "workload", "prefer-isolated")
+EXCLUSIVE_ONLY = ("level", "smt", "numa", "workload", "prefer-isolated", "near", "near-strict")
 
 
 def refuse_ignored_options(options: list[str], policy: str) -> None:
@@ -99,22 +111,35 @@ def refuse_ignored_options(options: list[str], policy: str) -> None:
 
 
 def run(args: argparse.Namespace) -> int:
-    from corepin.allocation.api import decide
+    from corepin.allocation.api import decide, parse_options
+    from corepin.allocation.near import near_cpus
+    from corepin.allocation.types import option_flag
     from corepin.core.cpuset import CPUSet
 
     count = parse_count(args.count)
+    names = near_names(args)
     refuse_ignored_options(args.option, args.policy)
+    options = parse_options(args.option)
+    if names and option_flag(options, "shared"):
+        raise RequestError(
+            "--near shapes exclusive requests only; a shared request runs on the whole shared "
+            "pool: drop --near, or drop the shared option",
+            reason="ignored_option",
+        )
     available = CPUSet.parse(args.available) if args.available is not None else None
     topology = load_topology(args)
+    near = near_cpus(topology, names) if names else None
+    options = near_options(options, near, args.near_strict)
     try:
-        decision = decide(
-            topology, count, available=available, policy=args.policy, options=args.option
-        )
+        decision = decide(topology, count, available=available, policy=args.policy, options=options)
     except AllocationError as exc:
         print(f"corepin allocate: {exc} (reason: {exc.reason})", file=sys.stderr)
         return EXIT_UNSATISFIABLE
     if args.output == "json":
-        write_output(json.dumps(decision.to_json(), indent=2) + "\n", None)
+        data = decision.to_json()
+        if names:
+            data["near"] = {"devices": list(names), "cpus": str(near), "strict": args.near_strict}
+        write_output(json.dumps(data, indent=2) + "\n", None)
     else:
         write_output(f"{decision.cpus}\n", None)
     return EXIT_OK

@@ -155,6 +155,53 @@ def add_reserved_arguments(parser: argparse.ArgumentParser) -> None:
     )
 
 
+def add_near_arguments(parser: argparse.ArgumentParser) -> None:
+    """--near DEVICE (repeatable) and --near-strict: CPUs near the devices a workload uses."""
+    parser.add_argument(
+        "--near",
+        action="append",
+        default=[],
+        metavar="DEVICE",
+        help="prefer CPUs near this device (its local CPUs, its NUMA node's): a PCI address, "
+        "a network interface, a block device or a device node such as /dev/nvidia0; "
+        "repeatable (near any of them); memory follows the CPUs",
+    )
+    parser.add_argument(
+        "--near-strict",
+        action="store_true",
+        help="with --near: only CPUs near the devices (exit 3 when they cannot be had)",
+    )
+
+
+def near_names(args: argparse.Namespace) -> tuple[str, ...]:
+    """The --near devices as given (stripped); InputError for an empty one, or for
+    --near-strict without --near."""
+    names = tuple(name.strip() for name in getattr(args, "near", None) or ())
+    if any(not name for name in names):
+        raise InputError("--near '' names no device", reason="bad_usage")
+    if getattr(args, "near_strict", False) and not names:
+        raise InputError("--near-strict needs --near DEVICE", reason="bad_usage")
+    return names
+
+
+def near_options(options: dict[str, str], near: CPUSet | None, strict: bool) -> dict[str, str]:
+    """`options` with the request options of --near (`near=CPUS`, `near-strict`) added;
+    InputError when --option gave them too."""
+    if near is None:
+        return options
+    for name in ("near", "near-strict"):
+        if name in options:
+            raise InputError(
+                f"--option {name} and --near both choose the CPUs to be near: give one",
+                reason="bad_option",
+            )
+    out = dict(options)
+    out["near"] = str(near)
+    if strict:
+        out["near-strict"] = "true"
+    return out
+
+
 def reserve_from(args: argparse.Namespace) -> tuple[int, CPUSet | None] | None:
     """(count, explicit CPUs) for HostAgent from --reserved-cpus / --reserved-count."""
     cpus = getattr(args, "reserved_cpus", None)

@@ -13,9 +13,11 @@ from typing import TYPE_CHECKING
 
 from corepin.cli.common import (
     add_host_arguments,
+    add_near_arguments,
     add_qos_arguments,
     add_reserved_arguments,
     cpu_list,
+    near_names,
     qos_from,
     reserve_from,
 )
@@ -102,7 +104,8 @@ def _memory_from(args: argparse.Namespace) -> MemoryPolicy | None:
 def add_arguments(parser: argparse.ArgumentParser, name: str) -> None:
     parser.usage = (
         "corepin run [--exclusive N [--with-shared] | --cpus LIST | --shared] "
-        "[--level LEVEL] [--option NAME[=VALUE]]... [--partition root|isolated] "
+        "[--level LEVEL] [--near DEVICE [--near-strict]]... [--option NAME[=VALUE]]... "
+        "[--partition root|isolated] "
         "[--wait [SECONDS]] [--membind NODES | --interleave NODES | --preferred NODE] "
         "[--reserved-cpus CPUSET | --reserved-count N] [--qos-class CLASS] "
         "[--qos-config FILE] [--resctrl-root DIR] [--state-dir DIR] [--policy NAME] "
@@ -154,6 +157,7 @@ def add_arguments(parser: argparse.ArgumentParser, name: str) -> None:
         choices=LEVELS,
         help="exclusiveness level: withhold whole units of this level (default: cpu)",
     )
+    add_near_arguments(parser)
     parser.add_argument(
         "--policy",
         metavar="NAME",
@@ -229,6 +233,13 @@ def spec_from(args: argparse.Namespace) -> RunSpec:
             "--with-shared only",
             reason="bad_usage",
         )
+    near = near_names(args)  # `run` only
+    if near and args.exclusive is None:
+        raise InputError(
+            "--near applies to --exclusive runs only (a shared run runs on the whole shared "
+            "pool; --cpus names the CPUs itself)",
+            reason="bad_usage",
+        )
     qos = getattr(args, "qos_class", None)  # `run` only
     if qos is not None:
         from corepin.core.qos import check_class
@@ -242,6 +253,8 @@ def spec_from(args: argparse.Namespace) -> RunSpec:
         partition=partition,
         cpus=args.cpus,
         memory=_memory_from(args),
+        near=near,
+        near_strict=bool(getattr(args, "near_strict", False)),
     )
 
 

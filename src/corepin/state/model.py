@@ -67,7 +67,8 @@ class Assignment:
     - `created`: wall-clock seconds when recorded; `policy`: the policy that decided;
       `workload`: the workload family when one was given;
     - `qos`: its QoS class when one was given explicitly (`corepin run --qos-class`, the
-      `corepin.io/qos-class` annotation); None: derived (`qos_class`).
+      `corepin.io/qos-class` annotation); None: derived (`qos_class`);
+    - `near`: the devices its CPUs were chosen near (`corepin run --near`), as they were named.
     """
 
     id: str
@@ -81,6 +82,7 @@ class Assignment:
     policy: str = ""
     workload: str | None = None
     qos: str | None = None
+    near: tuple[str, ...] = ()
 
     def __post_init__(self) -> None:
         if not isinstance(self.id, str) or not self.id or len(self.id) > 512:
@@ -106,6 +108,14 @@ class Assignment:
             )
         if self.qos is not None:
             object.__setattr__(self, "qos", check_class(self.qos, f"assignment {self.id!r}: qos"))
+        if isinstance(self.near, list):
+            object.__setattr__(self, "near", tuple(self.near))
+        if not isinstance(self.near, tuple) or not all(
+            isinstance(name, str) and name for name in self.near
+        ):
+            raise RequestError(
+                f"assignment {self.id!r}: near must be device names, got {self.near!r}"
+            )
         if self.owner is not None and not isinstance(self.owner, (ProcessOwner, ContainerOwner)):
             raise RequestError(f"assignment {self.id!r}: owner must be a process or a container")
         if self.kind == "shared":
@@ -415,5 +425,9 @@ class HostState:
 
 
 def fingerprint(topology: Topology) -> str:
-    """`sha256:<hex>` of the canonical JSON form of the topology (sorted keys, no spaces)."""
-    return canonical_digest(topology.to_json())
+    """`sha256:<hex>` of the canonical JSON form of the topology's CPUs and NUMA nodes (sorted
+    keys, no spaces). Its PCI devices are left out: a device plugged in, removed or renamed
+    does not make the state another machine's."""
+    data = topology.to_json()
+    data.pop("devices", None)
+    return canonical_digest(data)

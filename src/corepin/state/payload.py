@@ -8,7 +8,8 @@ Payload, version 4 (`CURRENT_VERSION`):
      "assignments": [{"id": str, "kind": "exclusive"|"mixed"|"share"|"shared",
                       "cpus": "2-3", "withheld": "2-3", "mems": "0", "level": "cpu",
                       "owner": <owner>|null, "created": float, "policy": str,
-                      "workload": str|null, "qos": str|null}]}   # sorted by id
+                      "workload": str|null, "qos": str|null,
+                      "near": [str, ...]}]}   # sorted by id
 
     <owner> = {"type": "process", "pid": int, "start_time": int|null,
                "runner_pid": int|null, "runner_start_time": int|null, "cgroup": str|null,
@@ -28,7 +29,9 @@ Payload, version 4 (`CURRENT_VERSION`):
 
 `qos` (an assignment's QoS class when one was given; null or absent: derived from its kind)
 came after version 4 without a new version: a reader that does not know it ignores it, and a
-row without it reads as null, so checkpoints of either kind stay readable by both.
+row without it reads as null, so checkpoints of either kind stay readable by both. `near` (the
+devices a run's CPUs were chosen near, as named) came the same way: a row without it reads as
+none.
 
 Older payloads are brought up to this version by `corepin.state.migrations` before they are
 read. `PayloadReader` is the typed field access both use: every error it raises is a
@@ -66,6 +69,7 @@ def _assignment_to_json(a: Assignment) -> dict[str, Any]:
         "policy": a.policy,
         "workload": a.workload,
         "qos": a.qos,
+        "near": list(a.near),
     }
 
 
@@ -118,6 +122,20 @@ class PayloadReader:
         if not isinstance(value, str):
             raise self.fail(f"{where}.{key}", f"expected a string, got {describe(value)}")
         return value
+
+    def str_list(self, obj: Mapping[str, Any], key: str, where: str) -> tuple[str, ...]:
+        """An optional list of non-empty strings (absent or null: empty)."""
+        value = obj.get(key)
+        if value is None:
+            return ()
+        if not isinstance(value, list):
+            raise self.fail(f"{where}.{key}", f"expected a list of strings, got {describe(value)}")
+        for i, item in enumerate(value):
+            if not isinstance(item, str) or not item:
+                raise self.fail(
+                    f"{where}.{key}[{i}]", f"expected a non-empty string, got {describe(item)}"
+                )
+        return tuple(value)
 
     def int_(self, obj: Mapping[str, Any], key: str, where: str) -> int:
         value = self.field(obj, key, where)
@@ -182,6 +200,7 @@ def _assignment_from_json(r: PayloadReader, row: object, where: str) -> Assignme
             policy=r.str_(row, "policy", where),
             workload=r.optional_str(row, "workload", where),
             qos=r.optional_str(row, "qos", where),
+            near=r.str_list(row, "near", where),
         )
     except StateFormatError:
         raise

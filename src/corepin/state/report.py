@@ -46,6 +46,7 @@ def report_data(
                 "mems": str(a.mems),
                 "level": a.level,
                 "workload": a.workload,
+                "near": list(a.near),
                 "name": process.name if process is not None else a.label,
                 "command": process.command if process is not None else "",
                 "owner_pid": process.runner_pid if process is not None else None,

@@ -16,7 +16,8 @@ Files written, per the kernel's ABI (Documentation/ABI/stable/sysfs-devices-syst
   `cpuN/cache/indexK/{level,type,shared_cpu_list,shared_cpu_map,id}` for L1d, L1i, L2, L3,
   and `cpuN/cpu_capacity` when the CPU has a capacity;
 - `node/{online,possible,has_cpu,has_memory}`, `node/nodeN/{cpulist,cpumap,distance}` and
-  `nodeN/meminfo` when the node has a memory size.
+  `nodeN/meminfo` when the node has a memory size;
+- the topology's PCI devices (`corepin.testing.devices.write_pci_devices`).
 
 `omit` leaves files out to emulate older kernels or odd platforms (names in `OMISSIONS`;
 `OLD_KERNEL` is the set a pre-5.2 kernel lacks). `expected_after(topology, omit)` gives the
@@ -45,6 +46,7 @@ from typing import Any
 from corepin.core.cpuset import CPUSet
 from corepin.core.errors import TopologyError
 from corepin.core.record import replace
+from corepin.testing.devices import write_pci_devices
 from corepin.topology.model import CPUInfo, NUMANode, Topology
 
 __all__ = [
@@ -203,6 +205,8 @@ def write_sysfs_tree(
 
     if "node_dir" not in skip:
         _write_nodes(out, topology, os.path.join(os.fspath(root), "sys/devices/system/node"), skip)
+    if topology.devices:
+        write_pci_devices(topology.devices, root)
     return Path(root)
 
 
@@ -381,7 +385,7 @@ def expected_after(topology: Topology, omit: Iterable[str]) -> Topology:
             complete = all(o in node.distances for o in order)
             distances = {} if "node_distance" in skip or not complete else dict(node.distances)
             nodes.append(NUMANode(node.id, node.cpus & online, distances, node.memory_kb))
-    return Topology(cpus, nodes, name=topology.name)
+    return Topology(cpus, nodes, name=topology.name, devices=topology.devices)
 
 
 def _replace(info: CPUInfo, changes: dict[str, Any]) -> CPUInfo:

@@ -76,3 +76,11 @@ def test_devices_travel_in_the_topology_json() -> None:
 def test_a_bad_device_row_is_named(row: dict[str, object], field: str) -> None:
     with pytest.raises(TopologyError, match=rf"devices\[0\].*{field}"):
         Device.from_json("devices[0]", row)
+
+
+def test_devices_do_not_change_the_states_topology_fingerprint() -> None:
+    from corepin.state.model import fingerprint
+
+    base = synthetic(SyntheticSpec(sockets=2))
+    with_gpu = Topology(base.cpus, base.numa_nodes, devices=(GPU,))
+    assert fingerprint(with_gpu) == fingerprint(base)

@@ -44,6 +44,7 @@ if TYPE_CHECKING:
     from corepin.state.model import Assignment, HostState
     from corepin.state.waitline import WaitLine
     from corepin.sysfs.procfs import ProcStat
+    from corepin.topology.model import Topology
 
 #: Signals held back while `corepin run` commits (delivered, or forwarded to CMD, afterwards).
 HELD_SIGNALS: Final = {signal.SIGINT, signal.SIGTERM, signal.SIGHUP, signal.SIGQUIT}
@@ -70,15 +71,25 @@ class RunSpec:
     #: the QoS class given (`--qos-class`; None: derived, LSE for exclusive runs, LS for
     #: shared ones); BE only for a shared run, which then runs in the BE group
     qos: str | None = None
+    #: the devices an exclusive run's CPUs should be near (`--near`), as named; `near_strict`:
+    #: only CPUs near them (`--near-strict`)
+    near: tuple[str, ...] = ()
+    near_strict: bool = False
 
-    def request(self) -> Request:
+    def request(self, topology: Topology | None = None) -> Request:
+        """The request; with `near`, `topology` resolves the devices (InputError naming one
+        it does not have)."""
         from corepin.allocation.api import build_request
 
         options = dict(self.options or {})
+        if self.near_strict and not self.near:
+            raise InputError("--near-strict needs --near DEVICE", reason="bad_usage")
+        if self.near:
+            options = self._near_options(options, topology)
         if self.cpus is not None:
             if self.exclusive is not None:
                 raise InputError("--cpus and --exclusive exclude each other", reason="bad_usage")
-            for name in ("level", "smt", "numa", "prefer-isolated", "workload"):
+            for name in ("level", "smt", "numa", "prefer-isolated", "workload", "near"):
                 if name in options:
                     raise InputError(
                         f"option {name!r} chooses CPUs: it does not apply with --cpus",
@@ -86,13 +97,37 @@ class RunSpec:
                     )
             return build_request(max(1, len(self.cpus)), options)
         if self.exclusive is None:
-            for name in ("level", "smt", "numa", "prefer-isolated"):
+            for name in ("level", "smt", "numa", "prefer-isolated", "near"):
                 if name in options:
                     raise InputError(
                         f"option {name!r} applies to --exclusive runs only", reason="bad_usage"
                     )
             options["shared"] = "true"
         return build_request(self.exclusive or 1, options)
+
+    def _near_options(self, options: dict[str, str], topology: Topology | None) -> dict[str, str]:
+        """`options` with `near=` the CPUs near the `near` devices (and `near-strict`)."""
+        from corepin.allocation.near import near_cpus
+
+        if self.cpus is not None or self.exclusive is None:
+            raise InputError(
+                "--near applies to --exclusive runs only (a shared run runs on the whole "
+                "shared pool; --cpus names the CPUs itself)",
+                reason="bad_usage",
+            )
+        if topology is None:
+            raise InputError("--near needs the machine's topology", reason="bad_usage")
+        for name in ("near", "near-strict"):
+            if name in options:
+                raise InputError(
+                    f"--option {name} and --near both choose the CPUs to be near: give one",
+                    reason="bad_option",
+                )
+        out = dict(options)
+        out["near"] = str(near_cpus(topology, self.near))
+        if self.near_strict:
+            out["near-strict"] = "true"
+        return out
 
     def kind(self, request: Request) -> str:
         if self.cpus is not None:
@@ -127,7 +162,8 @@ class Runner:
             )
         # a caller that ignores SIGCHLD would make the kernel reap CMD, and its exit code be lost
         signal.signal(signal.SIGCHLD, signal.SIG_DFL)
-        request = spec.request()  # bad options are refused before the state is touched
+        # bad options (and devices the machine lacks) are refused before the state is touched
+        request = spec.request(self.host.topology if spec.near else None)
         kind = spec.kind(request)
         if spec.qos == "BE" and kind != "shared":
             raise InputError(
@@ -304,6 +340,7 @@ class Runner:
                     policy=decision.policy,
                     workload=request.workload,
                     qos=spec.qos,
+                    near=spec.near,
                 )
                 state = state.add(assignment)
                 if host.qos_policy is not None:

@@ -2,7 +2,11 @@
 
 from __future__ import annotations
 
+from corepin.topology.devices import Device
 from corepin.topology.model import Topology
+
+#: how the pictures name a device kind
+KIND_LABELS = {"gpu": "GPU", "nic": "NIC", "nvme": "NVMe", "accelerator": "accelerator"}
 
 
 def plural(count: int, word: str) -> str:
@@ -44,3 +48,15 @@ def short_core_type(core_type: str | None) -> str:
     if low in ("e", "efficiency", "efficient", "cpu_atom", "atom", "little", "ecore", "e-core"):
         return "E"
     return core_type
+
+
+def shown_devices(topology: Topology) -> list[Device]:
+    """The devices the table, tree and picture show: GPUs, NICs, NVMe and accelerators (bridges
+    and the like appear in the JSON only), by address."""
+    return [d for d in topology.devices if d.kind in KIND_LABELS]
+
+
+def device_line(device: Device) -> str:
+    """`GPU 0000:81:00.0 (card0, renderD128, nvidia0)`: the kind, the address, the names."""
+    names = f" ({', '.join(device.names)})" if device.names else ""
+    return f"{KIND_LABELS.get(device.kind, device.kind)} {device.address}{names}"

@@ -1,7 +1,9 @@
 """The tree of boxes `render_svg` draws: machine > socket > die (when a socket has several) >
 NUMA node > L3 > shared L2 or cluster (when several cores share one) > core > CPU (hardware
 thread), in the order of `Topology.level_order()`, each box with its style, and for a report each
-CPU filled with its owner's colour.
+CPU filled with its owner's colour. PCI devices (GPU, NIC, NVMe, accelerator) get a box inside
+their NUMA node's box after its CPUs, as lstopo draws them; one without a NUMA node (or whose
+node has no box) sits in the machine's box.
 
 Every present CPU is placed once: online ones in the tree, offline ones in their core when the
 kernel still says which core, else in an "Offline CPUs" strip; memory-only NUMA nodes get boxes
@@ -13,8 +15,9 @@ from __future__ import annotations
 from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass, field
 
-from corepin.cli.render._common import short_core_type, summary
+from corepin.cli.render._common import KIND_LABELS, short_core_type, shown_devices, summary
 from corepin.core.cpuset import CPUSet
+from corepin.topology.devices import Device
 from corepin.topology.model import CPUInfo, Topology
 
 #: Fixed colours of well-known owner labels (`corepin report -o svg`).
@@ -66,6 +69,7 @@ STYLES: dict[str, Style] = {
     "core-E": Style("#b3d9a5", "#4f7f3f", pad=4, gap=3, font=10),
     "core-other": Style("#e3c6e8", "#7a4f82", pad=4, gap=3, font=10),
     "offline-group": Style("#f4f4f4", "#8c8c8c", pad=6, gap=4, font=11, dash=True),
+    "device": Style("#e2f0d9", "#55804a", pad=5, gap=4, font=11, radius=2),
     "pu": Style("#ffffff", "#4d4d4d", font=11, bold=False, radius=2),
     "pu-isolated": Style("#fff1a8", "#c0392b", font=11, bold=False, dash=True, radius=2),
     "pu-offline": Style("url(#hatch)", "#8c8c8c", font=11, bold=False, radius=2),
@@ -121,6 +125,10 @@ class BoxBuilder:
         for info in topology.cpus:
             if not info.online and info.core is not None:
                 self.offline_by_core.setdefault(info.core, []).append(info)
+        #: devices not drawn yet, by NUMA node (None: no node)
+        self.devices: dict[int | None, list[Device]] = {}
+        for device in shown_devices(topology):
+            self.devices.setdefault(device.numa, []).append(device)
 
     # every present CPU, placed once: online ones in the tree, offline ones in their core when
     # the kernel still says which core, else in the "Offline CPUs" strip
@@ -143,6 +151,7 @@ class BoxBuilder:
                     Box(
                         "memnuma",
                         f"NUMA node {node.id}",
+                        children=self.device_boxes(node.id),
                         lines=lines,
                         tip=f"NUMA node {node.id}: memory without CPUs",
                     )
@@ -162,6 +171,8 @@ class BoxBuilder:
             )
             strip.children = [self.pu(c) for c in loose]
             children.append(strip)
+        for left in sorted(self.devices, key=lambda n: -1 if n is None else n):
+            children.extend(self.device_boxes(left))  # no NUMA node, or none drawn
         return Box("machine", "Machine", children=children, tip=summary(self.t))
 
     def level(
@@ -183,7 +194,26 @@ class BoxBuilder:
                 continue
             box = make(key, members)
             box.children = self.level(members, rest)
+            if attr == "numa":
+                box.children.extend(self.device_boxes(key))
             out.append(box)
+        return out
+
+    def device_boxes(self, node: int | None) -> list[Box]:
+        """Boxes of the devices of NUMA node `node` not drawn yet (each is drawn once)."""
+        out = []
+        for device in self.devices.pop(node, []):
+            where = "no NUMA node" if device.numa is None else f"NUMA node {device.numa}"
+            tip = (
+                f"{KIND_LABELS[device.kind]} {device.address}: {where}, local CPUs "
+                f"{device.local_cpus}, class 0x{device.pci_class:06x}, "
+                f"id {device.vendor:04x}:{device.device:04x}"
+            )
+            if device.names:
+                tip += f", names {', '.join(device.names)}"
+            label = f"{KIND_LABELS[device.kind]} {device.address.removeprefix('0000:')}"
+            lines = [", ".join(device.names)] if device.names else []
+            out.append(Box("device", label, lines=lines, tip=tip))
         return out
 
     def socket_box(self, socket: int, members: list[CPUInfo]) -> Box:

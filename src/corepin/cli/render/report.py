@@ -1,5 +1,6 @@
 """The report of `corepin report` (`corepin.state.report.report_data`) as a table, JSON, YAML or
-an SVG of the machine with each CPU's holder."""
+an SVG of the machine with each CPU's holder. The table has a NEAR column (the devices a run's
+CPUs were chosen near) only when some run has one."""
 
 from __future__ import annotations
 
@@ -28,10 +29,14 @@ def render_report(
 
 def report_table(data: Mapping[str, Any]) -> str:
     live = any("live_cpus" in a for a in data["allocations"])
+    near = any(a.get("near") for a in data["allocations"])
     header: tuple[str, ...] = ("ID", "NAME", "PID", "KIND", "QOS", "CPUS")
     if live:
         header += ("LIVE", "CPU%")
-    header += ("MEMS", "STATUS", "COMMAND")
+    header += ("MEMS",)
+    if near:
+        header += ("NEAR",)
+    header += ("STATUS", "COMMAND")
     rows: list[tuple[str, ...]] = [header]
     for a in data["allocations"]:
         cells = [a["id"], a["name"], str(a["pid"] or "-"), a["kind"], a.get("qos_class") or "-"]
@@ -39,7 +44,10 @@ def report_table(data: Mapping[str, Any]) -> str:
         if live:
             percent = a.get("cpu_percent")
             cells += [a.get("live_cpus") or "-", "-" if percent is None else f"{percent:.1f}"]
-        cells += [a["mems"] or "-", a["status"] or "-", a["command"][:40]]
+        cells.append(a["mems"] or "-")
+        if near:
+            cells.append(",".join(a.get("near") or ()) or "-")
+        cells += [a["status"] or "-", a["command"][:40]]
         rows.append(tuple(printable(cell) for cell in cells))
     widths = [max(len(r[i]) for r in rows) for i in range(len(rows[0]))]
     lines = ["  ".join(c.ljust(w) for c, w in zip(r, widths, strict=True)).rstrip() for r in rows]

@@ -6,7 +6,8 @@ several) > NUMA node > L3 > shared L2 or cluster (when several cores share one) 
 several packages (a DynamIQ SoC whose kernel numbers clusters as packages) or several NUMA nodes
 is drawn around them, as lstopo does. Offline CPUs are hatched, isolated CPUs (isolcpus) have a
 red dashed border, performance and efficiency cores of hybrid machines have different colours,
-memory-only NUMA nodes get their own boxes, and a legend explains it all. Boxes flow into
+memory-only NUMA nodes get their own boxes, PCI devices (GPU, NIC, NVMe, accelerator) sit in
+their NUMA node's box, and a legend explains it all. Boxes flow into
 balanced rows, so the same code draws 2 CPUs and 1024.
 
 `render_svg(topology, owners=...)` colours CPUs by owner instead (for `corepin report -o svg`):
@@ -22,7 +23,7 @@ from __future__ import annotations
 import math
 from collections.abc import Mapping
 
-from corepin.cli.render._common import short_core_type, summary
+from corepin.cli.render._common import short_core_type, shown_devices, summary
 from corepin.cli.render.boxes import OWNER_COLOURS, STYLES, Box, BoxBuilder, owner_colours
 from corepin.core.cpuset import CPUSet
 from corepin.topology.model import Topology
@@ -194,6 +195,9 @@ def _legend_items(
     if any(n.memory_only for n in topology.numa_nodes):
         st = STYLES["memnuma"]
         items.append((st.fill, st.stroke, "memory-only NUMA node", True, ""))
+    if shown_devices(topology):
+        st = STYLES["device"]
+        items.append((st.fill, st.stroke, "PCI device", False, ""))
     if topology.isolated_cpus:
         st = STYLES["pu-isolated"]
         items.append((st.fill, st.stroke, f"isolated CPU {topology.isolated_cpus}", True, ""))

@@ -1,10 +1,11 @@
-"""`corepin topology -o table`: one row per physical core, grouped by socket, NUMA node and L3."""
+"""`corepin topology -o table`: one row per physical core, grouped by socket, NUMA node and L3,
+then one row per device (GPU, NIC, NVMe, accelerator) with its NUMA node and local CPUs."""
 
 from __future__ import annotations
 
 from collections.abc import Sequence
 
-from corepin.cli.render._common import short_core_type, summary
+from corepin.cli.render._common import short_core_type, shown_devices, summary
 from corepin.core.cpuset import CPUSet
 from corepin.topology.model import CPUInfo, Topology
 
@@ -118,6 +119,10 @@ def render_table(topology: Topology) -> str:
             lines.append("")
         lines.extend(formatted[at : at + len(group)])
         at += len(group)
+    devices = _device_lines(topology)
+    if devices:
+        lines.append("")
+        lines.extend(devices)
 
     notes = []
     if loose_offline:
@@ -142,6 +147,16 @@ def _size(kb: int) -> str:
     if kb >= 1024 * 1024:
         return f"{kb / (1024 * 1024):.1f} GiB"
     return f"{kb / 1024:.0f} MiB"
+
+
+def _device_lines(topology: Topology) -> list[str]:
+    rows = [
+        [d.address, d.kind, ",".join(d.names) or "-", _cell(d.numa), _cell(str(d.local_cpus))]
+        for d in shown_devices(topology)
+    ]
+    if not rows:
+        return []
+    return format_columns(["DEVICE", "KIND", "NAMES", "NUMA", "LOCAL CPUS"], rows)
 
 
 def _distance_lines(topology: Topology) -> list[str]:

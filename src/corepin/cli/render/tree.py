@@ -1,8 +1,10 @@
-"""`corepin topology -o tree`: the pool tree socket -> die -> NUMA -> L3 -> core, indented."""
+"""`corepin topology -o tree`: the pool tree socket -> die -> NUMA -> L3 -> core, indented; each
+device (GPU, NIC, NVMe, accelerator) under its NUMA node, those without one under the machine."""
 
 from __future__ import annotations
 
-from corepin.cli.render._common import short_core_type, summary
+from corepin.cli.render._common import device_line, short_core_type, shown_devices, summary
+from corepin.topology.devices import Device
 from corepin.topology.model import PoolNode, Topology
 
 _NAMES = {
@@ -19,6 +21,13 @@ def render_tree(topology: Topology) -> str:
     """One line per pool-tree node down to cores; a core line lists its threads (CPUs)."""
     lines = [summary(topology)]
     isolated = topology.isolated_cpus
+    by_node: dict[int | None, list[Device]] = {}
+    for device in shown_devices(topology):
+        by_node.setdefault(device.numa, []).append(device)
+
+    def devices_of(node: int | None, depth: int) -> None:
+        for device in by_node.pop(node, []):
+            lines.append(f"{'  ' * depth}{device_line(device)}: local CPUs {device.local_cpus}")
 
     def visit(node: PoolNode, depth: int) -> None:
         name = _NAMES.get(node.kind, node.kind)
@@ -43,11 +52,16 @@ def render_tree(topology: Topology) -> str:
                     visit(grandchild, depth + 1)
             else:
                 visit(child, depth + 1)
+        if node.kind == "numa" and isinstance(node.id, int):
+            devices_of(node.id, depth + 1)
 
     visit(topology.pool_tree(), 0)
     for numa in topology.numa_nodes:
         if numa.memory_only:
             lines.append(f"  NUMA node {numa.id}: memory only")
+            devices_of(numa.id, 2)
+    for node in sorted(by_node, key=lambda n: -1 if n is None else n):
+        devices_of(node, 1)  # no NUMA node, or one the tree does not show
     if topology.offline_cpus:
         lines.append(f"  offline: CPUs {topology.offline_cpus}")
     return "\n".join(lines) + "\n"
