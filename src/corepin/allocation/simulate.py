@@ -6,7 +6,8 @@ and put the seconds into the result (`PolicyResult.with_seconds`).
 Trace format::
 
     {"events": [{"op": "add", "id": "ns/pod/ctr", "cpus": 4, "level": "core",
-                 "workload": "cpu-bound", "shared": false},
+                 "workload": "cpu-bound", "shared": false, "near": "16-31",
+                 "nearStrict": false},
                 {"op": "remove", "id": "ns/pod/ctr"}]}
 
 Replay keeps the live exclusive assignments of each policy in the node's one pool model
@@ -21,6 +22,8 @@ leave no CPU in the shared pool while shared workloads are live is rejected
 no CPUs. A best-effort add (`"workload": "best-effort"`) is a shared one too: it withholds
 nothing and is placed in the shared pool (by a workload-aware policy on its least used CPUs).
 A remove frees what its add withheld; a remove of an id that was never admitted is ignored.
+An exclusive add may name CPUs it should be near (`near`: a device's local CPUs, as
+`corepin run --near` resolves them) and whether only those will do (`nearStrict`).
 
 Quality of an admitted exclusive allocation of n CPUs:
 - NUMA-aligned: it spans the fewest NUMA nodes that n CPUs could span on an empty machine;
@@ -45,7 +48,9 @@ from corepin.topology.model import Topology
 
 #: The event operations a trace may hold.
 OPS: Final = ("add", "remove")
-_ADD_FIELDS: Final = frozenset({"op", "id", "cpus", "level", "workload", "shared"})
+_ADD_FIELDS: Final = frozenset(
+    {"op", "id", "cpus", "level", "workload", "shared", "near", "nearStrict"}
+)
 _REMOVE_FIELDS: Final = frozenset({"op", "id"})
 
 
@@ -81,6 +86,9 @@ class TraceEvent:
     level: str = "cpu"
     workload: str | None = None
     shared: bool = False
+    #: CPUs the add should be near (a device's local CPUs), and whether only those will do
+    near: CPUSet | None = None
+    near_strict: bool = False
 
     def to_json(self) -> dict[str, Any]:
         if self.op == "remove":
@@ -92,6 +100,10 @@ class TraceEvent:
             out["workload"] = self.workload
         if self.shared:
             out["shared"] = True
+        if self.near is not None:
+            out["near"] = str(self.near)
+        if self.near_strict:
+            out["nearStrict"] = True
         return out
 
 
@@ -142,7 +154,23 @@ def _parse_event(index: int, raw: object) -> TraceEvent:
     shared = raw.get("shared", False)
     if not isinstance(shared, bool):
         raise TraceError(index, "shared", f"shared must be true or false, got {shared!r}")
-    return TraceEvent("add", ident, cpus, level, workload, shared)
+    near = None
+    if "near" in raw:
+        text = raw["near"]
+        try:
+            near = CPUSet.parse(text) if isinstance(text, str) else None
+        except ValueError:
+            near = None
+        if not near:
+            raise TraceError(index, "near", f"near must be a non-empty CPU list, got {text!r}")
+        if shared or workload == "best-effort":
+            raise TraceError(index, "near", "near is for exclusive adds (this one is shared)")
+    near_strict = raw.get("nearStrict", False)
+    if not isinstance(near_strict, bool) or (near_strict and near is None):
+        raise TraceError(
+            index, "nearStrict", f"nearStrict must be true or false, with near: {near_strict!r}"
+        )
+    return TraceEvent("add", ident, cpus, level, workload, shared, near, near_strict)
 
 
 def parse_trace(data: object) -> Trace:
@@ -397,7 +425,7 @@ def replay(
                     usage[cpu] -= 1
             continue
         shared = event.shared or event.workload == "best-effort"
-        key = (event.cpus, event.level, event.workload, shared)
+        key = (event.cpus, event.level, event.workload, shared, event.near, event.near_strict)
         request = request_cache.get(key)
         if request is None:
             request = Request(
@@ -406,6 +434,8 @@ def replay(
                 level="cpu" if shared else event.level,
                 workload=event.workload,
                 options=options or {},
+                near=event.near,
+                near_strict=event.near_strict,
             )
             request_cache[key] = request
         if shared:  # runs in the shared pool, withholds nothing (best effort: placed in it)

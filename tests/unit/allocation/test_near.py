@@ -217,3 +217,49 @@ def test_near_everything_is_the_plain_decision(
     assert (plain is None) == (near is None)
     if plain is not None and near is not None:
         assert plain.cpus == near.cpus and plain.withheld == near.withheld
+
+
+# ---------------------------------------------------------------------- simulate traces
+def test_a_trace_add_may_be_near_cpus_and_replays_there() -> None:
+    from corepin.allocation.simulate import parse_trace, replay
+
+    topology = T.build(2, 1, 1, 4, 2)
+    node1 = topology.cpus_in_numa_nodes(1)
+    data = {
+        "events": [
+            {"op": "add", "id": "a", "cpus": 4, "near": str(node1)},
+            {"op": "add", "id": "b", "cpus": 4, "near": str(node1), "nearStrict": True},
+        ]
+    }
+    trace = parse_trace(data)
+    assert trace.to_json() == {
+        "events": [
+            {"op": "add", "id": "a", "cpus": 4, "near": str(node1)},
+            {"op": "add", "id": "b", "cpus": 4, "near": str(node1), "nearStrict": True},
+        ]
+    }
+    placed: list[CPUSet] = []
+    replay(
+        topology,
+        trace,
+        get_policy("topology-aware"),
+        on_decision=lambda r: placed.append(r.cpus) if r.cpus is not None else None,
+    )
+    assert len(placed) == 2 and all(cpus <= node1 for cpus in placed), placed
+
+
+@pytest.mark.parametrize(
+    ("event", "field"),
+    [
+        ({"near": ""}, "near"),
+        ({"near": 5}, "near"),
+        ({"near": "0-1", "shared": True}, "near"),
+        ({"nearStrict": True}, "nearStrict"),
+        ({"near": "0-1", "nearStrict": "yes"}, "nearStrict"),
+    ],
+)
+def test_a_bad_near_in_a_trace_is_named(event: dict[str, object], field: str) -> None:
+    from corepin.allocation.simulate import TraceError, parse_trace
+
+    with pytest.raises(TraceError, match=rf"event 0 field '{field}'"):
+        parse_trace({"events": [{"op": "add", "id": "a", "cpus": 2, **event}]})
