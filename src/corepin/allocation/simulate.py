@@ -411,7 +411,7 @@ def replay(
     numa_ok = llc_ok = core_ok = 0
     peak = 0
     reasons: dict[str, int] = {}
-    request_cache: dict[tuple[int, str, str | None, bool], Request] = {}
+    request_cache: dict[tuple[int, str, str | None, bool, CPUSet | None, bool], Request] = {}
     for index, event in enumerate(events):
         count = index + 1
         if progress is not None and index % progress_every == 0 and index:
