@@ -33,6 +33,7 @@ from corepin.api.grpc import convert
 from corepin.api.grpc.client import AgentClient
 from corepin.api.grpc.gen.v1alpha1 import pinning_pb2 as pb
 from corepin.api.grpc.gen.v1alpha1 import pinning_pb2_grpc
+from corepin.api.grpc.gen.v1alpha1 import topology_pb2 as tpb
 from corepin.api.grpc.server import GrpcServer, Listen, prepare_socket_path
 from corepin.core.cpuset import CPUSet
 from corepin.core.errors import AllocationError, EnvironmentProblem, InputError
@@ -605,9 +606,22 @@ def test_a_topology_round_trips_through_its_message_with_its_nulls() -> None:
     data = topology.to_json()
     data["cpus"][3].update(online=False, socket=None, die=None, numa=None, l3=None, core=None)
     data["cpus"][3]["l2"] = None
+    data["devices"] = [
+        {
+            "address": "0000:3b:00.0",
+            "class": "0x030200",
+            "vendor": "0x10de",
+            "device": "0x2330",
+            "numa": 1,
+            "local_cpus": "8-15",
+            "names": ["card0", "nvidia0"],
+        },
+        {"address": "0000:00:1f.6", "class": "0x020000", "numa": None, "names": ["eth0"]},
+    ]
     odd = type(topology).from_json(data)
-    back = convert.topology_from_message(convert.topology_message(odd))
-    assert back == odd
+    wire = convert.topology_message(odd).SerializeToString()
+    back = convert.topology_from_message(tpb.NodeTopology.FromString(wire))
+    assert back == odd and len(back.devices) == 2
     assert back.to_json() == odd.to_json()
 
 

@@ -21,6 +21,7 @@ from corepin.core.cpuset import CPUSet
 from corepin.core.errors import RequestError
 from corepin.state.model import Assignment, HostState
 from corepin.state.owners import ContainerOwner, Owner, ProcessOwner
+from corepin.topology.devices import Device
 from corepin.topology.model import Topology
 
 _CPU_OPTIONAL = ("socket", "die", "numa", "l3", "l2", "core", "cluster", "capacity")
@@ -44,6 +45,17 @@ def topology_message(topology: Topology) -> tpb.NodeTopology:
         msg.distances.update(dict(node.distances))
         if node.memory_kb is not None:
             msg.memory_kb = node.memory_kb
+    for device in topology.devices:
+        found = out.devices.add(
+            address=device.address,
+            class_code=device.pci_class,
+            vendor=device.vendor,
+            device=device.device,
+            local_cpus=str(device.local_cpus),
+            names=device.names,
+        )
+        if device.numa is not None:
+            found.numa = device.numa
     return out
 
 
@@ -66,7 +78,20 @@ def topology_from_message(msg: tpb.NodeTopology) -> Topology:
         if node.HasField("memory_kb"):
             data["memory_kb"] = node.memory_kb
         nodes.append(data)
-    return Topology.from_json({"cpus": cpus, "numa_nodes": nodes})
+    devices = [
+        Device(
+            address=row.address,
+            pci_class=row.class_code,
+            vendor=row.vendor,
+            device=row.device,
+            numa=row.numa if row.HasField("numa") else None,
+            local_cpus=CPUSet.parse(row.local_cpus),
+            names=tuple(row.names),
+        )
+        for row in msg.devices
+    ]
+    topology = Topology.from_json({"cpus": cpus, "numa_nodes": nodes})
+    return Topology(topology.cpus, topology.numa_nodes, devices=devices)
 
 
 # ---------------------------------------------------------------------- owners
