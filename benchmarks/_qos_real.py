@@ -21,10 +21,31 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
+from corepin.core.cpuset import CPUSet
+from corepin.enforcement.cgroups import CgroupV1
+from corepin.enforcement.qos import CpuControl, QosEngine, QosNode
+
 CGROUP = Path("/sys/fs/cgroup")
 CPUSET = CGROUP / "cpuset"
 CPU = CGROUP / "cpu"
 CPUACCT = CGROUP / "cpuacct"
+
+
+def host_engine(be_group: str | None) -> tuple[QosEngine, QosNode]:
+    """A QoS engine over this host's v1 mounts, and the node it sees: every CPU this process
+    may use shared, none exclusive or reserved, `be_group` the BE group (None: no BE work)."""
+    online = CPUSet(os.sched_getaffinity(0))
+    driver = CgroupV1(str(CPUSET), str(CPU))
+    engine = QosEngine(CpuControl(driver, cpuacct_root=str(CPUACCT)), driver)
+    node = QosNode(
+        online=online,
+        reserved=CPUSet(),
+        exclusive=CPUSet(),
+        lsr=CPUSet(),
+        shared_pool=online,
+        be_group=be_group,
+    )
+    return engine, node
 
 
 def why_not_real() -> str | None:

@@ -41,17 +41,15 @@ from typing import Any
 from _common import median, percentile
 from _qos_real import (
     CPU,
-    CPUACCT,
-    CPUSET,
     Periodic,
     Scratch,
+    host_engine,
     interrupts_as_keyboard,
     why_not_real,
 )
 from corepin.allocation.qos import BeSuppress, CpuBurst, QosPolicy
-from corepin.core.cpuset import CPUSet
-from corepin.enforcement.cgroups import CgroupV1, CpuQuota
-from corepin.enforcement.qos import CpuControl, QosEngine, QosMember, QosNode
+from corepin.enforcement.cgroups import CpuQuota
+from corepin.enforcement.qos import QosMember
 
 HERE = Path(__file__).resolve()
 PERIOD_US = 100_000
@@ -134,17 +132,7 @@ def scenario(
     assert base.quota_us is not None
     scratch.write(CPU, group, "cpu.cfs_period_us", str(PERIOD_US))
     scratch.write(CPU, group, "cpu.cfs_quota_us", str(base.quota_us))
-    online = CPUSet(os.sched_getaffinity(0))
-    driver = CgroupV1(str(CPUSET), str(CPU))
-    engine = QosEngine(CpuControl(driver, cpuacct_root=str(CPUACCT)), driver)
-    node = QosNode(
-        online=online,
-        reserved=CPUSet(),
-        exclusive=CPUSet(),
-        lsr=CPUSet(),
-        shared_pool=online,
-        be_group=None,
-    )
+    engine, node = host_engine(None)
     policy = QosPolicy(
         be_suppress=BeSuppress(policy="off"),
         cpu_burst=CpuBurst(
@@ -215,7 +203,9 @@ def scenario(
     result["burst_changes"] = sum(r.burst_changes for r in reports)
     # the engine holds burst back while the shared pool is busier than shareUsageLimitPercent
     shares = [
-        100 * max(0.0, r.usage["node"] - r.usage["LSE"]) / len(online) for r in reports if r.usage
+        100 * max(0.0, r.usage["node"] - r.usage["LSE"]) / len(node.shared_pool)
+        for r in reports
+        if r.usage
     ]
     result["pool_busy"] = shares
     result["held_back"] = sum(1 for x in shares if x > args.share_limit)

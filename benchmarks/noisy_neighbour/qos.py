@@ -60,6 +60,7 @@ from _qos_real import (  # noqa: E402
     CPUSET,
     Periodic,
     Scratch,
+    host_engine,
     interrupts_as_keyboard,
     start,
     stop,
@@ -68,9 +69,7 @@ from _qos_real import (  # noqa: E402
 from corepin.agent.host.settings import CGROUP_PARENT  # noqa: E402
 from corepin.agent.settings import state_dir_key  # noqa: E402
 from corepin.allocation.qos import BeSuppress, QosPolicy  # noqa: E402
-from corepin.core.cpuset import CPUSet  # noqa: E402
-from corepin.enforcement.cgroups import CgroupV1  # noqa: E402
-from corepin.enforcement.qos import CpuControl, QosEngine, QosMember, QosNode  # noqa: E402
+from corepin.enforcement.qos import QosMember  # noqa: E402
 
 PROBE = HERE / "probe.py"
 HOG = HERE / "hog.py"
@@ -111,17 +110,7 @@ def scenario(
         result["be_cpus_used"] = None
         return result
     be = scratch.group(f"be-{tag}")
-    online = CPUSet(os.sched_getaffinity(0))
-    driver = CgroupV1(str(CPUSET), str(CPU))
-    engine = QosEngine(CpuControl(driver, cpuacct_root=str(CPUACCT)), driver)
-    node = QosNode(
-        online=online,
-        reserved=CPUSet(),
-        exclusive=CPUSet(),
-        lsr=CPUSet(),
-        shared_pool=online,
-        be_group=be,
-    )
+    engine, node = host_engine(be)
     policy = QosPolicy(
         be_suppress=BeSuppress(policy=policy_name, slo_percent=args.slo, min_cpus=args.min_cpus)
     )
