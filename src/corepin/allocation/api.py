@@ -58,26 +58,10 @@ def parse_options(options: OptionsArg) -> dict[str, str]:
 def build_request(count: int, options: OptionsArg = ()) -> Request:
     """A Request for `count` CPUs from generic options; the rest stay in `Request.options`."""
     opts = parse_options(options)
-    numa_hint = None
-    if "numa" in opts:
-        try:
-            numa_hint = CPUSet.parse(opts["numa"])
-        except CPUSetParseError as exc:
-            raise RequestError(
-                f"option numa={opts['numa']!r} is not a list of NUMA node ids: {exc.problem}",
-                reason="bad_option_value",
-            ) from None
-    near = None
-    if "near" in opts:
-        try:
-            near = CPUSet.parse(opts["near"])
-        except CPUSetParseError as exc:
-            raise RequestError(
-                f"option near={opts['near']!r} is not a CPU list: {exc.problem}",
-                reason="bad_option_value",
-            ) from None
-        if not near:
-            raise RequestError("option near= names no CPU", reason="bad_option_value")
+    numa_hint = _set_option(opts, "numa", "a list of NUMA node ids")
+    near = _set_option(opts, "near", "a CPU list")
+    if near is not None and not near:
+        raise RequestError("option near= names no CPU", reason="bad_option_value")
     workload = opts.get("workload") or None
     policy_opts = {k: v for k, v in opts.items() if k not in GENERIC_OPTIONS}
     return Request(
@@ -92,6 +76,19 @@ def build_request(count: int, options: OptionsArg = ()) -> Request:
         near=near,
         near_strict=option_flag(opts, "near-strict"),
     )
+
+
+def _set_option(opts: Mapping[str, str], name: str, what: str) -> CPUSet | None:
+    """Option `name` as a CPU list form (None when not given); RequestError naming it."""
+    if name not in opts:
+        return None
+    try:
+        return CPUSet.parse(opts[name])
+    except CPUSetParseError as exc:
+        raise RequestError(
+            f"option {name}={opts[name]!r} is not {what}: {exc.problem}",
+            reason="bad_option_value",
+        ) from None
 
 
 def check_request(topology: Topology, request: Request) -> Request:
