@@ -21,7 +21,7 @@ from collections.abc import Mapping
 from typing import Any
 
 from corepin.agent.node.sync import PodEvent
-from corepin.allocation.qos import CLASSES, check_class, class_of
+from corepin.allocation.qos import CLASSES, check_class
 from corepin.core.errors import InputError
 from corepin.core.record import record
 from corepin.enforcement.cgroups import CpuQuota
@@ -73,10 +73,9 @@ def class_events(request: ClassRequest) -> list[PodEvent]:
 
 
 def assignment_class(a: Assignment, given: str | None = None) -> str:
-    """The class of assignment `a`: `given` when it is one, else derived from its kind and its
-    container's Kubernetes QoS class."""
-    owner = a.container
-    return class_of(a.kind, (owner.qos or None) if owner is not None else None, given)
+    """The class of assignment `a`: `given` when it is one, else its own (`Assignment.qos_class`:
+    the one recorded, else derived from its kind and its container's Kubernetes QoS class)."""
+    return check_class(given) if given else a.qos_class
 
 
 class QosClasses:
