@@ -18,11 +18,20 @@ from typing import Final
 
 from corepin.core.errors import InputError
 
-__all__ = ["CLASSES", "KOORDINATOR_CLASSES", "check_class", "class_of"]
+__all__ = [
+    "CLASSES",
+    "KOORDINATOR_CLASSES",
+    "RESCTRL_GROUP_PREFIX",
+    "check_class",
+    "class_of",
+    "resctrl_group",
+]
 
 CLASSES: Final = ("LSE", "LSR", "LS", "BE", "SYSTEM")
 #: Koordinator's `koordinator.sh/qosClass` values, which mean the same as ours
 KOORDINATOR_CLASSES: Final = frozenset(CLASSES)
+#: the resctrl groups corepin makes are `corepin-<class>` (lower case); others are not ours
+RESCTRL_GROUP_PREFIX: Final = "corepin-"
 
 
 def check_class(value: object, where: str = "QoS class") -> str:
@@ -50,3 +59,8 @@ def class_of(kind: str, kube_qos: str | None = None, given: str | None = None) -
     if kube_qos is not None and kube_qos.lower() == "besteffort":
         return "BE"
     return "LS"
+
+
+def resctrl_group(qos_class: str) -> str:
+    """The name of `qos_class`'s resctrl group (validated): `corepin-<class>`, lower case."""
+    return RESCTRL_GROUP_PREFIX + check_class(qos_class).lower()

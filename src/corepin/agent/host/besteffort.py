@@ -25,6 +25,7 @@ from typing import Final
 
 from corepin.core.cpuset import CPUSet
 from corepin.core.errors import CgroupError
+from corepin.core.qos import resctrl_group
 from corepin.enforcement.cgroups import CgroupDriver, CgroupV1, CgroupV2, find_v1_controller
 
 __all__ = [
@@ -39,9 +40,6 @@ __all__ = [
 
 #: Where resctrl is mounted unless `--resctrl-root` says otherwise.
 DEFAULT_RESCTRL_ROOT: Final = "/sys/fs/resctrl"
-#: The resctrl group of a class is this and the class in lower case
-#: (`corepin.enforcement.resctrl.classes.group_name`, which loads the QoS policy parser).
-RESCTRL_GROUP_PREFIX: Final = "corepin-"
 
 
 def be_cpus(view: CgroupDriver | None, be_group: str, pool: CPUSet) -> CPUSet:
@@ -138,5 +136,5 @@ def accounting_joins(driver: CgroupDriver, path: str, cpuacct_root: str | None) 
 def resctrl_tasks_file(root: str, qos_class: str) -> str | None:
     """The `tasks` file of `qos_class`'s resctrl group under `root` when it has one (its
     policy differs from the whole machine and the QoS loop made the group)."""
-    path = os.path.join(root, f"{RESCTRL_GROUP_PREFIX}{qos_class.lower()}", "tasks")
+    path = os.path.join(root, resctrl_group(qos_class), "tasks")
     return path if os.path.isfile(path) else None

@@ -30,7 +30,7 @@ from typing import Any, Final, NamedTuple
 
 from corepin.allocation.qos.policy import ClassPolicy
 from corepin.core.ids import validate_pid
-from corepin.core.qos import CLASSES, check_class
+from corepin.core.qos import CLASSES, RESCTRL_GROUP_PREFIX, check_class, resctrl_group
 from corepin.core.record import record
 from corepin.enforcement.note import Change, Note
 from corepin.enforcement.resctrl.model import ResctrlError, parse_schemata, read_text
@@ -49,7 +49,7 @@ __all__ = [
     "threads_of",
 ]
 
-GROUP_PREFIX: Final = "corepin-"
+GROUP_PREFIX: Final = RESCTRL_GROUP_PREFIX
 _FULL_L3: Final = (0, 100)
 _FULL_MBA: Final = 100
 #: how many task ids a note names before it only counts them
@@ -57,8 +57,9 @@ _NAMED: Final = 8
 
 
 def group_name(qos_class: str) -> str:
-    """The resctrl group of `qos_class` (validated): `corepin-<class>`, lower case."""
-    return GROUP_PREFIX + check_class(qos_class).lower()
+    """The resctrl group of `qos_class` (validated): `corepin-<class>`, lower case
+    (`corepin.core.qos.resctrl_group`)."""
+    return resctrl_group(qos_class)
 
 
 def is_default(policy: ClassPolicy) -> bool:
