@@ -23,6 +23,8 @@ from corepin.core.record import record
 from corepin.state.store import DEFAULT_STATE_DIR
 
 DEFAULT_CGROUP_ROOT: Final = "/sys/fs/cgroup"
+#: where resctrl is mounted unless `--resctrl-root` says otherwise (every room)
+DEFAULT_RESCTRL_ROOT: Final = "/sys/fs/resctrl"
 
 
 def state_dir_key(state_dir: str) -> str:

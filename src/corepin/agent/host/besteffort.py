@@ -23,6 +23,7 @@ import os
 from collections.abc import Iterable
 from typing import Final
 
+from corepin.agent.settings import DEFAULT_RESCTRL_ROOT
 from corepin.core.cpuset import CPUSet
 from corepin.core.errors import CgroupError
 from corepin.core.qos import resctrl_group
@@ -37,9 +38,6 @@ __all__ = [
     "offer_cpu_controller",
     "resctrl_tasks_file",
 ]
-
-#: Where resctrl is mounted unless `--resctrl-root` says otherwise.
-DEFAULT_RESCTRL_ROOT: Final = "/sys/fs/resctrl"
 
 
 def be_cpus(view: CgroupDriver | None, be_group: str, pool: CPUSet) -> CPUSet:

@@ -10,7 +10,7 @@ from __future__ import annotations
 from collections.abc import Mapping
 from typing import Final
 
-from corepin.agent.settings import AgentSettings
+from corepin.agent.settings import DEFAULT_RESCTRL_ROOT, AgentSettings
 from corepin.core.cpuset import CPUSet
 from corepin.core.errors import InputError
 from corepin.core.ids import validate_component
@@ -21,7 +21,6 @@ DEFAULT_GRPC_SOCKET: Final = "/run/corepin/corepin.sock"
 DEFAULT_METRICS_ADDRESS: Final = ":9464"
 DEFAULT_ASSIGNMENT_DIR: Final = "/run/corepin/assignments"
 CGROUP_DRIVERS: Final = ("auto", "cgroupfs", "systemd")
-DEFAULT_RESCTRL_ROOT: Final = "/sys/fs/resctrl"
 #: the kubelet's PodResources API (the devices of each container, their NUMA nodes)
 DEFAULT_POD_RESOURCES_SOCKET: Final = "/var/lib/kubelet/pod-resources/kubelet.sock"
 #: the ConfigMap (in the agent's namespace) whose key `qos.yaml` is the node QoS policy

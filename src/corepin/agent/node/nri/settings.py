@@ -9,7 +9,7 @@ from __future__ import annotations
 from collections.abc import Mapping
 from typing import Final
 
-from corepin.agent.settings import AgentSettings
+from corepin.agent.settings import DEFAULT_RESCTRL_ROOT, AgentSettings
 from corepin.core.cpuset import CPUSet
 from corepin.core.errors import InputError
 from corepin.core.ids import validate_component
@@ -19,7 +19,6 @@ from corepin.nri.plugin import DEFAULT_SOCKET, check_index, check_name
 DEFAULT_PLUGIN_NAME: Final = "corepin"
 DEFAULT_PLUGIN_INDEX: Final = "10"
 DEFAULT_METRICS_ADDRESS: Final = ":9464"
-DEFAULT_RESCTRL_ROOT: Final = "/sys/fs/resctrl"
 
 
 @record
