@@ -204,10 +204,19 @@ def test_a_be_run_lands_in_the_be_group_and_the_report_shows_every_class(host: H
     be = host.start("--shared", "--qos-class", "BE")
     ls = host.start("--shared")
     pid = int(str(be["pid"]))
-    groups = cgroups_of(pid)
     want = f"/{host.parent}/besteffort/{be['id']}"
+    ls_want = f"/{host.parent}/{ls['id']}"
+    # a run's child joins its groups while corepin commits the run: wait for the joins
+    wait_for(
+        lambda: (
+            all(cgroups_of(pid)[name] == want for name in HIERARCHIES)
+            and cgroups_of(int(str(ls["pid"])))["cpuacct"] == ls_want
+        ),
+        what="the runs to join their groups",
+    )
+    groups = cgroups_of(pid)
     assert {name: groups[name] for name in HIERARCHIES} == dict.fromkeys(HIERARCHIES, want)
-    assert cgroups_of(int(str(ls["pid"])))["cpuacct"] == f"/{host.parent}/{ls['id']}"
+    assert cgroups_of(int(str(ls["pid"])))["cpuacct"] == ls_want
     assert CPUSet.parse(allowed_cpus(pid)) <= host.cpus("besteffort")
     classes = {a["id"]: a["qos_class"] for a in host.allocations()}
     assert classes == {be["id"]: "BE", ls["id"]: "LS"}
