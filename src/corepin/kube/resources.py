@@ -8,6 +8,8 @@ from __future__ import annotations
 
 from corepin.kube.client import Resource
 from corepin.kube.models import (
+    CPUR_KIND,
+    CPUR_PLURAL,
     GROUP,
     NCPT_KIND,
     NCPT_PLURAL,
@@ -22,6 +24,10 @@ from corepin.kube.models import (
 #: corepin's NodeCPUTopology (cluster-scoped, one per node) and PodCPUBinding (namespaced).
 NCPT = Resource(GROUP, VERSION, NCPT_PLURAL, False, NCPT_KIND)
 PCB = Resource(GROUP, VERSION, PCB_PLURAL, True, PCB_KIND)
+#: corepin's CPUReservation (cluster-scoped): CPUs held on a node for pods yet to come.
+CPUR = Resource(GROUP, VERSION, CPUR_PLURAL, False, CPUR_KIND)
+#: The Eviction API (a pod's `eviction` subresource) honours PodDisruptionBudgets.
+PDBS = Resource("policy", "v1", "poddisruptionbudgets", True, "PodDisruptionBudget")
 #: The community NodeResourceTopology (v1alpha2) the agent also publishes.
 NRT = Resource(NRT_GROUP, "v1alpha2", NRT_PLURAL, False, NRT_KIND)
 

@@ -38,6 +38,7 @@ from corepin.core.errors import AllocationError, RequestError
 from corepin.core.qos import check_class, class_of
 from corepin.core.record import field, record, replace
 from corepin.state.owners import ContainerOwner, Owner, ProcessOwner
+from corepin.state.reservations import Reservation, check_name
 
 if TYPE_CHECKING:
     from corepin.state.shield import ShieldRecord
@@ -49,6 +50,7 @@ STRICT_RESERVATION: Final = "strict-cpu-reservation"
 _EMPTY: Final = CPUSet()
 _NO_OPTIONS: Final[Mapping[str, str]] = MappingProxyType({})
 _NO_ASSIGNMENTS: Final[Mapping[str, Assignment]] = MappingProxyType({})
+_NO_RESERVATIONS: Final[Mapping[str, Reservation]] = MappingProxyType({})
 
 
 def _is_true(value: str | None) -> bool:
@@ -68,7 +70,8 @@ class Assignment:
       `workload`: the workload family when one was given;
     - `qos`: its QoS class when one was given explicitly (`corepin run --qos-class`, the
       `corepin.io/qos-class` annotation); None: derived (`qos_class`);
-    - `near`: the devices its CPUs were chosen near (`corepin run --near`), as they were named.
+    - `near`: the devices its CPUs were chosen near (`corepin run --near`), as they were named;
+    - `reservation`: the reservation whose CPUs it runs on (`corepin.state.reservations`), if any.
     """
 
     id: str
@@ -83,6 +86,7 @@ class Assignment:
     workload: str | None = None
     qos: str | None = None
     near: tuple[str, ...] = ()
+    reservation: str | None = None
 
     def __post_init__(self) -> None:
         if not isinstance(self.id, str) or not self.id or len(self.id) > 512:
@@ -116,6 +120,8 @@ class Assignment:
             raise RequestError(
                 f"assignment {self.id!r}: near must be device names, got {self.near!r}"
             )
+        if self.reservation is not None:
+            check_name(self.reservation, f"assignment {self.id!r}: reservation")
         if self.owner is not None and not isinstance(self.owner, (ProcessOwner, ContainerOwner)):
             raise RequestError(f"assignment {self.id!r}: owner must be a process or a container")
         if self.kind == "shared":
@@ -213,6 +219,8 @@ class HostState:
     - `options`: policy options (for example `strict-cpu-reservation`);
     - `assignments`: id -> Assignment, a read-only mapping sorted by id;
     - `shield`: the active shield (`corepin shield on`) and what it changed, or None;
+    - `reservations`: name -> Reservation (CPUs held for a workload yet to come), sorted by
+      name; their withheld CPUs are held like an exclusive assignment's;
     - `pools`: the derived `NodePools` (not stored).
     """
 
@@ -225,6 +233,7 @@ class HostState:
     options: Mapping[str, str] = field(default_factory=lambda: _NO_OPTIONS)
     assignments: Mapping[str, Assignment] = field(default_factory=lambda: _NO_ASSIGNMENTS)
     shield: ShieldRecord | None = None
+    reservations: Mapping[str, Reservation] = field(default_factory=lambda: _NO_RESERVATIONS)
     pools: NodePools = field(init=False, repr=False, compare=False)
     #: pod uid -> its assignments, built on first use (`pod_assignments`)
     _by_pod: dict[str, tuple[Assignment, ...]] | None = field(
@@ -245,6 +254,12 @@ class HostState:
                 if not isinstance(value, Assignment) or value.id != key:
                     raise RequestError(f"state assignment key {key!r} does not match its id")
             object.__setattr__(self, "assignments", MappingProxyType(dict(sorted(items.items()))))
+        if not isinstance(self.reservations, MappingProxyType):
+            held = dict(self.reservations)
+            for key, res in held.items():
+                if not isinstance(res, Reservation) or res.name != key:
+                    raise RequestError(f"state reservation key {key!r} does not match its name")
+            object.__setattr__(self, "reservations", MappingProxyType(dict(sorted(held.items()))))
         if self.shield is not None:
             # loaded only when a shield is on: `corepin run` reads states without one
             from corepin.state.shield import ShieldRecord
@@ -257,9 +272,15 @@ class HostState:
             reserved=self.reserved,
             infra=self.infra,
             strict=_is_true(self.options.get(STRICT_RESERVATION)),
-            holds=((a.kind, a.withheld) for a in self.assignments.values()),
+            holds=self._holds(),
         )
         object.__setattr__(self, "pools", pools)
+
+    def _holds(self) -> Iterator[tuple[str, CPUSet]]:
+        for a in self.assignments.values():
+            yield a.kind, a.withheld
+        for r in self.reservations.values():
+            yield "exclusive", r.withheld
 
     # ------------------------------------------------------------------ construction
     @classmethod
@@ -329,10 +350,14 @@ class HostState:
         return counts
 
     def owner_of(self, cpu: int) -> str | None:
-        """The id of the assignment withholding `cpu`, if any."""
+        """The id of the assignment withholding `cpu`, else `reservation <name>` when a
+        reservation holds it, else None."""
         for a in self.assignments.values():
             if cpu in a.withheld:
                 return a.id
+        for r in self.reservations.values():
+            if cpu in r.withheld:
+                return f"reservation {r.name}"
         return None
 
     def pod_assignments(self, pod_uid: str) -> tuple[Assignment, ...]:
@@ -365,6 +390,11 @@ class HostState:
                 common = a.withheld & b.withheld
                 if common:
                     out.append((a.id, b.id, common))
+        for r in self.reservations.values():
+            for a in items:
+                common = a.withheld & r.withheld
+                if common and a.reservation != r.name:
+                    out.append((a.id, f"reservation {r.name}", common))
         return out
 
     # ------------------------------------------------------------------ pure updates
@@ -379,6 +409,8 @@ class HostState:
             raise RequestError(
                 f"an assignment with id {assignment.id!r} already exists", reason="duplicate_id"
             )
+        if assignment.reservation is not None:
+            return self._add_on_reservation(assignment)
         try:
             self.pools.check_hold(assignment.kind, assignment.withheld)
         except AllocationError as exc:
@@ -394,10 +426,106 @@ class HostState:
         items[assignment.id] = assignment
         return replace(self, assignments=items)
 
+    def _add_on_reservation(self, assignment: Assignment) -> HostState:
+        """`add` for an assignment that runs on its reservation's CPUs: its CPUs must be the
+        reservation's (or a part of them), and the reservation must not be in use already."""
+        name = assignment.reservation
+        held = self.reservations.get(name or "")
+        if held is None:
+            raise AllocationError(f"no reservation named {name!r}", reason="unknown_reservation")
+        if held.in_use:
+            raise AllocationError(
+                f"reservation {name!r} is in use by {', '.join(held.consumed_by)}",
+                reason="reservation_in_use",
+            )
+        outside = assignment.withheld - held.withheld
+        if outside:
+            without = replace(
+                self, reservations={k: v for k, v in self.reservations.items() if k != name}
+            )
+            try:
+                without.pools.check_hold(assignment.kind, outside)
+            except AllocationError as exc:
+                raise AllocationError(
+                    f"{assignment.id!r}: CPUs {outside} are outside reservation {name!r}: "
+                    f"{exc.message}",
+                    reason=exc.reason,
+                ) from None
+        items = dict(self.assignments)
+        items[assignment.id] = assignment
+        reservations = dict(self.reservations)
+        reservations[held.name] = replace(held, consumed_by=(assignment.id,))
+        return replace(self, assignments=items, reservations=reservations)
+
+    # ------------------------------------------------------------------ reservations
+    def add_reservation(self, reservation: Reservation) -> HostState:
+        """A state holding `reservation`. RequestError when the name is taken;
+        AllocationError (as `add` names them) when its CPUs are not free."""
+        if reservation.name in self.reservations:
+            raise RequestError(
+                f"a reservation named {reservation.name!r} already exists",
+                reason="duplicate_reservation",
+            )
+        if reservation.consumed_by:
+            raise RequestError(f"a new reservation {reservation.name!r} cannot be in use")
+        try:
+            self.pools.check_hold("exclusive", reservation.withheld)
+        except AllocationError as exc:
+            if exc.reason == "cpus_taken":
+                clash = reservation.withheld & self.held
+                owners = sorted({o for c in clash if (o := self.owner_of(c)) is not None})
+                raise AllocationError(
+                    f"CPUs {clash} of reservation {reservation.name!r} are already held by "
+                    f"{', '.join(owners)}",
+                    reason="cpus_taken",
+                ) from None
+            raise AllocationError(
+                f"reservation {reservation.name!r}: {exc.message}", reason=exc.reason
+            ) from None
+        reservations = dict(self.reservations)
+        reservations[reservation.name] = reservation
+        return replace(self, reservations=reservations)
+
+    def remove_reservation(self, name: str, *, missing_ok: bool = False) -> HostState:
+        """A state without the reservation `name` (a workload on its CPUs keeps them as its
+        own). RequestError if absent unless `missing_ok`."""
+        if name not in self.reservations:
+            if missing_ok:
+                return self
+            raise RequestError(f"no reservation named {name!r}", reason="unknown_reservation")
+        return replace(self, reservations={k: v for k, v in self.reservations.items() if k != name})
+
+    def expire_reservations(self, now: float) -> tuple[HostState, tuple[Reservation, ...]]:
+        """The state without the reservations whose TTL has run out at `now`, and those."""
+        gone = tuple(r for r in self.reservations.values() if r.expired(now))
+        if not gone:
+            return self, ()
+        names = {r.name for r in gone}
+        kept = {k: v for k, v in self.reservations.items() if k not in names}
+        return replace(self, reservations=kept), gone
+
+    def _released(self, ids: set[str]) -> dict[str, Reservation]:
+        """The reservations once the assignments `ids` are released: a one-time reservation
+        their workload consumed ends, a reusable one is free again."""
+        out: dict[str, Reservation] = {}
+        for name, r in self.reservations.items():
+            if not ids & set(r.consumed_by):
+                out[name] = r
+            elif r.reusable:
+                out[name] = replace(r, consumed_by=tuple(i for i in r.consumed_by if i not in ids))
+        return out
+
     def replace_assignment(self, assignment: Assignment) -> HostState:
-        """A state where the assignment with the same id is replaced (KeyError-free: adds it)."""
-        rest = self.remove(assignment.id, missing_ok=True)
-        return rest.add(assignment)
+        """A state where the assignment with the same id is replaced (KeyError-free: adds it).
+        An assignment that stays on its reservation keeps the reservation."""
+        old = self.assignments.get(assignment.id)
+        name = assignment.reservation
+        if old is None or name is None or old.reservation != name or name not in self.reservations:
+            return self.remove(assignment.id, missing_ok=True).add(assignment)
+        reservations = dict(self.reservations)
+        reservations[name] = replace(reservations[name], consumed_by=())
+        items = {k: v for k, v in self.assignments.items() if k != assignment.id}
+        return replace(self, assignments=items, reservations=reservations).add(assignment)
 
     def remove(self, assignment_id: str, *, missing_ok: bool = False) -> HostState:
         """A state without `assignment_id` (RequestError if absent unless `missing_ok`)."""
@@ -407,14 +535,16 @@ class HostState:
             raise RequestError(f"no assignment with id {assignment_id!r}", reason="unknown_id")
         items = dict(self.assignments)
         del items[assignment_id]
-        return replace(self, assignments=items)
+        return replace(self, assignments=items, reservations=self._released({assignment_id}))
 
     def remove_many(self, assignment_ids: Iterable[str]) -> HostState:
         ids = set(assignment_ids)
         if not ids & self.assignments.keys():
             return self
         return replace(
-            self, assignments={k: v for k, v in self.assignments.items() if k not in ids}
+            self,
+            assignments={k: v for k, v in self.assignments.items() if k not in ids},
+            reservations=self._released(ids),
         )
 
     def with_options(self, options: Mapping[str, str]) -> HostState:

@@ -9,7 +9,10 @@ Payload, version 4 (`CURRENT_VERSION`):
                       "cpus": "2-3", "withheld": "2-3", "mems": "0", "level": "cpu",
                       "owner": <owner>|null, "created": float, "policy": str,
                       "workload": str|null, "qos": str|null,
-                      "near": [str, ...]}]}   # sorted by id
+                      "near": [str, ...], "reservation": str|null}],   # sorted by id
+     "reservations": [{"name": str, "cpus": "4-5", "withheld": "4-5", "level": "cpu",
+                       "reusable": bool, "expires": float|null, "created": float,
+                       "consumed_by": [str, ...], "uid": str}]}   # sorted by name
 
     <owner> = {"type": "process", "pid": int, "start_time": int|null,
                "runner_pid": int|null, "runner_start_time": int|null, "cgroup": str|null,
@@ -31,7 +34,8 @@ Payload, version 4 (`CURRENT_VERSION`):
 came after version 4 without a new version: a reader that does not know it ignores it, and a
 row without it reads as null, so checkpoints of either kind stay readable by both. `near` (the
 devices a run's CPUs were chosen near, as named) came the same way: a row without it reads as
-none.
+none. `reservation` and `reservations` (CPUs held for a workload yet to come,
+`corepin.state.reservations`) came the same way: absent reads as none.
 
 Older payloads are brought up to this version by `corepin.state.migrations` before they are
 read. `PayloadReader` is the typed field access both use: every error it raises is a
@@ -48,6 +52,7 @@ from corepin.core.cpuset import CPUSet
 from corepin.core.errors import CorepinError, StateFormatError
 from corepin.state.model import Assignment, HostState
 from corepin.state.owners import owner_from_json
+from corepin.state.reservations import Reservation
 
 #: The payload format version this code writes (older ones are migrated on reading).
 CURRENT_VERSION: Final = 4
@@ -70,6 +75,7 @@ def _assignment_to_json(a: Assignment) -> dict[str, Any]:
         "workload": a.workload,
         "qos": a.qos,
         "near": list(a.near),
+        "reservation": a.reservation,
     }
 
 
@@ -84,6 +90,7 @@ def state_to_payload(state: HostState) -> dict[str, Any]:
         "options": dict(state.options),
         "assignments": [_assignment_to_json(a) for a in state.assignments.values()],
         "shield": state.shield.to_json() if state.shield is not None else None,
+        "reservations": [r.to_json() for r in state.reservations.values()],
     }
 
 
@@ -201,6 +208,41 @@ def _assignment_from_json(r: PayloadReader, row: object, where: str) -> Assignme
             workload=r.optional_str(row, "workload", where),
             qos=r.optional_str(row, "qos", where),
             near=r.str_list(row, "near", where),
+            reservation=r.optional_str(row, "reservation", where),
+        )
+    except StateFormatError:
+        raise
+    except CorepinError as exc:
+        raise r.fail(where, exc.message) from None
+
+
+def _reservation_from_json(r: PayloadReader, row: object, where: str) -> Reservation:
+    row = r.obj(row, where)
+    name = r.str_(row, "name", where)
+    where = f"{where} (name {name!r})"
+    numbers: dict[str, float | None] = {}
+    for key in ("expires", "created"):
+        value = row.get(key)
+        if value is None and key == "expires":
+            numbers[key] = None
+        elif isinstance(value, bool) or not isinstance(value, (int, float)):
+            raise r.fail(f"{where}.{key}", f"expected a number, got {describe(value)}")
+        else:
+            numbers[key] = float(value)
+    reusable = row.get("reusable", False)
+    if not isinstance(reusable, bool):
+        raise r.fail(f"{where}.reusable", f"expected true or false, got {describe(reusable)}")
+    try:
+        return Reservation(
+            name=name,
+            cpus=r.cpus(row, "cpus", where),
+            withheld=r.cpus(row, "withheld", where),
+            level=r.str_(row, "level", where),
+            reusable=reusable,
+            expires=numbers["expires"],
+            created=numbers["created"] or 0.0,
+            consumed_by=r.str_list(row, "consumed_by", where),
+            uid=r.optional_str(row, "uid", where) or "",
         )
     except StateFormatError:
         raise
@@ -221,6 +263,15 @@ def payload_to_state(payload: object, source: str) -> HostState:
         if a.id in items:
             raise r.fail(f"payload.assignments[{i}]", f"duplicate id {a.id!r}")
         items[a.id] = a
+    raw_held = p.get("reservations", [])
+    if not isinstance(raw_held, list):
+        raise r.fail("payload.reservations", f"expected a list, got {describe(raw_held)}")
+    held: dict[str, Reservation] = {}
+    for i, row in enumerate(raw_held):
+        res = _reservation_from_json(r, row, f"payload.reservations[{i}]")
+        if res.name in held:
+            raise r.fail(f"payload.reservations[{i}]", f"duplicate name {res.name!r}")
+        held[res.name] = res
     shield = None
     raw_shield = r.field(p, "shield", "payload")
     if raw_shield is not None:
@@ -244,6 +295,7 @@ def payload_to_state(payload: object, source: str) -> HostState:
             options=r.strmap(p, "options", "payload"),
             assignments=items,
             shield=shield,
+            reservations=held,
         )
     except StateFormatError:
         raise

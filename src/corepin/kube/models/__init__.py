@@ -8,6 +8,7 @@ Pure values, no I/O and no clock (every timestamp is passed in). Modules:
 - `meta`         the API group, `ObjectMeta`, `OwnerReference`, `Condition`, timestamps
 - `levels`       exclusiveness levels in corepin's spelling and the CRD's
 - `ncpt`         `NodeCPUTopology` (one per node, written by its agent) and its `Allocation` rows
+- `cpur`         `CPUReservation` (CPUs held on a node for pods yet to come; owner matching)
 - `pcb`          `PodCPUBinding` (explicit CPUs for a pod; who wrote it: `is_agent_binding`)
 - `nrt`          the `NodeResourceTopology` the agent publishes for the scheduler-plugins
 - `annotations`  the pod and node annotations (`parse_pod_annotations`, `corepin.io/cpus`, ...)
@@ -45,6 +46,19 @@ from corepin.kube.models.annotations import (
     parse_pod_annotations,
     parse_workload,
     qos_class_request,
+)
+from corepin.kube.models.cpur import (
+    CPUR_DONE,
+    CPUR_KIND,
+    CPUR_PHASES,
+    CPUR_PLURAL,
+    CPUReservation,
+    CPUReservationSpec,
+    CPUReservationStatus,
+    LabelSelector,
+    ReservationOwner,
+    ReservationUser,
+    parse_ttl,
 )
 from corepin.kube.models.fields import (
     MISSING,
@@ -135,6 +149,10 @@ __all__ = [
     "API_VERSION",
     "CONDITION_STATUSES",
     "CONTAINER_LABEL",
+    "CPUR_DONE",
+    "CPUR_KIND",
+    "CPUR_PHASES",
+    "CPUR_PLURAL",
     "CPU_POLICIES",
     "CRANE_CPU_MANAGER",
     "CRD_LEVELS",
@@ -161,10 +179,14 @@ __all__ = [
     "VALIDATED",
     "VERSION",
     "Allocation",
+    "CPUReservation",
+    "CPUReservationSpec",
+    "CPUReservationStatus",
     "Condition",
     "ContainerCPUSet",
     "Eligibility",
     "FieldError",
+    "LabelSelector",
     "NodeCPUTopology",
     "NodeCPUTopologySpec",
     "NodeCPUTopologyStatus",
@@ -177,6 +199,8 @@ __all__ = [
     "PodCPUBindingStatus",
     "PodCPUPolicy",
     "PodView",
+    "ReservationOwner",
+    "ReservationUser",
     "agent_binding_labels",
     "aliases_to_copy",
     "container_eligibility",
@@ -193,6 +217,7 @@ __all__ = [
     "parse_node_reservation",
     "parse_pod_annotations",
     "parse_time",
+    "parse_ttl",
     "parse_workload",
     "pod_owner",
     "pod_owner_uid",
