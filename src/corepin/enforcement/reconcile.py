@@ -1,9 +1,12 @@
 """The reconcile engine: make the live cgroup tree and process affinities match a desired state.
 
 Desired state is a list of targets:
-- `CgroupTarget(path, cpus=, mems=, quota=, create=)`: a cgroup (relative to the hierarchy root)
-  whose cpuset.cpus / cpuset.mems / CFS quota should hold the given values (None = leave alone;
-  mems default to the NUMA nodes of the CPUs when a topology is given);
+- `CgroupTarget(path, cpus=, mems=, quota=, create=, migrate_memory=)`: a cgroup (relative to
+  the hierarchy root) whose cpuset.cpus / cpuset.mems / CFS quota should hold the given values
+  (None = leave alone; mems default to the NUMA nodes of the CPUs when a topology is given).
+  With `migrate_memory`, pages its tasks already placed follow a change of its memory nodes: on
+  cgroup v1 `cpuset.memory_migrate` is turned on before `cpuset.mems` changes (v1 leaves pages
+  where they are otherwise); cgroup v2 always migrates them when `cpuset.mems` changes;
 - `ProcessTarget(pid, cpus, start_time=, session=, members=)`: the processes of a workload
   outside any container (a process tree, its session and recorded members, see
   `corepin.sysfs.procfs.ProcessGroup`), pinned with sched_setaffinity (every thread).
@@ -58,6 +61,7 @@ class CgroupTarget:
     quota: CpuQuota | None = None
     create: bool = False
     owner: str = ""
+    migrate_memory: bool = False
 
 
 @record
@@ -297,6 +301,8 @@ class Reconciler:
                 if cur != mems:
                     cache[("mems", rel)] = cur
                     pending_mems.append(_Pending(rel, _depth(rel), mems, target))
+                    if target.migrate_memory and drv.version == 1:
+                        self._migrate_pages(drv, rel, report)
             elif mems and not virtual and self._not_handed_down(drv, rel, "mems", mems):
                 pending_mems.append(_Pending(rel, _depth(rel), mems, target, ancestors=True))
         if target.quota is not None:
@@ -374,6 +380,19 @@ class Reconciler:
         cache[(kind, rel)] = new
         name = drv.cpus_file if kind == "cpus" else drv.mems_file
         report.changes.append(Change(name, rel, str(old), str(new), why))
+
+    @staticmethod
+    def _migrate_pages(drv: CgroupDriver, rel: str, report: ReconcileReport) -> None:
+        """Turn on v1's `cpuset.memory_migrate` of `rel` (read first: written only when off)."""
+        name = "cpuset.memory_migrate"
+        try:
+            if drv.read_file(rel, name).strip() == "1":
+                return
+        except CorepinError:
+            pass  # (a tree without the file: written below, or the error lands in the report)
+        if not report.dry_run:
+            drv.write_file(rel, name, "1")
+        report.changes.append(Change(name, rel, "0", "1", "pages follow the memory nodes"))
 
     def _has_children(self, drv: CgroupDriver, rel: str) -> bool:
         try:

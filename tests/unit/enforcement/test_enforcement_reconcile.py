@@ -313,3 +313,29 @@ def test_report_is_json_serialisable(v1: CgroupV1) -> None:
 def test_v2_driver_is_usable_without_fake_mode_flags(tmp_path: Path) -> None:
     drv = CgroupV2(tmp_path)
     assert drv.version == 2 and not drv.fake_tree
+
+
+def test_a_move_that_asks_for_it_turns_on_v1_memory_migration_before_the_mems_change(
+    v1: CgroupV1,
+) -> None:
+    v1.create("g")
+    reconciler = Reconciler(v1, topology=two_node_topology())
+    assert reconciler.reconcile([CgroupTarget("g", cpus=S("0-1"))]).ok
+    report = reconciler.reconcile([CgroupTarget("g", cpus=S("4-5"), migrate_memory=True)])
+    assert report.ok
+    assert v1.read_file("g", "cpuset.memory_migrate").strip() == "1"
+    assert [c.what for c in report.changes] == [
+        "cpuset.memory_migrate",
+        "cpuset.mems",
+        "cpuset.cpus",
+    ], "the flag is on before the memory nodes change"
+    again = reconciler.reconcile([CgroupTarget("g", cpus=S("0-1"), migrate_memory=True)])
+    assert [c.what for c in again.changes] == ["cpuset.mems", "cpuset.cpus"], "written once"
+
+
+def test_memory_migration_is_left_alone_when_the_memory_nodes_stay(v1: CgroupV1) -> None:
+    v1.create("g")
+    reconciler = Reconciler(v1, topology=two_node_topology())
+    assert reconciler.reconcile([CgroupTarget("g", cpus=S("0-1"))]).ok
+    report = reconciler.reconcile([CgroupTarget("g", cpus=S("2-3"), migrate_memory=True)])
+    assert [c.what for c in report.changes] == ["cpuset.cpus"]
