@@ -10,7 +10,10 @@ Safe, repaired and logged (one `key=value` line per change, logger `corepin.stat
   offline are dropped from that assignment's `withheld` set;
 - the isolated CPUs of the live topology are adopted (the shared pool never holds them);
 - NUMA mems of exclusive assignments missing or out of date are recomputed from the topology;
-- a new reserved set (from configuration) that touches no exclusive assignment is adopted.
+- a new reserved set (from configuration) that touches no exclusive assignment is adopted;
+- a reservation (CPUs held for a workload yet to come) whose CPUs went offline, became reserved
+  or are held by another assignment is dropped: nothing runs on it yet, so nothing is lost but
+  the hold.
 
 Not safe, refused with StateError (exit 4) telling the operator what to do:
 - an exclusive (or share) assignment lost CPUs (offline or absent): its workload would run on
@@ -44,6 +47,30 @@ def _log(changes: list[str]) -> None:
         emit("corepin.state", INFO, "%s", line)
 
 
+def _drop_broken_reservations(
+    state: HostState, online: CPUSet, reserved: CPUSet | None, changes: list[str]
+) -> HostState:
+    """`state` without the reservations that no longer fit (see the module docstring)."""
+    new_reserved = state.reserved if reserved is None else reserved
+    for r in list(state.reservations.values()):
+        others = [
+            a.id
+            for a in state.assignments.values()
+            if a.holds and a.reservation != r.name and a.withheld & r.withheld
+        ]
+        if r.cpus - online:
+            cause = f"offline cpus={r.cpus - online}"
+        elif r.withheld & new_reserved:
+            cause = f"reserved cpus={r.withheld & new_reserved}"
+        elif others:
+            cause = f"held_by={','.join(others)}"
+        else:
+            continue
+        changes.append(f"event=reservation_dropped name={r.name} cpus={r.cpus} cause={cause}")
+        state = state.remove_reservation(r.name)
+    return state
+
+
 def validate(
     state: HostState, topology: Topology, *, reserved: CPUSet | None = None
 ) -> tuple[HostState, list[str]]:
@@ -51,6 +78,7 @@ def validate(
     online = topology.online_cpus
     problems: list[str] = []
     changes: list[str] = []
+    state = _drop_broken_reservations(state, online, reserved, changes)
 
     # --- exclusive assignments must keep every CPU they were given
     for a in state.assignments.values():
