@@ -3,6 +3,7 @@ field), owners matched as Kubernetes matches label selectors, TTLs as seconds or
 
 from __future__ import annotations
 
+import contextlib
 from datetime import UTC, datetime
 from typing import Any
 
@@ -159,7 +160,5 @@ def test_the_spec_and_status_write_back_what_they_read() -> None:
 def test_any_json_spec_either_reads_or_is_refused_with_a_field_error(spec: object) -> None:
     data = obj()
     data["spec"] = spec
-    try:
+    with contextlib.suppress(FieldError):
         CPUReservation.from_dict(data)
-    except FieldError:
-        pass
