@@ -1,0 +1,82 @@
+"""Live moves of a running workload on cgroup v2 in a test-bed guest with four NUMA nodes
+(QEMU, `tests/vm`): the reconciler rewrites a container group's CPUs and memory nodes in
+place, in every layout a container may have in a v2 hierarchy (CPUs of its own, inheriting
+from its pod, a threaded subtree, next to a cpuset partition), and the kernel's own answers
+say what happened: every thread's Cpus_allowed_list sampled during the move, the pages of
+the workload's memory per node from /proc/PID/numa_maps.
+
+The work happens inside the guest (`tests/vm/move_v2_guest_check.py`, one layout per command);
+this module boots one guest, runs each layout once and reads its verdicts. Skips where the
+test bed cannot run (`vm.skip_reason()`).
+"""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Callable, Iterator
+from typing import Any
+
+import pytest
+
+from support.paths import REPO
+
+vm = pytest.importorskip("vm", reason="the VM test bed (tests/vm) is not here")
+
+REASON = vm.skip_reason()
+pytestmark = [
+    pytest.mark.slow,
+    pytest.mark.vm,
+    pytest.mark.skipif(REASON is not None, reason=REASON or ""),
+]
+SHAPE = "numa4-nosmt"
+LAYOUTS = ("plain", "inherit", "threaded", "partition")
+SENTENCES = {
+    "moved": "afterwards every thread may run only on the new node's CPUs",
+    "never empty": "no sample during the move saw a thread without a CPU",
+    "never elsewhere": "no sample saw a thread allowed outside its old and new CPUs",
+    "pages followed": "at least 90 % of the workload's memory is on the new node afterwards",
+    "untouched": "a sibling cpuset partition keeps its CPUs and state",
+    "clean": "no scratch group is left",
+}
+
+
+@pytest.fixture(scope="module")
+def moved(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Callable[[str], dict[str, Any]]]:
+    """The verdicts of one layout (each runs once, in one guest)."""
+    if SHAPE not in vm.SHAPES:
+        pytest.skip(f"no guest shape {SHAPE}")
+    done: dict[str, dict[str, Any]] = {}
+    with vm.Guest(vm.SHAPES[SHAPE], tmp_path_factory.mktemp("move-v2-guest")) as guest:
+
+        def run(layout: str) -> dict[str, Any]:
+            if layout not in done:
+                result = guest.run(
+                    [
+                        "python",
+                        str(REPO / "tests" / "vm" / "move_v2_guest_check.py"),
+                        "--this-machine-is-mine",
+                        layout,
+                    ],
+                    timeout=300,
+                )
+                lines = [line for line in result.stdout.splitlines() if line.startswith("{")]
+                assert lines, result.output
+                done[layout] = json.loads(lines[-1])
+            return done[layout]
+
+        yield run
+
+
+@pytest.mark.parametrize(
+    ("layout", "verdict"),
+    [
+        pytest.param(layout, verdict, id=f"{layout}: {sentence}")
+        for layout in LAYOUTS
+        for verdict, sentence in SENTENCES.items()
+    ],
+)
+def test_a_live_move_on_cgroup_v2(
+    moved: Callable[[str], dict[str, Any]], layout: str, verdict: str
+) -> None:
+    data = moved(layout)
+    assert data["verdicts"][verdict], (data["problems"], data["figures"])
