@@ -30,7 +30,20 @@ Quality of an admitted exclusive allocation of n CPUs:
 - LLC-aligned: likewise for L3 cache instances;
 - full-core: it holds no partial physical core, except at most one when n is not a multiple
   of the SMT width (for SMT-2 machines: when n is odd). Always true without SMT.
-The three ratios are over admitted exclusive allocations (None when there were none).
+The three ratios are over admitted exclusive allocations (None when there were none), judged
+when they are admitted.
+
+Time-weighted: the exclusive CPU-time is the sum over admitted exclusive allocations of their CPU
+count times the events they lived (from their add to their remove, or to the end of the trace);
+the NUMA-aligned and LLC-aligned shares of it count each allocation by what it was in each
+interval between two events.
+
+Rebalancing (`replay(..., rebalance=True)`): after each event, the rebalancing planner
+(`corepin.allocation.rebalance.plan_moves`, the one the node agent and host mode use) looks at
+the live exclusive allocations that are not at their size's minimum and its moves, at most
+`rebalance_limit` per event, are applied at once; a moved allocation counts as what it became
+from that event on. The admission-time ratios are the same with and without rebalancing; the
+time-weighted shares and `moves` tell the gain.
 """
 
 from __future__ import annotations
@@ -39,8 +52,11 @@ from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
 from dataclasses import dataclass, field, replace
 from typing import Any, Final
 
+from corepin.allocation.alignment import AlignmentMetrics as AlignmentMetrics
 from corepin.allocation.decide import decide
 from corepin.allocation.pools import NodePools
+from corepin.allocation.rebalance import Move, plan_moves
+from corepin.allocation.replaystate import LiveExclusive, Planner
 from corepin.allocation.types import LEVELS, WORKLOADS, Policy, Request
 from corepin.core.cpuset import CPUSet
 from corepin.core.errors import AllocationError, CorepinError, InputError, RequestError
@@ -205,96 +221,6 @@ def iter_events(raw_events: Iterable[object]) -> Iterator[TraceEvent]:
         yield event
 
 
-# ---------------------------------------------------------------------------------- metrics
-def _fewest_units(unit_sizes: Iterable[int], n: int) -> int:
-    """Fewest units (of these sizes) whose CPUs add up to at least n (all of them if never)."""
-    total = 0
-    used = 0
-    for size in sorted(unit_sizes, reverse=True):
-        if total >= n:
-            break
-        total += size
-        used += 1
-    return used
-
-
-class AlignmentMetrics:
-    """Classifies an allocation as NUMA-aligned, LLC-aligned and full-core for one topology.
-
-    The fewest-units minimum for each size n is computed once (from an empty machine) and kept.
-    """
-
-    __slots__ = (
-        "_core_mask",
-        "_core_of",
-        "_l3_of",
-        "_l3_sizes",
-        "_min_cache",
-        "_numa_of",
-        "_numa_sizes",
-        "smt",
-    )
-
-    def __init__(self, topology: Topology) -> None:
-        online = topology.online_cpus
-        size = online.last() + 1 if online else 0
-        self._numa_of: list[int] = [-1] * size
-        self._l3_of: list[int] = [-1] * size
-        self._core_of: list[int] = [-1] * size
-        self._core_mask: dict[int, int] = {}
-        numa_sizes: dict[int, int] = {}
-        l3_sizes: dict[int, int] = {}
-        for info in topology.cpus:
-            if not info.online:
-                continue
-            if info.numa is not None:
-                self._numa_of[info.cpu] = info.numa
-                numa_sizes[info.numa] = numa_sizes.get(info.numa, 0) + 1
-            if info.l3 is not None:
-                self._l3_of[info.cpu] = info.l3
-                l3_sizes[info.l3] = l3_sizes.get(info.l3, 0) + 1
-            core = info.core if info.core is not None else info.cpu
-            self._core_of[info.cpu] = core
-            self._core_mask[core] = self._core_mask.get(core, 0) | (1 << info.cpu)
-        self._numa_sizes = tuple(numa_sizes.values())
-        self._l3_sizes = tuple(l3_sizes.values())
-        self._min_cache: dict[int, tuple[int, int]] = {}
-        self.smt = max((m.bit_count() for m in self._core_mask.values()), default=1)
-
-    def fewest(self, n: int) -> tuple[int, int]:
-        """(fewest NUMA nodes, fewest L3 instances) that n CPUs could span on an empty machine."""
-        got = self._min_cache.get(n)
-        if got is None:
-            got = (_fewest_units(self._numa_sizes, n), _fewest_units(self._l3_sizes, n))
-            self._min_cache[n] = got
-        return got
-
-    def classify(self, cpus: CPUSet) -> tuple[bool, bool, bool]:
-        """(numa_aligned, llc_aligned, full_core) for an allocation of len(cpus) CPUs."""
-        n = len(cpus)
-        numa: set[int] = set()
-        l3: set[int] = set()
-        cores: set[int] = set()
-        numa_of, l3_of, core_of = self._numa_of, self._l3_of, self._core_of
-        for cpu in cpus:
-            if cpu >= len(numa_of):
-                continue
-            if numa_of[cpu] >= 0:
-                numa.add(numa_of[cpu])
-            if l3_of[cpu] >= 0:
-                l3.add(l3_of[cpu])
-            cores.add(core_of[cpu])
-        fewest_numa, fewest_l3 = self.fewest(n)
-        bits = cpus.bits
-        partial = 0
-        for core in cores:
-            mask = self._core_mask.get(core, 0)
-            if mask & bits != mask:
-                partial += 1
-        allowed = 1 if self.smt > 1 and n % self.smt else 0
-        return len(numa) <= fewest_numa, len(l3) <= fewest_l3, partial <= allowed
-
-
 # ---------------------------------------------------------------------------------- results
 @dataclass(frozen=True, slots=True)
 class DecisionRecord:
@@ -336,6 +262,13 @@ class PolicyResult:
     reasons: Mapping[str, int] = field(default_factory=dict)
     peak_withheld: int = 0
     seconds: float = 0.0
+    #: whether the replay rebalanced, and how many moves it applied
+    rebalance: bool = False
+    moves: int = 0
+    #: exclusive CPU-time (CPUs x events lived) and its NUMA-aligned and LLC-aligned parts
+    exclusive_cpu_time: int = 0
+    numa_aligned_cpu_time: int = 0
+    llc_aligned_cpu_time: int = 0
 
     @property
     def numa_aligned_ratio(self) -> float | None:
@@ -348,6 +281,20 @@ class PolicyResult:
     @property
     def full_core_ratio(self) -> float | None:
         return _ratio(self.full_core, self.admitted_exclusive)
+
+    @property
+    def numa_aligned_time_ratio(self) -> float | None:
+        """NUMA-aligned share of the exclusive CPU-time."""
+        return _ratio(self.numa_aligned_cpu_time, self.exclusive_cpu_time)
+
+    @property
+    def llc_aligned_time_ratio(self) -> float | None:
+        """LLC-aligned share of the exclusive CPU-time."""
+        return _ratio(self.llc_aligned_cpu_time, self.exclusive_cpu_time)
+
+    @property
+    def moves_per_1000_events(self) -> float | None:
+        return round(1000 * self.moves / self.events, 2) if self.events else None
 
     @property
     def events_per_second(self) -> float | None:
@@ -371,6 +318,11 @@ class PolicyResult:
             "peak_withheld_cpus": self.peak_withheld,
             "seconds": round(self.seconds, 6),
             "events_per_second": self.events_per_second,
+            "rebalance": self.rebalance,
+            "moves": self.moves,
+            "exclusive_cpu_time": self.exclusive_cpu_time,
+            "numa_aligned_time_ratio": self.numa_aligned_time_ratio,
+            "llc_aligned_time_ratio": self.llc_aligned_time_ratio,
         }
 
 
@@ -386,6 +338,10 @@ def replay(
     metrics: AlignmentMetrics | None = None,
     options: Mapping[str, str] | None = None,
     total: int | None = None,
+    rebalance: bool = False,
+    rebalance_limit: int | None = 2,
+    planner: Planner = plan_moves,
+    on_move: Callable[[int, Move], None] | None = None,
 ) -> PolicyResult:
     """Replay `trace` through `policy` on `topology`; the result has seconds = 0 (time it).
 
@@ -396,6 +352,11 @@ def replay(
 
     `trace` may also be any iterable of events, consumed once (a stream read from a file:
     replay keeps only the live assignments); `total` is then its length for `progress`.
+
+    With `rebalance`, after each event `planner` (default `plan_moves`) proposes at most
+    `rebalance_limit` moves of the live exclusive allocations, which are applied at once;
+    `on_move(event index, move)` sees each. Raises SimulationError when a move takes CPUs that
+    are not free.
     """
     events = trace.events if isinstance(trace, Trace) else trace
     if isinstance(events, Sequence):
@@ -404,7 +365,16 @@ def replay(
     scorer = metrics if metrics is not None else AlignmentMetrics(topology)
     name = policy.name
     pools = NodePools.for_topology(topology)
-    live_exclusive: dict[str, CPUSet] = {}
+    live = LiveExclusive(
+        topology,
+        policy,
+        scorer,
+        rebalance=rebalance,
+        limit=rebalance_limit,
+        options=options,
+        planner=planner,
+        on_move=on_move,
+    )
     live_shared: dict[str, CPUSet] = {}  # id -> CPUs a best-effort add was placed on
     usage: dict[int, int] = {}  # CPU -> live best-effort placements on it
     admitted = rejected = admitted_exclusive = admitted_shared = 0
@@ -413,11 +383,13 @@ def replay(
     reasons: dict[str, int] = {}
     request_cache: dict[tuple[int, str, str | None, bool, CPUSet | None, bool], Request] = {}
     for index, event in enumerate(events):
+        if index:  # the previous event is done: rebalance, count the interval after it
+            pools = _settle(live, pools, index - 1, keep_shared=bool(live_shared))
         count = index + 1
         if progress is not None and index % progress_every == 0 and index:
             progress(index, total or 0)
         if event.op == "remove":
-            freed = live_exclusive.pop(event.id, None)
+            freed = live.remove(event.id)
             if freed is not None:
                 pools = pools.release("exclusive", freed)
             else:
@@ -481,18 +453,19 @@ def replay(
                 f"policy {name!r} at trace event {index} ({event.id!r}) withholds CPUs "
                 f"{held} that are not free: {exc}"
             ) from None
-        live_exclusive[event.id] = held
+        numa, llc, whole = live.add(event.id, cpus, held, request.level)
         withheld_now = pools.exclusive.bit_count()
         if withheld_now > peak:
             peak = withheld_now
         admitted += 1
         admitted_exclusive += 1
-        numa, llc, whole = scorer.classify(cpus)
         numa_ok += numa
         llc_ok += llc
         core_ok += whole
         if on_decision is not None:
             on_decision(DecisionRecord(name, index, event.id, cpus, None))
+    if count:
+        pools = _settle(live, pools, count - 1, keep_shared=bool(live_shared))
     if progress is not None:
         progress(count, total or count)
     return PolicyResult(
@@ -507,4 +480,16 @@ def replay(
         full_core=core_ok,
         reasons=dict(sorted(reasons.items())),
         peak_withheld=peak,
+        rebalance=rebalance,
+        moves=live.moves,
+        exclusive_cpu_time=live.cpu_time,
+        numa_aligned_cpu_time=live.numa_time,
+        llc_aligned_cpu_time=live.llc_time,
     )
+
+
+def _settle(live: LiveExclusive, pools: NodePools, index: int, *, keep_shared: bool) -> NodePools:
+    try:
+        return live.settle(pools, index, keep_shared=keep_shared)
+    except AllocationError as exc:
+        raise SimulationError(str(exc)) from None

@@ -1,7 +1,7 @@
 """`corepin simulate`: replay a trace through policies and compare them.
 
 corepin simulate --topology FILE|--sysfs-root DIR --trace TRACE.json [--policy NAME]...
-                 [--decisions FILE] [-o table|json]
+                 [--decisions FILE] [--rebalance [--rebalance-limit N]] [-o table|json]
 corepin simulate --generate --topology FILE|--sysfs-root DIR [--seed N] [--events N]
                  [--out FILE]
 
@@ -10,6 +10,11 @@ yields them, and a replay streams the trace file (`corepin.allocation.tracestrea
 policy (plus a first pass that checks and counts it when --decisions or a progress bar needs
 that). A trace that cannot be read twice (a pipe) is read into memory once instead. The seconds
 of a result leave out the time spent reading the trace.
+
+`--rebalance` replays each policy twice, without and with the rebalancing planner moving live
+exclusive allocations after each event (at most `--rebalance-limit` moves per event), and
+reports the gain: the NUMA-aligned and LLC-aligned shares of exclusive CPU-time, and the moves
+made. `--decisions` then records the admissions of the replay without rebalancing.
 """
 
 from __future__ import annotations
@@ -21,7 +26,7 @@ import os
 import stat
 import sys
 import time
-from collections.abc import Iterable, Iterator
+from collections.abc import Callable, Iterable, Iterator
 from typing import IO, TYPE_CHECKING, Any
 
 from corepin.cli.common import (
@@ -39,6 +44,8 @@ if TYPE_CHECKING:
 
 #: Traces with at least this many events get a progress bar (when stderr is a terminal).
 PROGRESS_MIN_EVENTS = 2000
+#: Moves the rebalancing planner may make after each event (`--rebalance-limit`).
+REBALANCE_LIMIT = 2
 
 
 def add_arguments(parser: argparse.ArgumentParser, name: str = "simulate") -> None:
@@ -62,6 +69,19 @@ def add_arguments(parser: argparse.ArgumentParser, name: str = "simulate") -> No
         choices=("table", "json"),
         default=None,
         help="output format of a replay (default: table)",
+    )
+    parser.add_argument(
+        "--rebalance",
+        action="store_true",
+        help="replay each policy without and with rebalancing (live moves of misaligned "
+        "exclusive allocations) and report the gain",
+    )
+    parser.add_argument(
+        "--rebalance-limit",
+        type=int,
+        default=None,
+        metavar="N",
+        help=f"with --rebalance: at most N moves after each event (default {REBALANCE_LIMIT})",
     )
     gen = parser.add_argument_group("trace generation")
     gen.add_argument(
@@ -148,6 +168,70 @@ def render_table(results: list[PolicyResult]) -> str:
     return "\n".join(lines) + "\n"
 
 
+def _gain(before: float | None, after: float | None) -> float | None:
+    return None if before is None or after is None else round(after - before, 4)
+
+
+def _fmt_change(before: float | None, after: float | None) -> str:
+    gain = _gain(before, after)
+    if gain is None:
+        return "-"
+    return f"{_fmt_ratio(before)} -> {_fmt_ratio(after)} ({100 * gain:+.1f})"
+
+
+def render_rebalance_table(pairs: list[tuple[PolicyResult, PolicyResult]]) -> str:
+    """The gain of rebalancing per policy: (without, with) results of one trace."""
+    header = (
+        "POLICY",
+        "ADMITTED",
+        "MOVES",
+        "MOVES/1K EVENTS",
+        "NUMA-ALIGNED CPU-TIME",
+        "LLC-ALIGNED CPU-TIME",
+        "SECONDS",
+    )
+    rows = [header]
+    for plain, moved in pairs:
+        per_k = moved.moves_per_1000_events
+        admitted = str(plain.admitted)
+        if moved.admitted != plain.admitted:
+            admitted += f" -> {moved.admitted}"
+        rows.append(
+            (
+                plain.policy,
+                admitted,
+                str(moved.moves),
+                "-" if per_k is None else f"{per_k:.1f}",
+                _fmt_change(plain.numa_aligned_time_ratio, moved.numa_aligned_time_ratio),
+                _fmt_change(plain.llc_aligned_time_ratio, moved.llc_aligned_time_ratio),
+                f"{plain.seconds:.3f} -> {moved.seconds:.3f}",
+            )
+        )
+    widths = [max(len(row[i]) for row in rows) for i in range(len(header))]
+    lines = [
+        "  ".join(
+            cell.ljust(w) if i == 0 else cell.rjust(w)
+            for i, (cell, w) in enumerate(zip(row, widths, strict=True))
+        ).rstrip()
+        for row in rows
+    ]
+    return "Rebalancing (without -> with):\n" + "\n".join(lines) + "\n"
+
+
+def rebalance_json(plain: PolicyResult, moved: PolicyResult) -> dict[str, Any]:
+    """One policy's JSON with --rebalance: the replay without rebalancing, the one with it
+    under `rebalanced`, and the gain in aligned shares of exclusive CPU-time."""
+    out = plain.to_json()
+    out["rebalanced"] = moved.to_json()
+    out["gain"] = {
+        "numa_aligned_time": _gain(plain.numa_aligned_time_ratio, moved.numa_aligned_time_ratio),
+        "llc_aligned_time": _gain(plain.llc_aligned_time_ratio, moved.llc_aligned_time_ratio),
+        "moves": moved.moves,
+        "moves_per_1000_events": moved.moves_per_1000_events,
+    }
+    return out
+
+
 def _unwritable(path: str, exc: OSError) -> InputError:
     return InputError(f"cannot write decisions file {path!r}: {exc}", reason="unwritable")
 
@@ -160,6 +244,8 @@ def _generate(args: argparse.Namespace) -> int:
     replay_only = _given(args, ("--policy", "policy"), ("--decisions", "decisions"))
     if args.output is not None:
         replay_only.append(f"-o {args.output}")
+    if args.rebalance:
+        replay_only.append("--rebalance")
     if replay_only:
         raise InputError(
             f"{', '.join(replay_only)}: replay options, meaningless with --generate (which "
@@ -251,6 +337,14 @@ def _given(args: argparse.Namespace, *options: tuple[str, str]) -> list[str]:
 def run(args: argparse.Namespace) -> int:
     if args.generate:
         return _generate(args)
+    if args.rebalance_limit is not None:
+        if not args.rebalance:
+            raise InputError("--rebalance-limit needs --rebalance", reason="usage")
+        if args.rebalance_limit < 1:
+            raise InputError(
+                f"--rebalance-limit must be a positive integer, got {args.rebalance_limit}",
+                reason="usage",
+            )
     generate_only = _given(args, ("--out", "out"), ("--seed", "seed"), ("--events", "events"))
     if generate_only:
         raise InputError(
@@ -293,7 +387,42 @@ def run(args: argparse.Namespace) -> int:
             raise _unwritable(args.decisions, exc) from exc
     show_progress = bar and total is not None and total >= PROGRESS_MIN_EVENTS
     metrics = AlignmentMetrics(topology)
+    limit = REBALANCE_LIMIT if args.rebalance_limit is None else args.rebalance_limit
     results: list[PolicyResult] = []
+    rebalanced: list[PolicyResult] = []
+
+    def replay_one(
+        policy: Policy,
+        rebalance: bool,
+        on_decision: Callable[[DecisionRecord], None] | None,
+        label: str,
+    ) -> PolicyResult:
+        nonlocal total
+        progress = _ProgressBar(sys.stderr, label) if show_progress else None
+        reading = _ReadClock(events())
+        start = time.perf_counter()
+        result = replay(
+            topology,
+            reading,
+            policy,
+            on_decision=on_decision,
+            progress=progress,
+            metrics=metrics,
+            total=total,
+            rebalance=rebalance,
+            rebalance_limit=limit,
+        )
+        if total is None:
+            total = result.events
+        elif result.events != total:
+            raise InputError(
+                f"trace file {path!r} changed while it was replayed ({total} events, then "
+                f"{result.events})",
+                reason="trace_changed",
+            )
+        elapsed = time.perf_counter() - start
+        return result.with_seconds(max(0.0, elapsed - reading.seconds))
+
     try:
         for policy in policies:
             on_decision = None
@@ -306,37 +435,26 @@ def run(args: argparse.Namespace) -> int:
                     except OSError as exc:
                         raise _unwritable(args.decisions, exc) from exc
 
-            progress = _ProgressBar(sys.stderr, policy.name) if show_progress else None
-            reading = _ReadClock(events())
-            start = time.perf_counter()
-            result = replay(
-                topology,
-                reading,
-                policy,
-                on_decision=on_decision,
-                progress=progress,
-                metrics=metrics,
-                total=total,
-            )
-            if total is None:
-                total = result.events
-            elif result.events != total:
-                raise InputError(
-                    f"trace file {path!r} changed while it was replayed ({total} events, then "
-                    f"{result.events})",
-                    reason="trace_changed",
-                )
-            elapsed = time.perf_counter() - start
-            results.append(result.with_seconds(max(0.0, elapsed - reading.seconds)))
+            results.append(replay_one(policy, False, on_decision, policy.name))
+            if args.rebalance:
+                rebalanced.append(replay_one(policy, True, None, f"{policy.name} +moves"))
     finally:
         if sink is not None:
             try:
                 sink.close()
             except OSError as exc:
                 raise _unwritable(args.decisions, exc) from exc
+    pairs = list(zip(results, rebalanced, strict=True)) if args.rebalance else []
     if output == "json":
-        data: list[dict[str, Any]] = [r.to_json() for r in results]
+        data: list[dict[str, Any]] = (
+            [rebalance_json(plain, moved) for plain, moved in pairs]
+            if args.rebalance
+            else [r.to_json() for r in results]
+        )
         write_output(json.dumps(data, indent=2) + "\n", None)
     else:
-        write_output(render_table(results), None)
+        text = render_table(results)
+        if args.rebalance:
+            text += "\n" + render_rebalance_table(pairs)
+        write_output(text, None)
     return 0
