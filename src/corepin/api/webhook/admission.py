@@ -11,9 +11,9 @@ answer = admit(review, "validate", config, capacity)   # or "mutate"
 with a request uid; anything else gets an AdmissionReview v1 response with that uid echoed
 (`review`). A CREATE or UPDATE of a CPUReservation at `validate` is judged by
 `reservations.validate_reservation`; any other request that is not about a pod (other
-resources, subresources, DELETE, CONNECT) is allowed untouched; a pod object that cannot be read is refused with code 400
-naming the field. The rules: `validate` (what is refused, what is warned about) and `mutate`
-(what is patched).
+resources, subresources, DELETE, CONNECT) is allowed untouched; a pod object that cannot
+be read is refused with code 400 naming the field. The rules: `validate` (what is refused,
+what is warned about) and `mutate` (what is patched).
 """
 
 from __future__ import annotations
