@@ -48,7 +48,12 @@ from corepin.placement.fit import (
 from corepin.placement.ledger import Assumption, Effective, Ledger, effective_pools
 from corepin.placement.node import NodeView
 from corepin.placement.request import DeviceKey, PodRequest, Signature
-from corepin.placement.reservations import ReservationView, hold_reservations, release
+from corepin.placement.reservations import (
+    ReservationView,
+    hold_reservations,
+    pinned_to,
+    release,
+)
 from corepin.placement.score import MAXIMUM_UTILIZATION, check_profile, extender_score, score
 
 #: how often, at most, `evaluate` looks for expired assumptions (seconds)
@@ -197,6 +202,18 @@ class Cluster:
         self._refresh(name, entry)
         return release(entry.effective.pools, (entry.reserved.get(r, EMPTY) for r in matched))
 
+    def _fit_matched(self, name: str, entry: _Entry, request: PodRequest, mine: list[str]) -> Fit:
+        """The fit of a pod on the node of reservations it matches: on exactly their CPUs
+        when it asks for that many, else anywhere free for it."""
+        pools = self._pools_for(name, entry, mine)
+        cpus = EMPTY.union(*(entry.reserved.get(r, EMPTY) for r in mine))
+        pinned = pinned_to(request, cpus)
+        if pinned is not None:
+            result = fit(entry.view, pinned, pools)
+            if result.ok:
+                return result
+        return fit(entry.view, request, pools)
+
     def _own_placed(self, node: str, matched: list[str], result: Fit) -> tuple[Placed, ...]:
         """The containers of `result` that do not run on a matched reservation's CPUs (those
         are counted by the reservation already)."""
@@ -286,7 +303,7 @@ class Cluster:
             if not holding or all((uid, c) in entry.view.confirmed for c in holding):
                 return
             matched = self._matched(request).get(node, [])
-            result = fit(entry.view, request, self._pools_for(node, entry, matched))
+            result = self._fit_matched(node, entry, request, matched)
             if not result.ok:
                 return  # the agent cannot pin it either: it runs on the shared pool
             unconfirmed = tuple(
@@ -463,7 +480,7 @@ class Cluster:
             if problem is not None:
                 out.append(Answer(name, False, 0, problem.reason, problem.code, problem))
                 continue
-            result = fit(entry.view, request, self._pools_for(name, entry, mine))
+            result = self._fit_matched(name, entry, request, mine)
             if not result.ok:
                 out.append(Answer(name, False, 0, result.reason, result.code, result))
                 continue

@@ -11,7 +11,9 @@ from every pod that does not match it:
   CPUs the node's policy would choose for `spec.cpus` at its level (`fit`, as for a pod).
 
 A pod that matches a reservation (`CPUReservation.matches`) sees that reservation's CPUs as
-free on its node (`release`), and nothing of the reservations it does not match. Done
+free on its node (`release`), and nothing of the reservations it does not match; a pod of
+one holding container of the reservation's size is fitted on exactly those CPUs first
+(`pinned_to`), as the node's agent hands them to it. Done
 reservations (Succeeded, Expired, Failed) count for nothing (`reservation_view` is None).
 """
 
@@ -23,7 +25,7 @@ from corepin.allocation.levels import withheld_for
 from corepin.allocation.pools import NodePools
 from corepin.core.cpuset import EMPTY, CPUSet
 from corepin.core.errors import CorepinError
-from corepin.core.record import record
+from corepin.core.record import record, replace
 from corepin.kube.models import CPUReservation
 from corepin.placement.fit import fit
 from corepin.placement.node import NodeView
@@ -105,6 +107,21 @@ def hold_reservations(
     return pools, held
 
 
+def pinned_to(request: PodRequest, cpus: CPUSet) -> PodRequest | None:
+    """`request` with its one holding container given exactly `cpus` (what the agent gives a
+    pod that uses a reservation), None when that is not the question: no CPUs, several
+    holding containers, or a count other than the reservation's size."""
+    holding = [c for c in request.containers if c.holds]
+    if not cpus or len(holding) != 1 or holding[0].cpus is not None:
+        return None
+    if holding[0].count != len(cpus):
+        return None
+    pinned = replace(holding[0], kind="exclusive", cpus=cpus)
+    return replace(
+        request, containers=tuple(pinned if c is holding[0] else c for c in request.containers)
+    )
+
+
 def release(pools: NodePools, cpus: Iterable[CPUSet]) -> NodePools:
     """`pools` with the CPUs of the reservations a pod matches free for it."""
     for c in cpus:
@@ -117,6 +134,7 @@ __all__ = [
     "RESERVATION_CONTAINER",
     "ReservationView",
     "hold_reservations",
+    "pinned_to",
     "release",
     "reservation_request",
     "reservation_view",
