@@ -51,6 +51,8 @@ from corepin.placement.request import DeviceKey, PodRequest, Signature
 from corepin.placement.reservations import (
     ReservationView,
     hold_reservations,
+    matched_by_node,
+    not_on,
     pinned_to,
     release,
 )
@@ -188,14 +190,7 @@ class Cluster:
             return dict(entry.reserved)
 
     def _matched(self, request: PodRequest) -> dict[str, list[str]]:
-        """Node -> the reservations there that the pod matches."""
-        out: dict[str, list[str]] = {}
-        if not request.holds:
-            return out
-        for r in self._reservations.values():
-            if r.node and r.matches(request.namespace, request.name, request.labels):
-                out.setdefault(r.node, []).append(r.name)
-        return out
+        return matched_by_node(self._reservations.values(), request)
 
     def _pools_for(self, name: str, entry: _Entry, matched: list[str]) -> NodePools:
         """The node's effective pools with the reservations the pod matches free for it."""
@@ -203,25 +198,19 @@ class Cluster:
         return release(entry.effective.pools, (entry.reserved.get(r, EMPTY) for r in matched))
 
     def _fit_matched(self, name: str, entry: _Entry, request: PodRequest, mine: list[str]) -> Fit:
-        """The fit of a pod on the node of reservations it matches: on exactly their CPUs
-        when it asks for that many, else anywhere free for it."""
+        """The pod's fit where it matches reservations: on exactly their CPUs when it asks
+        for that many, else anywhere free for it."""
         pools = self._pools_for(name, entry, mine)
-        cpus = EMPTY.union(*(entry.reserved.get(r, EMPTY) for r in mine))
-        pinned = pinned_to(request, cpus)
-        if pinned is not None:
-            result = fit(entry.view, pinned, pools)
-            if result.ok:
-                return result
-        return fit(entry.view, request, pools)
+        pinned = pinned_to(request, EMPTY.union(*(entry.reserved.get(r, EMPTY) for r in mine)))
+        result = fit(entry.view, pinned, pools) if pinned is not None else None
+        return result if result is not None and result.ok else fit(entry.view, request, pools)
 
     def _own_placed(self, node: str, matched: list[str], result: Fit) -> tuple[Placed, ...]:
-        """The containers of `result` that do not run on a matched reservation's CPUs (those
-        are counted by the reservation already)."""
+        """`result` less what runs on the matched reservations' CPUs (counted already)."""
         entry = self._entries.get(node)
-        if entry is None or not matched:
+        if entry is None:
             return result.placed
-        mine = EMPTY.union(*(entry.reserved.get(r, EMPTY) for r in matched))
-        return tuple(p for p in result.placed if not (p.withheld & mine))
+        return not_on(result.placed, EMPTY.union(*(entry.reserved.get(r, EMPTY) for r in matched)))
 
     # ------------------------------------------------------------------ feeding
     def _invalidate(self, name: str) -> None:

@@ -27,7 +27,7 @@ from corepin.core.cpuset import EMPTY, CPUSet
 from corepin.core.errors import CorepinError
 from corepin.core.record import record, replace
 from corepin.kube.models import CPUReservation
-from corepin.placement.fit import fit
+from corepin.placement.fit import Placed, fit
 from corepin.placement.node import NodeView
 from corepin.placement.request import ContainerAsk, PodRequest
 
@@ -122,6 +122,26 @@ def pinned_to(request: PodRequest, cpus: CPUSet) -> PodRequest | None:
     )
 
 
+def matched_by_node(
+    reservations: Iterable[ReservationView], request: PodRequest
+) -> dict[str, list[str]]:
+    """Node -> the reservations there that the pod of `request` matches (none for a pod that
+    asks for no CPUs of its own)."""
+    out: dict[str, list[str]] = {}
+    if not request.holds:
+        return out
+    for r in reservations:
+        if r.node and r.matches(request.namespace, request.name, request.labels):
+            out.setdefault(r.node, []).append(r.name)
+    return out
+
+
+def not_on(placed: tuple[Placed, ...], cpus: CPUSet) -> tuple[Placed, ...]:
+    """The containers of a placement that do not run on `cpus` (a reservation's, counted by
+    the reservation already)."""
+    return tuple(p for p in placed if not (p.withheld & cpus)) if cpus else placed
+
+
 def release(pools: NodePools, cpus: Iterable[CPUSet]) -> NodePools:
     """`pools` with the CPUs of the reservations a pod matches free for it."""
     for c in cpus:
@@ -134,6 +154,8 @@ __all__ = [
     "RESERVATION_CONTAINER",
     "ReservationView",
     "hold_reservations",
+    "matched_by_node",
+    "not_on",
     "pinned_to",
     "release",
     "reservation_request",
