@@ -140,6 +140,7 @@ def test_default_build_holds_every_component_in_the_corepin_namespace() -> None:
         ("Namespace", NAMESPACE),
         ("CustomResourceDefinition", "nodecputopologies.corepin.io"),
         ("CustomResourceDefinition", "podcpubindings.corepin.io"),
+        ("CustomResourceDefinition", "cpureservations.corepin.io"),
         ("DaemonSet", "corepin-agent"),
         ("Deployment", "corepin-controller"),
         ("Deployment", "corepin-scheduler"),
@@ -204,6 +205,7 @@ def test_with_cert_manager_adds_the_certificate_and_the_ca_injection() -> None:
 # ---------------------------------------------------------------------- CRDs
 NCPT = "nodecputopologies"
 PCB = "podcpubindings"
+CPUR = "cpureservations"
 CPUSET = "cpuset"  # a string in Linux list form, checked by pattern
 
 # Every field the CRD contract names, with what it must be. `[]` steps into list items, `{}` into
@@ -270,6 +272,37 @@ CONTRACT_FIELDS: dict[str, list[tuple[str, Any]]] = {
         ("status.qosClass", ["LSE", "LSR", "LS", "BE", "SYSTEM"]),
         ("status.conditions", "conditions"),
     ],
+    CPUR: [
+        ("spec.nodeName", "string"),
+        ("spec.cpus", "integer"),
+        ("spec.cpuSet", CPUSET),
+        ("spec.level", ["None", "CPU", "Core", "L3", "NUMA", "Socket"]),
+        ("spec.level", ["cpu", "core", "l3", "numa", "socket"]),
+        ("spec.owners", "array"),
+        ("spec.owners[].namespace", "string"),
+        ("spec.owners[].name", "string"),
+        ("spec.owners[].labelSelector", "object"),
+        ("spec.owners[].labelSelector.matchLabels", "object"),
+        ("spec.owners[].labelSelector.matchLabels{}", "string"),
+        ("spec.owners[].labelSelector.matchExpressions", "array"),
+        ("spec.owners[].labelSelector.matchExpressions[].key", "string"),
+        (
+            "spec.owners[].labelSelector.matchExpressions[].operator",
+            ["In", "NotIn", "Exists", "DoesNotExist"],
+        ),
+        ("spec.owners[].labelSelector.matchExpressions[].values", "array"),
+        ("spec.ttl", "int-or-string"),
+        ("spec.allocateOnce", "boolean"),
+        ("status.phase", ["Pending", "Available", "Succeeded", "Expired", "Failed"]),
+        ("status.nodeName", "string"),
+        ("status.cpus", CPUSET),
+        ("status.owners", "array"),
+        ("status.owners[].namespace", "string"),
+        ("status.owners[].name", "string"),
+        ("status.owners[].uid", "string"),
+        ("status.message", "string"),
+        ("status.expireTime", "date-time"),
+    ],
 }
 
 
@@ -307,6 +340,8 @@ def test_crd_has_every_field_of_the_contract(plural: str, path: str, expected: A
             assert pattern.search(good), f"{path} refuses {good!r}"
         for bad in ("0-", ",1", "1,,2", "a", "0-3 ", "-1"):
             assert not pattern.search(bad), f"{path} accepts {bad!r}"
+    elif expected == "int-or-string":
+        assert node["x-kubernetes-int-or-string"] is True
     elif expected == "date-time":
         assert node == {**node, "type": "string", "format": "date-time"}
     elif expected == "conditions":
@@ -327,7 +362,11 @@ def test_crd_has_every_field_of_the_contract(plural: str, path: str, expected: A
 
 @pytest.mark.parametrize(
     ("plural", "kind", "scope", "short"),
-    [(NCPT, "NodeCPUTopology", "Cluster", "ncpt"), (PCB, "PodCPUBinding", "Namespaced", "pcb")],
+    [
+        (NCPT, "NodeCPUTopology", "Cluster", "ncpt"),
+        (PCB, "PodCPUBinding", "Namespaced", "pcb"),
+        (CPUR, "CPUReservation", "Cluster", "cpur"),
+    ],
 )
 def test_crd_names_scope_and_version(plural: str, kind: str, scope: str, short: str) -> None:
     definition = crd(plural)
@@ -348,6 +387,7 @@ def test_crd_names_scope_and_version(plural: str, kind: str, scope: str, short: 
     [
         (NCPT, ["Policy", "Shared", "Free", "Ready", "Age"]),
         (PCB, ["Pod", "Level", "CPUs", "Phase", "Node", "Age"]),
+        (CPUR, ["Node", "CPUs", "Phase", "Age"]),
     ],
 )
 def test_printer_columns_point_at_fields_of_the_schema(plural: str, columns: list[str]) -> None:
@@ -387,7 +427,7 @@ def _structural_problems(node: dict[str, Any], path: str) -> Iterator[str]:
             yield from _structural_problems(node[key], f"{path}{'[]' if key == 'items' else '{}'}")
 
 
-@pytest.mark.parametrize("plural", [NCPT, PCB])
+@pytest.mark.parametrize("plural", [NCPT, PCB, CPUR])
 def test_crd_schema_is_structural(plural: str) -> None:
     schema = version_schema(crd(plural), "v1alpha1")
     assert list(_structural_problems(schema, "")) == []
@@ -415,7 +455,7 @@ def example(name: str) -> dict[str, Any]:
 
 
 def schema_for(obj: dict[str, Any]) -> dict[str, Any]:
-    plural = {"NodeCPUTopology": NCPT, "PodCPUBinding": PCB}[obj["kind"]]
+    plural = {"NodeCPUTopology": NCPT, "PodCPUBinding": PCB, "CPUReservation": CPUR}[obj["kind"]]
     return version_schema(crd(plural), obj["apiVersion"].split("/")[1])
 
 
@@ -481,6 +521,30 @@ INVALID = [
     ("podcpubinding-containers.yaml", "spec.containers.0.cpuSet", [], "a container without CPUs"),
     ("podcpubinding-containers.yaml", "status.phase", "Done", "an unknown phase"),
     ("podcpubinding-containers.yaml", "status.cpus", "2-", "a status CPU list cut short"),
+    ("cpureservation.yaml", "spec.cpus", 0, "a reservation of no CPUs"),
+    ("cpureservation.yaml", "spec.cpus", "4", "a CPU count given as text"),
+    ("cpureservation.yaml", "spec.cpuSet", "4-7", "both a count and a CPU list"),
+    ("cpureservation.yaml", "spec.cpus", _DELETE, "neither a count nor a CPU list"),
+    ("cpureservation.yaml", "spec.level", "Rack", "a reservation at an unknown level"),
+    ("cpureservation.yaml", "spec.owners", [], "a reservation for no one"),
+    ("cpureservation.yaml", "spec.owners", [{}], "an owner row naming nothing"),
+    (
+        "cpureservation.yaml",
+        "spec.owners.0.labelSelector.matchExpressions",
+        [{"key": "app", "operator": "Near"}],
+        "an unknown selector operator",
+    ),
+    ("cpureservation.yaml", "spec.ttl", "soon", "a TTL that is no duration"),
+    ("cpureservation.yaml", "spec.ttl", 0, "a TTL of no seconds"),
+    ("cpureservation.yaml", "spec.ttl", 1.5, "a TTL of a fraction of seconds"),
+    ("cpureservation.yaml", "spec.allocateOnce", "yes", "allocateOnce that is not a bool"),
+    ("cpureservation.yaml", "spec.podName", "x", "a field reservations do not have"),
+    ("cpureservation.yaml", "spec.owners.0.namespace", "", "an owner in an empty namespace"),
+]
+INVALID += [
+    ("cpureservation.yaml", "status", {"phase": "Done"}, "a reservation in an unknown phase"),
+    ("cpureservation.yaml", "status", {"phase": "Available", "cpus": "4-"}, "held CPUs cut short"),
+    ("cpureservation.yaml", "status", {"expireTime": "later"}, "an expiry that is no time"),
 ]
 
 
@@ -518,17 +582,78 @@ def test_pod_name_of_a_binding_cannot_change() -> None:
     assert errors(schema_for(moved), moved, old=old) == ["spec.podName: spec.podName is immutable"]
 
 
+def _with_status(obj: dict[str, Any], status: dict[str, Any]) -> dict[str, Any]:
+    return {**copy.deepcopy(obj), "status": status}
+
+
+@pytest.mark.parametrize(
+    ("path", "value", "what"),
+    [
+        ("spec.ttl", 90, "a TTL in seconds"),
+        ("spec.ttl", "1h30m", "a TTL as a duration"),
+        ("spec.ttl", "45", "a TTL as a digit string"),
+        ("spec.level", "None", "actimanager's None level"),
+        ("spec.owners", [{"name": "trader-0"}], "an owner by pod name only"),
+        ("spec.allocateOnce", False, "a reusable reservation"),
+    ],
+)
+def test_the_reservation_schema_accepts(path: str, value: Any, what: str) -> None:
+    good = _set(example("cpureservation.yaml"), path, value)
+    assert errors(schema_for(good), good) == [], what
+
+
+def test_a_reservation_with_cpu_list_and_node_is_valid() -> None:
+    obj = _set(example("cpureservation.yaml"), "spec.cpus", _DELETE)
+    obj["spec"]["cpuSet"] = "4-7"
+    obj["spec"]["nodeName"] = "worker-1"
+    assert errors(schema_for(obj), obj) == []
+
+
+def test_a_reservation_spec_is_frozen_once_it_left_pending() -> None:
+    old = example("cpureservation.yaml")
+    bigger = _set(old, "spec.cpus", 8)
+    pending = _with_status(old, {"phase": "Pending", "nodeName": "worker-1"})
+    held = _with_status(old, {"phase": "Available", "nodeName": "worker-1", "cpus": "4-7"})
+    assert errors(schema_for(bigger), bigger, old=old) == []  # no status yet
+    assert errors(schema_for(bigger), _with_status(bigger, pending["status"]), old=pending) == []
+    refused = errors(schema_for(bigger), _with_status(bigger, held["status"]), old=held)
+    assert refused == [": spec is immutable once the reservation has left Pending"]
+    same = _with_status(old, {**held["status"], "message": "held"})
+    assert errors(schema_for(same), same, old=held) == []
+
+
+def test_the_reservation_model_reads_the_sample_and_writes_what_the_crd_accepts() -> None:
+    from corepin.kube.models import CPUReservation
+
+    sample = example("cpureservation.yaml")
+    r = CPUReservation.from_dict(sample)
+    assert (r.spec.count, r.spec.level, r.spec.ttl, r.spec.allocate_once) == (4, "core", 1800, True)
+    written = {**sample, "spec": r.spec.to_dict(), "status": r.status.to_dict()}
+    assert errors(schema_for(written), written) == []
+
+
 def test_every_cel_rule_compiles() -> None:
     import celpy
 
     env = celpy.Environment()
     rules = []
-    for plural in (NCPT, PCB):
-        text = yaml.safe_dump(crd(plural))
-        rules += re.findall(r"rule: (.+)", text)
-    assert rules, "no CEL rule found"
+    for plural in (NCPT, PCB, CPUR):
+        rules += list(_cel_rules(crd(plural)))
+    assert len(rules) >= 4, "no CEL rule found"
     for rule in rules:
-        env.compile(rule.strip().strip("'\""))
+        env.compile(rule)
+
+
+def _cel_rules(node: Any) -> Iterator[str]:
+    """Every `x-kubernetes-validations` rule under `node` (a multi-line one whole)."""
+    if isinstance(node, dict):
+        for row in node.get("x-kubernetes-validations", []):
+            yield row["rule"]
+        for value in node.values():
+            yield from _cel_rules(value)
+    elif isinstance(node, list):
+        for value in node:
+            yield from _cel_rules(value)
 
 
 def test_example_node_status_follows_the_contract_definitions() -> None:
@@ -617,6 +742,8 @@ NEEDS: dict[str, list[tuple[str, str, tuple[str, ...]]]] = {
         ("corepin.io", "podcpubindings", (*READ, "create", "update", "patch", "delete")),
         ("corepin.io", "podcpubindings/status", ("update", "patch")),
         ("topology.node.k8s.io", "noderesourcetopologies", ("create", "get", "update")),
+        ("corepin.io", "cpureservations", READ),
+        ("corepin.io", "cpureservations/status", ("update", "patch")),
     ],
     "corepin-controller": [
         ("", "pods", READ),
@@ -625,6 +752,9 @@ NEEDS: dict[str, list[tuple[str, str, tuple[str, ...]]]] = {
         ("corepin.io", "nodecputopologies/status", ("get", "update")),
         ("corepin.io", "podcpubindings", (*READ, "update", "delete")),
         ("corepin.io", "podcpubindings/status", ("get", "update")),
+        ("corepin.io", "cpureservations", (*READ, "update", "patch", "delete")),
+        ("corepin.io", "cpureservations/status", ("get", "update", "patch")),
+        ("", "nodes", ("get",)),
     ],
     "corepin-scheduler": [
         ("", "pods", READ),
@@ -635,6 +765,8 @@ NEEDS: dict[str, list[tuple[str, str, tuple[str, ...]]]] = {
         ("events.k8s.io", "events", ("create", "patch")),
         ("corepin.io", "nodecputopologies", READ),
         ("corepin.io", "podcpubindings", (*READ, "create")),
+        ("corepin.io", "cpureservations", READ),
+        ("corepin.io", "cpureservations/status", ("patch",)),
     ],
     "corepin-extender": [
         ("", "pods", READ),
@@ -642,6 +774,7 @@ NEEDS: dict[str, list[tuple[str, str, tuple[str, ...]]]] = {
         ("", "nodes", READ),
         ("corepin.io", "nodecputopologies", READ),
         ("corepin.io", "podcpubindings", READ),
+        ("corepin.io", "cpureservations", READ),
     ],
     "corepin-webhook": [("corepin.io", "nodecputopologies", READ)],
 }
@@ -654,6 +787,9 @@ MUST_NOT: dict[str, list[tuple[str, str, str]]] = {
         ("", "pods/status", "patch"),
         ("corepin.io", "nodecputopologies", "delete"),
         ("events.k8s.io", "events", "create"),
+        ("corepin.io", "cpureservations", "create"),
+        ("corepin.io", "cpureservations", "update"),
+        ("corepin.io", "cpureservations", "delete"),
     ],
     "corepin-controller": [
         ("", "pods", "patch"),
@@ -663,6 +799,7 @@ MUST_NOT: dict[str, list[tuple[str, str, str]]] = {
         ("corepin.io", "nodecputopologies", "update"),
         ("corepin.io", "nodecputopologies", "delete"),
         ("corepin.io", "podcpubindings", "create"),
+        ("corepin.io", "cpureservations", "create"),
     ],
     "corepin-scheduler": [
         ("", "pods", "delete"),
@@ -670,12 +807,16 @@ MUST_NOT: dict[str, list[tuple[str, str, str]]] = {
         ("corepin.io", "nodecputopologies", "update"),
         ("corepin.io", "podcpubindings", "delete"),
         ("", "nodes", "patch"),
+        ("corepin.io", "cpureservations", "update"),
+        ("corepin.io", "cpureservations", "delete"),
+        ("corepin.io", "cpureservations/status", "update"),
     ],
     "corepin-extender": [
         ("", "pods", "patch"),
         ("corepin.io", "podcpubindings", "create"),
         ("corepin.io", "nodecputopologies", "update"),
         ("", "events", "create"),
+        ("corepin.io", "cpureservations/status", "patch"),
     ],
     "corepin-webhook": [
         (g, r, v)
@@ -1021,7 +1162,8 @@ def _service_port(name: str, target: str) -> int:
 def test_webhook_configuration_reaches_the_service(
     kind: str, path: str, operations: list[str]
 ) -> None:
-    (hook,) = one(kind, "corepin-webhook")["webhooks"]
+    hooks = one(kind, "corepin-webhook")["webhooks"]
+    (hook,) = [h for h in hooks if h["name"].endswith(".pods.corepin.io")]
     service = hook["clientConfig"]["service"]
     assert (service["name"], service["namespace"], service["path"]) == (
         "corepin-webhook",
@@ -1040,6 +1182,23 @@ def test_webhook_configuration_reaches_the_service(
         if e["key"] == "kubernetes.io/metadata.name" and e["operator"] == "NotIn"
     ]  # fmt: skip
     assert excluded and {"kube-system", NAMESPACE} <= set(excluded[0]["values"])
+
+
+def test_reservations_are_sent_to_the_validating_webhook() -> None:
+    hooks = one("ValidatingWebhookConfiguration", "corepin-webhook")["webhooks"]
+    (hook,) = [h for h in hooks if h["name"] == "validate.cpureservations.corepin.io"]
+    assert hook["clientConfig"]["service"]["path"] == "/validate"
+    assert hook["clientConfig"]["service"]["port"] == _service_port("corepin-webhook", "https")
+    (rule,) = hook["rules"]
+    assert (rule["apiGroups"], rule["resources"], rule["scope"]) == (
+        ["corepin.io"],
+        ["cpureservations"],
+        "Cluster",
+    )
+    assert rule["operations"] == ["CREATE", "UPDATE"]
+    assert "namespaceSelector" not in hook  # cluster scoped: it would not apply
+    mutating = one("MutatingWebhookConfiguration", "corepin-webhook")["webhooks"]
+    assert all(r["resources"] == ["pods"] for h in mutating for r in h["rules"])
 
 
 def test_corepin_namespace_is_excluded_from_the_webhook_by_its_label_too() -> None:

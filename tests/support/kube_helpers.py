@@ -19,7 +19,7 @@ GADGETS = Resource("example.com", "v1", "gadgets", False, "Gadget")
 def install_crds(kube: KubeClient, *plurals: str) -> None:
     """Create corepin's CRDs as `deploy/crd` ships them (`plurals`: only these; default: all);
     one the API server has already is left as it is."""
-    for plural in plurals or ("nodecputopologies", "podcpubindings"):
+    for plural in plurals or ("nodecputopologies", "podcpubindings", "cpureservations"):
         with contextlib.suppress(ApiAlreadyExists):
             kube.create(CRDS, crd(plural))
 

@@ -14,9 +14,14 @@ for microseconds per node.
 - otherwise `fit` on the node's effective pools (published pools with the in-flight
   placements held, `ledger.effective_pools`), and `score` of the nodes that pass.
 
+CPUReservations (`set_reservation`, `reservations`): a node's effective pools also hold its
+Pending reservations (`reservations.hold_reservations`); a pod that matches a reservation is
+answered apart (not cached): on the reservation's node its CPUs count as free for it and it
+scores the highest (100, extender 10), elsewhere it is answered as any pod.
+
 Answers are cached per node and pod signature until the node publishes again or its
-in-flight placements change, so a burst of alike pods against a thousand nodes costs one
-decision per node that changed, not one per node per pod.
+in-flight placements (or reservations) change, so a burst of alike pods against a thousand
+nodes costs one decision per node that changed, not one per node per pod.
 """
 
 from __future__ import annotations
@@ -27,12 +32,15 @@ from collections.abc import Callable, Iterable, Mapping
 from typing import Any, Final, NamedTuple
 
 from corepin.allocation.levels import withheld_for
+from corepin.allocation.pools import NodePools
+from corepin.core.cpuset import EMPTY, CPUSet
 from corepin.kube.models import PodView
 from corepin.kube.models.fields import loose_object
 from corepin.placement.fit import (
     NO_TOPOLOGY,
     UNUSABLE,
     Fit,
+    Placed,
     fit,
     no_topology,
     node_problem,
@@ -40,6 +48,14 @@ from corepin.placement.fit import (
 from corepin.placement.ledger import Assumption, Effective, Ledger, effective_pools
 from corepin.placement.node import NodeView
 from corepin.placement.request import DeviceKey, PodRequest, Signature
+from corepin.placement.reservations import (
+    ReservationView,
+    hold_reservations,
+    matched_by_node,
+    not_on,
+    pinned_to,
+    release,
+)
 from corepin.placement.score import MAXIMUM_UTILIZATION, check_profile, extender_score, score
 
 #: how often, at most, `evaluate` looks for expired assumptions (seconds)
@@ -49,6 +65,8 @@ EXPIRE_EVERY: Final = 0.5
 INDEXED: Final = 32
 #: decisions kept per node (of different pod signatures) before they are dropped
 FITS_PER_NODE: Final = 64
+#: the score of a pod on the node of a reservation it matches
+RESERVED_SCORE: Final = 100
 
 
 class Answer(NamedTuple):
@@ -70,11 +88,21 @@ class Answer(NamedTuple):
 class _Entry:
     """Per node: its view and the answers worked out from it."""
 
-    __slots__ = ("answers", "beat", "effective", "fits", "generation", "static", "view")
+    __slots__ = (
+        "answers",
+        "beat",
+        "effective",
+        "fits",
+        "generation",
+        "reserved",
+        "static",
+        "view",
+    )
 
     def __init__(self, view: NodeView) -> None:
         self.view = view
-        self.generation = -1
+        self.generation: tuple[int, int] = (-1, -1)
+        self.reserved: dict[str, CPUSet] = {}  # reservation -> the CPUs it holds here
         self.beat = view.heartbeat if view.heartbeat is not None else float("-inf")
         self.effective: Effective = Effective(view.pools)
         self.fits: dict[Signature, Fit] = {}
@@ -121,6 +149,68 @@ class Cluster:
         self._oldest = float("inf")  # no later than the oldest heartbeat of any usable node
         self._unreadable: dict[str, Fit] = {}  # nodes whose NodeCPUTopology cannot be read
         self._next_expiry = 0.0
+        self._reservations: dict[str, ReservationView] = {}
+        self._reservation_generation: dict[str, int] = {}  # per node
+        self._reservation_counter = 0
+
+    # ------------------------------------------------------------------ reservations
+    def _reservations_changed(self, node: str | None) -> None:
+        if node:
+            self._reservation_counter += 1
+            self._reservation_generation[node] = self._reservation_counter
+            self._invalidate(node)
+
+    def set_reservation(self, reservation: ReservationView) -> None:
+        """An active CPUReservation (new or changed)."""
+        with self._lock:
+            old = self._reservations.get(reservation.name)
+            self._reservations[reservation.name] = reservation
+            if old is not None and old.node != reservation.node:
+                self._reservations_changed(old.node)
+            self._reservations_changed(reservation.node)
+
+    def remove_reservation(self, name: str) -> None:
+        """A CPUReservation that is gone or done."""
+        with self._lock:
+            old = self._reservations.pop(name, None)
+            if old is not None:
+                self._reservations_changed(old.node)
+
+    def reservations(self) -> list[ReservationView]:
+        with self._lock:
+            return sorted(self._reservations.values(), key=lambda r: r.name)
+
+    def reserved_on(self, node: str) -> dict[str, CPUSet]:
+        """The CPUs each reservation on `node` holds there (as placement counts them)."""
+        with self._lock:
+            entry = self._entries.get(node)
+            if entry is None:
+                return {}
+            self._refresh(node, entry)
+            return dict(entry.reserved)
+
+    def _matched(self, request: PodRequest) -> dict[str, list[str]]:
+        return matched_by_node(self._reservations.values(), request)
+
+    def _pools_for(self, name: str, entry: _Entry, matched: list[str]) -> NodePools:
+        """The node's effective pools with the reservations the pod matches free for it."""
+        self._refresh(name, entry)
+        return release(entry.effective.pools, (entry.reserved.get(r, EMPTY) for r in matched))
+
+    def _fit_matched(self, name: str, entry: _Entry, request: PodRequest, mine: list[str]) -> Fit:
+        """The pod's fit where it matches reservations: on exactly their CPUs when it asks
+        for that many, else anywhere free for it."""
+        pools = self._pools_for(name, entry, mine)
+        pinned = pinned_to(request, EMPTY.union(*(entry.reserved.get(r, EMPTY) for r in mine)))
+        result = fit(entry.view, pinned, pools) if pinned is not None else None
+        return result if result is not None and result.ok else fit(entry.view, request, pools)
+
+    def _own_placed(self, node: str, matched: list[str], result: Fit) -> tuple[Placed, ...]:
+        """`result` less what runs on the matched reservations' CPUs (counted already)."""
+        entry = self._entries.get(node)
+        if entry is None:
+            return result.placed
+        return not_on(result.placed, EMPTY.union(*(entry.reserved.get(r, EMPTY) for r in matched)))
 
     # ------------------------------------------------------------------ feeding
     def _invalidate(self, name: str) -> None:
@@ -201,12 +291,14 @@ class Cluster:
             holding = [c.name for c in request.containers if c.holds]
             if not holding or all((uid, c) in entry.view.confirmed for c in holding):
                 return
-            self._refresh(node, entry)
-            result = fit(entry.view, request, entry.effective.pools)
+            matched = self._matched(request).get(node, [])
+            result = self._fit_matched(node, entry, request, matched)
             if not result.ok:
                 return  # the agent cannot pin it either: it runs on the shared pool
             unconfirmed = tuple(
-                p for p in result.placed if (uid, p.container) not in entry.view.confirmed
+                p
+                for p in self._own_placed(node, matched, result)
+                if (uid, p.container) not in entry.view.confirmed
             )
             self.ledger.assume(
                 Assumption(
@@ -226,10 +318,10 @@ class Cluster:
     # ------------------------------------------------------------------ placing
     def assume(self, request: PodRequest, node: str, result: Fit, now: float) -> None:
         """Count a placement of ours (before its bind) until the node shows it."""
-        if not result.placed:
-            return
         with self._lock:
-            self.ledger.assume(Assumption(request, node, result.placed, now))
+            placed = self._own_placed(node, self._matched(request).get(node, []), result)
+            if placed:
+                self.ledger.assume(Assumption(request, node, placed, now))
 
     def expire(self, now: float) -> list[Assumption]:
         with self._lock:
@@ -237,11 +329,21 @@ class Cluster:
             return self.ledger.expire(now)
 
     # ------------------------------------------------------------------ asking
+    def _generation(self, name: str) -> tuple[int, int]:
+        return (self.ledger.generation.get(name, 0), self._reservation_generation.get(name, 0))
+
     def _refresh(self, name: str, entry: _Entry) -> None:
-        generation = self.ledger.generation.get(name, 0)
+        generation = self._generation(name)
         if entry.generation != generation:
             entry.generation = generation
-            entry.effective = effective_pools(entry.view, self.ledger.on_node(name))
+            effective = effective_pools(entry.view, self.ledger.on_node(name))
+            here = [r for r in self._reservations.values() if r.node == name]
+            if here and entry.view.policy is not None:
+                pools, entry.reserved = hold_reservations(entry.view, effective.pools, here)
+                effective = Effective(pools, effective.full, effective.memory_bound)
+            else:
+                entry.reserved = {}
+            entry.effective = effective
             entry.fits.clear()
             entry.answers.clear()
 
@@ -264,6 +366,9 @@ class Cluster:
         with self._lock:
             if now >= self._next_expiry:
                 self.expire(now)
+            matched = self._matched(request) if self._reservations else {}
+            if matched:
+                return self._evaluate_matched(request, names, now, chosen, matched)
             if holds and self._oldest < stale_before:  # maybe a node is stale: look again
                 self._oldest = min(
                     (e.beat for e in self._entries.values() if e.static is None),
@@ -314,7 +419,7 @@ class Cluster:
             return Answer(name, True, 0, "", "", None)
         if holds and entry.static is not None:
             return entry.static
-        if entry.generation != self.ledger.generation.get(name, 0):
+        if entry.generation != self._generation(name):
             self._refresh(name, entry)
         return self._answer(entry, request, signature, profile)
 
@@ -339,6 +444,38 @@ class Cluster:
             assumed_memory_bound=entry.effective.memory_bound,
         )
         return Answer(name, True, value, "", "", result, extender_score(value))
+
+    def _evaluate_matched(
+        self,
+        request: PodRequest,
+        names: Iterable[str],
+        now: float,
+        profile: str,
+        matched: dict[str, list[str]],
+    ) -> list[Answer]:
+        """The answers for a pod that matches reservations: on their nodes it fits on the
+        reservations' CPUs (freed for it) and scores the highest; elsewhere as any pod."""
+        out: list[Answer] = []
+        for name in names:
+            mine = matched.get(name)
+            entry = self._entries.get(name)
+            if mine is None or entry is None:
+                out.append(self._lookup(name, request, request.signature, profile, True))
+                continue
+            if entry.static is not None:
+                out.append(entry.static)
+                continue
+            problem = node_problem(entry.view, now, self.stale_after, heartbeat=entry.beat)
+            if problem is not None:
+                out.append(Answer(name, False, 0, problem.reason, problem.code, problem))
+                continue
+            result = self._fit_matched(name, entry, request, mine)
+            if not result.ok:
+                out.append(Answer(name, False, 0, result.reason, result.code, result))
+                continue
+            extender = extender_score(RESERVED_SCORE)
+            out.append(Answer(name, True, RESERVED_SCORE, "", "", result, extender))
+        return out
 
     def beat(self, name: str, heartbeat: float) -> bool:
         """The node's agent reported again with nothing else changed: its heartbeat moves on,

@@ -23,7 +23,7 @@ from collections.abc import Mapping
 from typing import Any, Final
 
 from corepin.core.cpuset import CPUSet
-from corepin.core.record import record
+from corepin.core.record import field, record
 from corepin.kube.podplan import device_requests, plan_pod
 
 #: the agent's assignment kind per effective container policy
@@ -75,6 +75,8 @@ class PodRequest:
     #: devices asked for ((resource, count), sorted) and how its CPUs should follow them
     devices: tuple[tuple[str, int], ...] = ()
     device_alignment: str = "preferred"
+    #: the pod's labels (which CPUReservations it matches; never part of the signature)
+    labels: Mapping[str, str] = field(default_factory=dict, compare=False)
 
     @property
     def key(self) -> str:
@@ -138,6 +140,13 @@ def pod_request(pod: Mapping[str, Any], binding: Mapping[str, Any] | None = None
         )
         workload = workload or c.workload
     alignment = plan.containers[0].device_alignment if plan.containers else "preferred"
+    meta = pod.get("metadata")
+    raw = meta.get("labels") if isinstance(meta, Mapping) else None
+    labels = (
+        {k: v for k, v in raw.items() if isinstance(k, str) and isinstance(v, str)}
+        if isinstance(raw, Mapping)
+        else {}
+    )
     return PodRequest(
         namespace=plan.namespace,
         name=plan.name,
@@ -147,6 +156,7 @@ def pod_request(pod: Mapping[str, Any], binding: Mapping[str, Any] | None = None
         problem=plan.problem,
         devices=tuple(device_requests(pod).items()),
         device_alignment=alignment,
+        labels=labels,
     )
 
 

@@ -10,7 +10,10 @@ per request.
   namespace and pod name, so a pod is planned with its binding as the agent plans it;
 - every pod: bound pods the nodes do not show yet are counted in flight, deleted or finished
   ones released (`Cluster.observe_pod`); `on_pod` hands every pod event to the scheduler;
-- with `nodes=True`, the Node objects (the scheduler filters cordoned and tainted nodes).
+- with `nodes=True`, the Node objects (the scheduler filters cordoned and tainted nodes);
+- every `CPUReservation` (`Cluster.set_reservation` while active, `remove_reservation` once
+  done or gone; `on_reservation` hands each event on). Its informer is not waited for: a
+  cluster without that CRD places pods as before.
 
 The topologies are listed before the pods, so a pod bound before a restart finds its node.
 """
@@ -28,6 +31,7 @@ from corepin.core.errors import CorepinError, EnvironmentProblem
 from corepin.kube.informer import Informer, Obj
 from corepin.kube.models import (
     LABEL_MANAGED_BY,
+    CPUReservation,
     NodeCPUTopology,
     NodeCPUTopologyStatus,
     ObjectMeta,
@@ -35,9 +39,10 @@ from corepin.kube.models import (
     PodView,
     parse_time,
 )
-from corepin.kube.resources import NCPT, NODES, PCB, PODS
+from corepin.kube.resources import CPUR, NCPT, NODES, PCB, PODS
 from corepin.placement.node import node_view
 from corepin.placement.request import PodRequest, pod_request
+from corepin.placement.reservations import reservation_view
 
 if TYPE_CHECKING:
     from corepin.kube.client import KubeClient
@@ -51,6 +56,7 @@ log = logging.getLogger("corepin.agent.cluster.scheduler")
 AGENT = "corepin-agent"
 
 PodHandler = Callable[[str, Mapping[str, Any]], None]
+ReservationHandler = Callable[[str, Mapping[str, Any]], None]
 #: pod requests remembered (a pod's plan costs a few hundred microseconds)
 REMEMBERED = 4096
 
@@ -66,6 +72,7 @@ class PlacementFeed:
         nodes: bool = False,
         on_pod: PodHandler | None = None,
         on_topology: Callable[[str], None] | None = None,
+        on_reservation: ReservationHandler | None = None,
         clock: Callable[[], float] = time.time,
     ) -> None:
         self.client = client
@@ -73,6 +80,7 @@ class PlacementFeed:
         self.clock = clock
         self._on_pod = on_pod
         self._on_topology = on_topology
+        self._on_reservation = on_reservation
         self._lock = threading.Lock()
         self._specs: dict[str, tuple[Any, NodeCPUTopologySpec]] = {}
         self._topologies: dict[str, Topology] = {}
@@ -83,6 +91,12 @@ class PlacementFeed:
         self.bindings = Informer(client, PCB, name="podcpubindings")
         self.pods = Informer(client, PODS, name="pods")
         self.nodes: Informer | None = Informer(client, NODES, name="nodes") if nodes else None
+        self.reservations = Informer(client, CPUR, name="cpureservations")
+        self.reservations.add_handlers(
+            on_add=lambda o: self._reservation("add", o),
+            on_update=lambda _old, new: self._reservation("update", new),
+            on_delete=lambda o: self._reservation("delete", o),
+        )
         self.topologies.add_handlers(
             on_add=lambda o: self._topology(o, added=True),
             on_update=lambda _old, new: self._topology(new, added=False),
@@ -115,10 +129,12 @@ class PlacementFeed:
                     f"the API did not answer the {informer.name} list within {timeout:g} s",
                     reason="api_sync_timeout",
                 )
+        self.reservations.start()  # not waited for (module docstring)
+        self.reservations.wait_for_sync(min(1.0, max(0.0, deadline - time.monotonic())))
 
     def stop(self, timeout: float = 2.0) -> None:
-        for informer in self.informers:
-            informer.stop(timeout / max(1, len(self.informers)))
+        for informer in [*self.informers, self.reservations]:
+            informer.stop(timeout / (1 + len(self.informers)))
 
     @property
     def synced(self) -> bool:
@@ -252,6 +268,23 @@ class PlacementFeed:
                 name = ObjectView(obj).metadata.get("name")  # the raw names, as ever
                 if current is not None and ObjectView(current).metadata.get("name") == name:
                     del self._bindings[key]
+
+    def _reservation(self, what: str, obj: Mapping[str, Any]) -> None:
+        name = ObjectView(obj).name
+        if not name:
+            return
+        view = None
+        if what != "delete":
+            try:
+                view = reservation_view(CPUReservation.from_dict(obj))
+            except CorepinError as exc:
+                log.warning("event=reservation_unreadable reservation=%s error=%s", name, exc)
+        if view is None:
+            self.cluster.remove_reservation(name)
+        else:
+            self.cluster.set_reservation(view)
+        if self._on_reservation is not None:
+            self._on_reservation(what, obj)
 
     def _pod(self, what: str, pod: Mapping[str, Any]) -> None:
         if what == "delete":

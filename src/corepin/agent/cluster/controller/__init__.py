@@ -5,6 +5,8 @@ Modules (imported on demand; this package imports nothing):
 - `controller` `Controller`: informers, the handlers that queue work keys, the worker
 - `sync`       `BindingSync`: the work of a binding key and of a node key (decide, then write)
 - `heartbeats` `Heartbeats`: the heartbeat check of NodeCPUTopologies (marks stale ones)
+- `reservation_rules` the decisions about CPUReservations, pure
+- `reservations` `ReservationSync`: the work of a reservation key (decide, then write)
 - `writer`     `BindingWriter`: the writes to PodCPUBindings with optimistic concurrency
 - `service`    `ControllerService`: leader election around a `Controller` per leadership term,
                health; `check_api` (the start-up check)
@@ -91,6 +93,13 @@ One replica acts at a time: the holder of the Lease `--lease-namespace/--lease-n
    time gets the full timeout. It never sets `Ready=True` (the agent does, when it reports
    again), and leaves a `Ready=False` the agent wrote alone. The agent should advance
    `heartbeatTime` several times per timeout (e.g. every 10-20 s for the default 60 s).
+
+4. **Keeps CPUReservations' time.** It writes `status.expireTime` (creation + `spec.ttl`) and
+   `status.nodeName` (the spec's, when the status has none), turns a reservation whose TTL ran
+   out `Expired` (its node's agent then gives the CPUs back), a Pending one whose
+   `spec.nodeName` names no Node `Failed`, and deletes one its pod consumed under
+   `allocateOnce` (phase `Succeeded`, written by the agent). Events: `ReservationExpired`,
+   `ReservationFailed` (Warning), `ReservationConsumed`.
 
 Every update carries the resourceVersion read; a 409 Conflict re-reads the object and applies
 the decision again. Reads come from informers (list + watch), never a list per event.

@@ -1,6 +1,6 @@
-"""The controller's loop for one leadership term: three informers (pods, PodCPUBindings,
-NodeCPUTopologies), handlers that turn changes into work-queue keys, and one worker that
-processes the keys. The rules themselves are in `corepin.agent.cluster.controller`
+"""The controller's loop for one leadership term: four informers (pods, PodCPUBindings,
+NodeCPUTopologies, CPUReservations), handlers that turn changes into work-queue keys, and one
+worker that processes the keys. The rules themselves are in `corepin.agent.cluster.controller`
 (overview) and `rules` (decisions); the work of a key in `sync` (bindings, nodes) and
 `heartbeats` (topologies); the writes with optimistic concurrency in `writer`.
 
@@ -11,7 +11,12 @@ Work keys (deduplicated by the queue):
 - `("node", name)`: decide every user-written binding whose pod runs on the node (conflicts
   are a per-node question) and write the statuses that change;
 - `("topology", name)`: the heartbeat check of the node's NodeCPUTopology (re-queued with a
-  delay until its heartbeat would be stale).
+  delay until its heartbeat would be stale);
+- `("reservation", name)`: a CPUReservation's expiry time, TTL expiry, deletion once consumed,
+  failure on a node that does not exist (`reservations`, re-queued for when its TTL runs out).
+
+The CPUReservation informer is not waited for (`synced`): a cluster without that CRD runs the
+rest of the controller as before, and reservations are handled once the CRD is there.
 
 A write that keeps meeting 409 Conflict (`writer.ConflictsExhausted`), or an API error, puts
 the key back on the queue with backoff.
@@ -29,6 +34,7 @@ from typing import Final
 from corepin.agent.cluster.controller import rules
 from corepin.agent.cluster.controller.heartbeats import Heartbeats
 from corepin.agent.cluster.controller.metrics import ControllerMetrics
+from corepin.agent.cluster.controller.reservations import ReservationSync
 from corepin.agent.cluster.controller.sync import BindingSync
 from corepin.agent.cluster.controller.writer import BindingWriter, ConflictsExhausted, Key
 from corepin.core.errors import ApiError, ApiUnreachable
@@ -36,8 +42,14 @@ from corepin.core.record import record
 from corepin.kube.client import KubeClient
 from corepin.kube.events import EventRecorder
 from corepin.kube.informer import Informer, InformerStats, Obj
-from corepin.kube.models import NCPT_PLURAL, PCB_PLURAL, ObjectView, is_agent_binding
-from corepin.kube.resources import NCPT, PCB, PODS
+from corepin.kube.models import (
+    CPUR_PLURAL,
+    NCPT_PLURAL,
+    PCB_PLURAL,
+    ObjectView,
+    is_agent_binding,
+)
+from corepin.kube.resources import CPUR, NCPT, PCB, PODS
 from corepin.kube.workqueue import WorkQueue
 
 BINDINGS: Final = PCB
@@ -82,6 +94,9 @@ class Controller:
         self.topologies = Informer(
             client, TOPOLOGIES, watch_timeout=watch, name="controller-topologies"
         )
+        self.reservations = Informer(
+            client, CPUR, watch_timeout=watch, name="controller-reservations"
+        )
         self.queue: WorkQueue[Key] = WorkQueue(monotonic=monotonic)
         self.events = EventRecorder(client, self.settings.component)
         self.writer = BindingWriter(
@@ -111,6 +126,15 @@ class Controller:
             clock=clock,
             monotonic=monotonic,
         )
+        self.reservation_sync = ReservationSync(
+            client,
+            self.reservations.cache,
+            self.metrics,
+            self.events,
+            self.queue,
+            conflict_retries=self.settings.conflict_retries,
+            clock=clock,
+        )
         self._lock = threading.Lock()
         self._life = threading.Lock()
         # (namespace, pod name) -> names of the bindings that name that pod
@@ -131,6 +155,10 @@ class Controller:
             on_update=self._topology_updated,
             on_delete=self._topology_deleted,
         )
+        self.reservations.add_handlers(
+            on_add=self._reservation,
+            on_update=lambda _old, new: self._reservation(new),
+        )
 
     # ------------------------------------------------------------------ lifecycle
     def start(self) -> Controller:
@@ -141,7 +169,7 @@ class Controller:
             if self._stopping.is_set():
                 return self
             self.events.start()
-            for informer in (self.pods, self.bindings, self.topologies):
+            for informer in (self.pods, self.bindings, self.topologies, self.reservations):
                 informer.start()
             self._worker = threading.Thread(
                 target=self._work, name="controller-worker", daemon=True
@@ -158,7 +186,7 @@ class Controller:
             self._stopping.set()
         self.queue.shutdown()
         ended = True
-        for informer in (self.pods, self.bindings, self.topologies):
+        for informer in (self.pods, self.bindings, self.topologies, self.reservations):
             ended = informer.stop(max(0.05, deadline - self._monotonic())) and ended
         if self._worker is not None:
             self._worker.join(max(0.05, deadline - self._monotonic()))
@@ -202,6 +230,7 @@ class Controller:
             "pods": self.pods.stats,
             PCB_PLURAL: self.bindings.stats,
             NCPT_PLURAL: self.topologies.stats,
+            CPUR_PLURAL: self.reservations.stats,
         }
 
     def bindings_by_phase(self) -> Mapping[tuple[str, str], int]:
@@ -297,6 +326,11 @@ class Controller:
         self.sync.forget_node(name)
         self.queue.add(("node", name))
 
+    def _reservation(self, obj: Obj) -> None:
+        name = ObjectView(obj).name
+        if name:
+            self.queue.add(("reservation", name))
+
     # ------------------------------------------------------------------ worker
     def _work(self) -> None:
         while not self._stopping.is_set() and not self.synced:
@@ -336,6 +370,8 @@ class Controller:
             self.sync.sync_node(key[1])
         elif kind == "topology":
             self.heartbeats.check(key[1])
+        elif kind == "reservation":
+            self.reservation_sync.sync(key[1])
 
 
 __all__ = ["BINDINGS", "TOPOLOGIES", "Controller", "ControllerSettings"]

@@ -55,6 +55,13 @@ class ControllerMetrics:
             "User-written PodCPUBindings given an owner reference to their pod",
             registry=r,
         )
+        self.reservations = Counter(
+            "corepin_controller_reservations",
+            "CPUReservations the controller expired, failed, deleted once consumed, or updated "
+            "(expireTime, nodeName), by action",
+            ["action"],
+            registry=r,
+        )
         self.stale_heartbeats = Counter(
             "corepin_controller_heartbeat_stale",
             "NodeCPUTopologies marked Ready=False because the agent's heartbeat stopped",

@@ -16,7 +16,10 @@ Threads and data flow:
 - a pod that fits nowhere stays Pending: its `PodScheduled` condition becomes False (reason
   `Unschedulable`, via the status subresource) and a Warning Event `FailedScheduling` says why
   per node; it is tried again when a topology, a node or a pod changes (at most once a
-  second) and at least every `retry_every` seconds.
+  second) and at least every `retry_every` seconds;
+- a Pending CPUReservation without a node is queued too and placed by the same core
+  (`reservations.ReservationPlacer`: `status.nodeName`); every active reservation is counted
+  (`corepin.placement.reservations`): its CPUs go to the pods that match it only.
 """
 
 from __future__ import annotations
@@ -34,6 +37,11 @@ from corepin.agent.cluster.catalog import PlacementFeed
 from corepin.agent.cluster.metrics import PlacementMetrics
 from corepin.agent.cluster.scheduler.cpu_bindings import CPUBindings, api_time, with_cpus
 from corepin.agent.cluster.scheduler.pending import Key, PendingPods
+from corepin.agent.cluster.scheduler.reservations import (
+    RESERVATIONS,
+    ReservationPlacer,
+    unplaced,
+)
 from corepin.core.errors import ApiConflict, ApiNotFound, CorepinError
 from corepin.core.record import record
 from corepin.kube.client import KubeClient
@@ -111,7 +119,11 @@ class Scheduler:
             nodes=True,
             on_pod=self._pod_event,
             on_topology=lambda _name: self.pending.changed(),
+            on_reservation=self._reservation_event,
             clock=clock,
+        )
+        self.placer = ReservationPlacer(
+            client, self.feed.reservations.cache, self.cluster, settings.name
         )
         assert self.feed.nodes is not None
         self.feed.nodes.add_handlers(
@@ -153,6 +165,8 @@ class Scheduler:
             self._spawn(self._binder, f"binder-{i}")
         for pod in self.feed.pods.cache.list():
             self._pod_event("add", pod)
+        for obj in self.feed.reservations.cache.list():
+            self._reservation_event("add", obj)
 
     def stop(self, timeout: float = 3.0) -> None:
         """Stop within about `timeout` seconds (the Lease is released when leading)."""
@@ -211,6 +225,26 @@ class Scheduler:
             return
         self.pending.offer(key)
 
+    def _reservation_event(self, what: str, obj: Mapping[str, Any]) -> None:
+        key = (RESERVATIONS, ObjectView(obj).name)
+        if what == "delete" or not unplaced(obj):
+            self.pending.forget(key)
+            self.pending.changed()  # CPUs held or given back: parked pods may fit now
+            return
+        self.pending.offer(key)
+
+    def _place_reservation(self, key: Key) -> None:
+        try:
+            placed = self.placer.place(key[1], self.clock())
+        except CorepinError as exc:
+            log.warning("event=reservation_place_failed reservation=%s error=%s", key[1], exc)
+            self.pending.retry_later(key)
+            return
+        if placed:
+            self.pending.unpark(key)
+        else:
+            self.pending.park(key)
+
     # ------------------------------------------------------------------ scheduling
     def _loop(self) -> None:
         while not self._stop.is_set():
@@ -219,6 +253,9 @@ class Scheduler:
                 continue
             key = self.pending.next()
             if key is None:
+                continue
+            if key[0] == RESERVATIONS:
+                self._place_reservation(key)
                 continue
             pod = self.feed.pods.cache.get(key[1], key[0])
             if pod is None or not self._ours(pod):
