@@ -18,6 +18,8 @@ http, ssl or json parsing of API objects):
 - `events`    core/v1 Event recorder with count aggregation
 - `leader`    Lease-based leader election
 - `workqueue` deduplicated work queue with delayed and rate-limited adds (controllers)
+- `eviction`  one Eviction API call (`pods/eviction`, PodDisruptionBudgets honoured by the
+              server): evicted, gone, or refused with the server's reason, never retried here
 
 Why a small client of our own over the standard library rather than lightkube: what corepin
 needs from the API is narrow (generic JSON objects, a handful of verbs, watch) and the parts
