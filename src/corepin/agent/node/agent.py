@@ -58,6 +58,7 @@ from corepin.agent.node.publish import Key, Publisher
 from corepin.agent.node.qos import NodeQos
 from corepin.agent.node.records import PodRecords
 from corepin.agent.node.reservation import NodeReservation
+from corepin.agent.node.reservations import NodeReservations
 from corepin.agent.node.restore import Restore
 from corepin.agent.node.settings import NodeSettings
 from corepin.agent.node.shield import SystemShield
@@ -158,6 +159,18 @@ class NodeAgent:
             self.teller,
             self.publisher,
         )
+        self.cpur = NodeReservations(
+            self.watches,
+            topology,
+            policy,
+            self.events,
+            self.mover,
+            self.publisher,
+            clock,
+            evict_on_reservation=settings.evict_on_reservation,
+        )
+        self.decider.reservation_for = self.cpur.reservation_for
+        self.reservation.clear = self.cpur.clear
         self._queue: queue.Queue[Key | None] = queue.Queue()
         self._queued: set[Key] = set()
         self._lock = threading.Lock()
@@ -188,6 +201,7 @@ class NodeAgent:
             txn.commit_if_changed(self.restore.restored(txn.state, imported))
         self.watches.open()
         self.qos.open()
+        self.cpur.open(lambda: self._enqueue(("reservations",)))
         self.watches.pods.add_handlers(
             on_add=lambda o: self._enqueue_pod(o),
             on_update=lambda old, new: self._pod_updated(old, new),
@@ -214,6 +228,7 @@ class NodeAgent:
                     reason="api_sync_timeout",
                 )
         self.qos.start(self._spawn, self._stop, min(10.0, max(0.1, deadline - time.monotonic())))
+        self.cpur.start(min(10.0, max(0.1, deadline - time.monotonic())))
         self._spawn(self._work, "agent-worker")
         self._spawn(self.publisher.run, "agent-publisher")
         self._enqueue(("node",))
@@ -233,6 +248,7 @@ class NodeAgent:
         for informer in self.watches.informers:
             informer.stop(timeout / 2)
         self.qos.stop(timeout / 2)
+        self.cpur.stop(timeout / 2)
         for thread in self._threads:
             thread.join(timeout / 2)
         self.events.stop(timeout / 2)
@@ -358,6 +374,8 @@ class NodeAgent:
             if now >= next_sync:
                 self._enqueue(("resync",))
                 next_sync = now + self.settings.resync_period
+            if self.cpur.due(time.time()):
+                self._enqueue(("reservations",))
 
     def _work(self) -> None:
         while True:
@@ -408,6 +426,7 @@ class NodeAgent:
             if "orphans" in kinds:
                 state, gone = self.decider.apply_orphans(state)
                 forgotten.extend(gone)
+            state = self.cpur.apply(state)
             bindings = self.promises.user_bindings() if pods else {}
             for namespace, name in pods:
                 try:
@@ -437,6 +456,7 @@ class NodeAgent:
             except Exception as exc:  # its CPUs are written all the same, its quota left
                 self._pod_failed(work.plan.namespace, work.plan.name, "quota", exc)
         quotas = self.qos.left_quotas(state, quotas)
+        self.cpur.after_commit(state)
         if "qos" in kinds:  # the QoS loop changed the BE set
             targets.extend(self.qos.be_containers(state))
         if resync:
@@ -454,6 +474,7 @@ class NodeAgent:
             except Exception as exc:
                 self._pod_failed(work.plan.namespace, work.plan.name, "events", exc)
             self.publisher.later(("pod", work.plan.uid), work)
+        self.cpur.forget(forgotten)
         for uid in forgotten:
             self.decider.forget(uid)
             self.classes.forget(uid)
@@ -467,9 +488,11 @@ class NodeAgent:
             or classes_changed
             or state.held != before.held
             or state.reserved != before.reserved
+            or state.reservations != before.reservations
         ):
             self.publisher.later(("topology",), None)
         if len(state.free) > len(before.free):
+            self._enqueue(("reservations",))
             for pod in self.decider.to_retry(state):
                 self._enqueue_pod(pod)
 
