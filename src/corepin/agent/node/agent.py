@@ -149,28 +149,7 @@ class NodeAgent:
                 self.devices,
             ),
         )
-        self.mover = Mover(
-            self.store,
-            topology,
-            cgroups,
-            self.hooks,
-            self.qos,
-            self.decider,
-            self.teller,
-            self.publisher,
-        )
-        self.cpur = NodeReservations(
-            self.watches,
-            topology,
-            policy,
-            self.events,
-            self.mover,
-            self.publisher,
-            clock,
-            evict_on_reservation=settings.evict_on_reservation,
-        )
-        self.decider.reservation_for = self.cpur.reservation_for
-        self.reservation.clear = self.cpur.clear
+        self.mover, self.cpur = _reservations(self, policy, clock)
         self._queue: queue.Queue[Key | None] = queue.Queue()
         self._queued: set[Key] = set()
         self._lock = threading.Lock()
@@ -201,7 +180,6 @@ class NodeAgent:
             txn.commit_if_changed(self.restore.restored(txn.state, imported))
         self.watches.open()
         self.qos.open()
-        self.cpur.open(lambda: self._enqueue(("reservations",)))
         self.watches.pods.add_handlers(
             on_add=lambda o: self._enqueue_pod(o),
             on_update=lambda old, new: self._pod_updated(old, new),
@@ -228,7 +206,7 @@ class NodeAgent:
                     reason="api_sync_timeout",
                 )
         self.qos.start(self._spawn, self._stop, min(10.0, max(0.1, deadline - time.monotonic())))
-        self.cpur.start(min(10.0, max(0.1, deadline - time.monotonic())))
+        self.cpur.start(self._spawn, self._stop, self._enqueue, deadline)
         self._spawn(self._work, "agent-worker")
         self._spawn(self.publisher.run, "agent-publisher")
         self._enqueue(("node",))
@@ -248,7 +226,6 @@ class NodeAgent:
         for informer in self.watches.informers:
             informer.stop(timeout / 2)
         self.qos.stop(timeout / 2)
-        self.cpur.stop(timeout / 2)
         for thread in self._threads:
             thread.join(timeout / 2)
         self.events.stop(timeout / 2)
@@ -374,8 +351,6 @@ class NodeAgent:
             if now >= next_sync:
                 self._enqueue(("resync",))
                 next_sync = now + self.settings.resync_period
-            if self.cpur.due(time.time()):
-                self._enqueue(("reservations",))
 
     def _work(self) -> None:
         while True:
@@ -456,7 +431,7 @@ class NodeAgent:
             except Exception as exc:  # its CPUs are written all the same, its quota left
                 self._pod_failed(work.plan.namespace, work.plan.name, "quota", exc)
         quotas = self.qos.left_quotas(state, quotas)
-        self.cpur.after_commit(state)
+        self.cpur.after_commit(state, before, forgotten)
         if "qos" in kinds:  # the QoS loop changed the BE set
             targets.extend(self.qos.be_containers(state))
         if resync:
@@ -474,7 +449,6 @@ class NodeAgent:
             except Exception as exc:
                 self._pod_failed(work.plan.namespace, work.plan.name, "events", exc)
             self.publisher.later(("pod", work.plan.uid), work)
-        self.cpur.forget(forgotten)
         for uid in forgotten:
             self.decider.forget(uid)
             self.classes.forget(uid)
@@ -488,11 +462,9 @@ class NodeAgent:
             or classes_changed
             or state.held != before.held
             or state.reserved != before.reserved
-            or state.reservations != before.reservations
         ):
             self.publisher.later(("topology",), None)
         if len(state.free) > len(before.free):
-            self._enqueue(("reservations",))
             for pod in self.decider.to_retry(state):
                 self._enqueue_pod(pod)
 
@@ -513,6 +485,36 @@ class NodeAgent:
             self.teller.failed(pod, pod_uid(pod), stage, message)
         except Exception:
             log.exception("event=event_failed pod=%s/%s", namespace, name)
+
+
+def _reservations(
+    agent: NodeAgent, policy: Policy, clock: Callable[[], float]
+) -> tuple[Mover, NodeReservations]:
+    """The agent's live moves (`corepin.agent.node.move`) and CPUReservations
+    (`corepin.agent.node.reservations`), wired into its decisions and its node reservation."""
+    mover = Mover(
+        agent.store,
+        agent.machine,
+        agent.cgroups,
+        agent.hooks,
+        agent.qos,
+        agent.decider,
+        agent.teller,
+        agent.publisher,
+    )
+    cpur = NodeReservations(
+        agent.watches,
+        agent.machine,
+        policy,
+        agent.events,
+        mover,
+        agent.publisher,
+        clock,
+        evict_on_reservation=agent.settings.evict_on_reservation,
+    )
+    agent.decider.reservation_for = cpur.reservation_for
+    agent.reservation.clear = cpur.clear
+    return mover, cpur
 
 
 def enforce(

@@ -30,12 +30,13 @@ from __future__ import annotations
 import importlib
 import logging
 import threading
+import time
 from collections.abc import Callable, Iterable, Mapping
 from datetime import UTC, datetime
 from typing import Any, Final
 
 from corepin.agent.node.move import Moved, Mover, relocate
-from corepin.agent.node.publish import Publisher
+from corepin.agent.node.publish import Key, Publisher
 from corepin.agent.node.watches import Watches
 from corepin.allocation.decide import decide
 from corepin.allocation.levels import withheld_for
@@ -160,23 +161,36 @@ class NodeReservations:
         self._consumed: set[str] = set()  # uids of one-time reservations consumed here
         self._told: dict[tuple[str, str], str] = {}  # (pod uid, reason) -> message
         self._next: float | None = None  # when to look again (expiry, retry)
+        self._enqueue: Callable[[Key], None] | None = None
 
     # ------------------------------------------------------------------ the informer
-    def open(self, changed: Callable[[], None]) -> None:
-        """Make the CPUReservations' informer; `changed` is called on every change."""
+    def start(
+        self,
+        spawn: Callable[[Callable[[], None], str], None],
+        stop: threading.Event,
+        enqueue: Callable[[Key], None],
+        deadline: float,
+    ) -> None:
+        """Start the CPUReservations' informer (a change puts the key ("reservations",) on the
+        agent's queue with `enqueue`) and wait for its list (at most 10 s, and not past the
+        `deadline` of `time.monotonic()`) when the API
+        serves CPUReservations (the agent works without them otherwise, and says so); and a
+        thread (until `stop`) that puts the key when an expiry or a retry is due."""
+        self._enqueue = enqueue
         informer = self.watches.open_reservations()
         informer.add_handlers(
-            on_add=lambda o: changed(),
-            on_update=lambda old, new: changed(),
-            on_delete=lambda o: changed(),
+            on_add=lambda o: self._changed(),
+            on_update=lambda old, new: self._changed(),
+            on_delete=lambda o: self._changed(),
         )
 
-    def start(self, timeout: float) -> None:
-        """Start the informer and wait at most `timeout` for its list when the API serves
-        CPUReservations (the agent works without them otherwise, and says so)."""
-        informer = self.watches.reservations
-        if informer is None:
-            return
+        def timer() -> None:
+            while not stop.wait(0.2):
+                if self.due(self.clock()):
+                    self._changed()
+            informer.stop(1.0)
+
+        spawn(timer, "agent-reservations")
         try:
             self.watches.client.list(CPUR, limit=1)
         except CorepinError as exc:
@@ -188,12 +202,12 @@ class NodeReservations:
             informer.start()
             return
         informer.start()
-        if not informer.wait_for_sync(timeout):
+        if not informer.wait_for_sync(min(10.0, max(0.1, deadline - time.monotonic()))):
             log.warning("event=cpureservations_not_synced")
 
-    def stop(self, timeout: float) -> None:
-        if self.watches.reservations is not None:
-            self.watches.reservations.stop(timeout)
+    def _changed(self) -> None:
+        if self._enqueue is not None:
+            self._enqueue(("reservations",))
 
     # ------------------------------------------------------------------ reads
     def mine(self) -> dict[str, CPUReservation]:
@@ -370,8 +384,15 @@ class NodeReservations:
             self._next = when if self._next is None else min(self._next, when)
 
     # ------------------------------------------------------------------ after the commit
-    def after_commit(self, state: HostState) -> None:
-        """Enforce the moves of the pass, tell or evict the blockers, write the statuses."""
+    def after_commit(self, state: HostState, before: HostState, forgotten: Iterable[str]) -> None:
+        """After the batch's commit (`before`: the state it started from; `forgotten`: the
+        uids of pods gone): enforce the moves of the pass, tell or evict the blockers, write
+        the statuses, and look again when CPUs were freed (a reservation may wait for them)."""
+        self.forget(forgotten)
+        if state.reservations != before.reservations:
+            self.publisher.later(("topology",), None)
+        if len(state.free) > len(before.free):
+            self._changed()
         moves, self._moves = self._moves, []
         blocks, self._blocks = self._blocks, []
         statuses, self._statuses = self._statuses, {}
