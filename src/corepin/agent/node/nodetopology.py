@@ -143,6 +143,7 @@ class TopologyPublisher:
         self._ncpt_created = False
         self._spec_stored: object = None  # NodeCPUTopology.spec as the API stored what we wrote
         self._last_reserved: str | None = None
+        self._had_reservations = False
 
     def publish(self, state: HostState | None) -> None:
         """The node's NodeCPUTopology (spec and status with a heartbeat) and, when its CRD is
@@ -163,8 +164,10 @@ class TopologyPublisher:
             qos_class=self.qos_class,
             devices=() if self.devices is None else self.devices.node_devices(),
         )
-        # (a merge patch keeps a key it does not name: no reservation left removes the list)
-        status.setdefault("reservations", None)
+        # (a merge patch keeps a key it does not name: the last reservation gone removes the list)
+        if self._had_reservations and "reservations" not in status:
+            status["reservations"] = None
+        self._had_reservations = "reservations" in status and status["reservations"] is not None
         try:
             if not self._ncpt_created:
                 owner = self._node_owner()
