@@ -1,7 +1,8 @@
 """A fake Kubernetes API server for tests: real HTTP(S) on 127.0.0.1, the API server's semantics
 where corepin and its users depend on them (resource versions, watch from a version and 410
 Gone, selectors, status subresource, CRDs with schema validation and pruning, patches,
-server-side apply basics, finalizers), plus controls to break it on purpose.
+server-side apply basics, finalizers, `pods/eviction` with PodDisruptionBudgets whose status a
+built-in disruption controller keeps), plus controls to break it on purpose.
 
     from fakeapi import FakeApiServer
     with FakeApiServer() as api:              # or the `fake_api` fixture in conftest.py

@@ -24,6 +24,7 @@ from fractions import Fraction
 from typing import Any
 
 from fakeapi import apply as ssa
+from fakeapi import disruption
 from fakeapi import errors as err
 from fakeapi.patch import PatchError, json_patch, merge_patch, strategic_merge_patch
 from fakeapi.resources import (
@@ -158,6 +159,7 @@ class Cluster:
         self.watchers: list[Watcher] = []
         self.types: dict[tuple[str, str], dict[str, ResourceType]] = {}
         self.group_order: list[str] = []
+        self._syncing = False  # the disruption controller is writing PDB statuses
         for rt in builtin_types():
             self._register(rt)
         for name in INITIAL_NAMESPACES:
@@ -239,6 +241,12 @@ class Cluster:
         for watcher in self.watchers:
             if watcher.storage == rt.storage and watcher.namespace in (None, namespace):
                 watcher.queue.put(change)
+        if rt.storage in (disruption.PODS, disruption.PDBS) and not self._syncing:
+            self._syncing = True
+            try:
+                disruption.sync_namespace(self, namespace)
+            finally:
+                self._syncing = False
         return stored
 
     def snapshot(self) -> Snapshot:
@@ -612,7 +620,7 @@ class Cluster:
             elif rt.plural == "namespaces":
                 obj.setdefault("spec", {})["finalizers"] = ["kubernetes"]
                 obj["status"] = {"phase": "Active"}
-            elif rt.plural == "customresourcedefinitions":
+            elif rt.plural in ("customresourcedefinitions", "poddisruptionbudgets"):
                 obj.pop("status", None)
             return warnings
         if "status" in rt.subresources:
@@ -645,6 +653,8 @@ class Cluster:
             problems = _pod_problems(obj, old, resize=subresource == "resize")
         elif rt.plural == "customresourcedefinitions":
             problems = _crd_problems(obj)
+        elif rt.storage == disruption.PDBS:
+            problems = disruption.pdb_problems(obj)
         meta = _meta(obj)
         for key in ("labels", "annotations"):
             value = meta.get(key)
@@ -1144,6 +1154,11 @@ class Cluster:
                 meta = item["metadata"]
                 self.delete(rt, meta.get("namespace", ""), meta["name"])
             return listing
+
+    # ------------------------------------------------------------------ pods/eviction
+    def evict(self, namespace: str, name: str, body: Obj, dry_run: list[str]) -> Obj:
+        """POST pods/NAME/eviction (PodDisruptionBudgets honoured; see disruption.py)."""
+        return disruption.evict(self, namespace, name, body, dry_run)
 
     # ------------------------------------------------------------------ pods/binding
     def bind(self, namespace: str, name: str, binding: Obj) -> Obj:

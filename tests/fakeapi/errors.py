@@ -30,6 +30,8 @@ class ApiFailure(Exception):
             "reason": self.reason,
             "code": self.code,
         }
+        if not self.reason:
+            del out["reason"]  # a Status a handler returned as its answer may carry none
         if self.details is not None:
             out["details"] = self.details
         return out

@@ -216,6 +216,28 @@ EVENT_COLUMNS = (
     ),
     Column("Message", "string", cell=lambda o: o.get("message") or o.get("note") or ""),
 )
+
+
+def _int_or_percent(value: Any) -> str:
+    return "N/A" if value is None else str(value)
+
+
+PDB_COLUMNS = (
+    Column(
+        "Min Available", "string", cell=lambda o: _int_or_percent(_dig(o, "spec", "minAvailable"))
+    ),
+    Column(
+        "Max Unavailable",
+        "string",
+        cell=lambda o: _int_or_percent(_dig(o, "spec", "maxUnavailable")),
+    ),
+    Column(
+        "Allowed Disruptions",
+        "integer",
+        cell=lambda o: int(_dig(o, "status", "disruptionsAllowed") or 0),
+    ),
+    _age_column(),
+)
 CRD_COLUMNS = (
     Column("Created At", "date", cell=lambda o: _dig(o, "metadata", "creationTimestamp") or ""),
 )
@@ -342,7 +364,7 @@ def builtin_types() -> list[ResourceType]:
             True,
             ("po",),
             ("all",),
-            subresources=frozenset({"status", "binding", "resize"}),
+            subresources=frozenset({"status", "binding", "resize", "eviction"}),
             fields=pod_fields,
             columns=POD_COLUMNS,
         ),
@@ -384,6 +406,18 @@ def builtin_types() -> list[ResourceType]:
         ),
         ResourceType(
             "coordination.k8s.io", "v1", "leases", "lease", "Lease", True, columns=LEASE_COLUMNS
+        ),
+        ResourceType(
+            "policy",
+            "v1",
+            "poddisruptionbudgets",
+            "poddisruptionbudget",
+            "PodDisruptionBudget",
+            True,
+            ("pdb",),
+            subresources=ns_only,
+            columns=PDB_COLUMNS,
+            track_generation=True,
         ),
         ResourceType(
             "apiextensions.k8s.io",

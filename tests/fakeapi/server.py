@@ -442,7 +442,10 @@ class _Handler(BaseHTTPRequestHandler):
         self.wfile.write(data)
 
     def _fail(self, failure: err.ApiFailure) -> None:
-        self._send_json(failure.code, failure.status())
+        # as the API server: a Status asking to be retried later says so in Retry-After too
+        retry = (failure.details or {}).get("retryAfterSeconds")
+        extra = {"Retry-After": str(retry)} if isinstance(retry, int) and retry > 0 else None
+        self._send_json(failure.code, failure.status(), headers=extra)
 
     def _user(self) -> str | None:
         """The authenticated user, "" when anonymous access is fine, None when refused."""
@@ -679,7 +682,19 @@ class _Handler(BaseHTTPRequestHandler):
                 entry["categories"] = list(rt.categories)
             resources.append(entry)
             for sub in sorted(rt.subresources):
-                if sub == "binding":
+                if sub == "eviction":
+                    resources.append(
+                        {
+                            "name": f"{rt.plural}/eviction",
+                            "singularName": "",
+                            "namespaced": True,
+                            "group": "policy",
+                            "version": "v1",
+                            "kind": "Eviction",
+                            "verbs": ["create"],
+                        }
+                    )
+                elif sub == "binding":
                     resources.append(
                         {
                             "name": f"{rt.plural}/binding",
@@ -809,6 +824,8 @@ class _Handler(BaseHTTPRequestHandler):
         ns = target.namespace or ""
         if rt.namespaced and method in ("POST",) and target.namespace is None:
             raise err.method_not_allowed()
+        if target.subresource in ("eviction", "binding") and method != "POST":
+            raise err.method_not_allowed()
         if method == "GET" and not target.name:
             labels, fields = self._selectors(rt, query)
             if query.get("watch") in ("1", "true"):
@@ -855,6 +872,10 @@ class _Handler(BaseHTTPRequestHandler):
                 raise err.bad_request("the request body must be a JSON object")
             if target.subresource == "binding":
                 self._send_json(201, cluster.bind(ns, target.name, payload))
+                return
+            if target.subresource == "eviction":
+                dry_run = [query["dryRun"]] if query.get("dryRun") else []
+                self._send_json(201, cluster.evict(ns, target.name, payload, dry_run))
                 return
             if target.name:
                 raise err.method_not_allowed()

@@ -450,6 +450,23 @@ class KubeClient:
         path = f"/api/v1/namespaces/{namespace}/pods/{pod}/binding"
         self._call("POST", path, verb="create", body=binding)
 
+    # ------------------------------------------------------------------ other subresources
+    def create_subresource(
+        self,
+        resource: Resource,
+        name: str,
+        subresource: str,
+        body: Mapping[str, Any],
+        namespace: str | None = None,
+        *,
+        dry_run: bool = False,
+    ) -> Obj:
+        """POST to an object's subresource that takes a create (pods/NAME/eviction, ...);
+        returns what the server answered (often a Status)."""
+        path = resource.path(_namespace_of(resource, namespace, body), name, subresource)
+        query = {"dryRun": "All"} if dry_run else None
+        return self._call("POST", path, verb="create", body=body, query=query)
+
     # ------------------------------------------------------------------ watch
     def watch(
         self,

@@ -1,7 +1,8 @@
 """Failed answers of the API server as corepin's typed errors: the one place where an HTTP
 status and its `Status` body (or a watch ERROR event) become an `ApiError` subclass of
 `corepin.core.errors` (`api_error`), with the server's wish to be retried later read
-(`retry_after_of`).
+(`retry_after_of`). A 429 becomes `ApiTooManyRequests`, defined here (the core errors have
+no class of their own for it).
 """
 
 from __future__ import annotations
@@ -21,12 +22,19 @@ from corepin.core.errors import (
     ApiUnauthorized,
 )
 
+
+class ApiTooManyRequests(ApiError):
+    """429: not now - the server throttles, or an eviction would break a PodDisruptionBudget
+    (its `causes` say which); try again later (`retry_after` when the server said when)."""
+
+
 _BY_CODE: dict[int, type[ApiError]] = {
     401: ApiUnauthorized,
     403: ApiForbidden,
     404: ApiNotFound,
     410: ApiGone,
     422: ApiInvalid,
+    429: ApiTooManyRequests,
 }
 
 
