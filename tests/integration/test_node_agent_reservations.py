@@ -20,7 +20,7 @@ import pytest
 
 from corepin.core.cpuset import CPUSet
 from corepin.kube.client import KubeClient
-from corepin.kube.resources import CPUR, EVENTS, NCPT, NODES
+from corepin.kube.resources import CPUR, EVENTS, NCPT, NODES, PCB, PDBS, PODS
 from corepin.testing import machines as synthetic
 from support.cpur_crd import cpur, install_cpur_crd
 from support.helpers import wait_for
@@ -183,6 +183,10 @@ def test_an_exclusive_container_on_newly_reserved_cpus_is_moved_live(node: FakeN
         lambda: json.loads(node.annotation(pod) or "{}") == {"app": str(after)},
         what="the annotation follows",
     )
+    wait_for(
+        lambda: C(node.client.get(PCB, "ex-app", "default")["status"]["cpus"]) == after,
+        what="its PodCPUBinding follows",
+    )
 
 
 def test_an_exclusive_container_that_cannot_move_blocks_the_reservation(node: FakeNode) -> None:
@@ -221,3 +225,53 @@ def test_the_node_reservation_moves_an_exclusive_container_off_its_cpus(node: Fa
     )
     wait_for(lambda: C(topology_status(node)["reservedCPUs"]) == before, what="reserved")
     wait_for(lambda: not node.cpus(pod, "app") & before, what="ex moved")
+
+
+# ---------------------------------------------------------------------- eviction
+def _blocked_node(node: FakeNode) -> tuple[dict[str, Any], CPUSet]:
+    """An agent with --evict-on-reservation, pod `ex` (2 CPUs, label app=ex) that no other
+    CPUs fit (pod `big` holds 28), and a PodDisruptionBudget that forbids evicting `ex`."""
+    agent = node.agent(evict_on_reservation=True)
+    agent.cpur.retry = 0.3
+    pod = exclusive_pod(node, "ex", 2, labels={"app": "ex"})
+    wait_for(lambda: len(node.cpus(pod, "app")) == 2, what="ex pinned")
+    big = exclusive_pod(node, "big", 28)
+    wait_for(lambda: len(node.cpus(big, "app")) == 28, what="big pinned")
+    node.client.create(
+        PDBS,
+        {
+            "apiVersion": "policy/v1",
+            "kind": "PodDisruptionBudget",
+            "metadata": {"name": "ex"},
+            "spec": {"selector": {"matchLabels": {"app": "ex"}}, "maxUnavailable": 0},
+        },
+        "default",
+    )
+    return pod, node.cpus(pod, "app")
+
+
+def test_a_refused_eviction_is_told_and_tried_again_until_it_is_allowed(
+    node: FakeNode,
+) -> None:
+    pod, before = _blocked_node(node)
+    node.client.create(CPUR, cpur("r", cpuSet=str(before), owners=[{"name": "db"}]))
+    wait_for(lambda: events(node, pod, "CPUEvictionRefused"), what="the refusal told")
+    message = events(node, pod, "CPUEvictionRefused")[0]["message"]
+    assert "disruption budget" in message.lower(), message
+    assert status(node, "r").get("phase") == "Pending"
+    assert node.client.get(PODS, "ex", "default"), "the budget keeps the pod"
+    assert not events(node, pod, "CPUReservationBlocked"), "evicted, not merely told"
+    node.client.delete(PDBS, "ex", "default")  # the budget goes: the next try is allowed
+    wait_for(
+        lambda: (
+            not [
+                p
+                for p in node.client.list(PODS, "default")["items"]
+                if p["metadata"]["name"] == "ex"
+            ]
+            or bool(node.get(pod)["metadata"].get("deletionTimestamp"))
+        ),
+        what="ex evicted",
+    )
+    st = phase_is(node, "r", "Available")
+    assert C(st["cpus"]) == before

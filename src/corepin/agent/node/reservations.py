@@ -27,7 +27,6 @@ evictions) is handed to the agent's publisher thread; Events go through the agen
 
 from __future__ import annotations
 
-import importlib
 import logging
 import threading
 import time
@@ -46,6 +45,7 @@ from corepin.core.errors import CorepinError
 from corepin.core.record import field, record
 from corepin.kube.client import Obj
 from corepin.kube.events import EventRecorder
+from corepin.kube.eviction import evict
 from corepin.kube.models import ObjectView
 from corepin.kube.models.cpur import CPUReservation, CPUReservationStatus, ReservationUser
 from corepin.kube.resources import CPUR
@@ -439,7 +439,6 @@ class NodeReservations:
 
     def _evict(self, pod: Mapping[str, Any], namespace: str, name: str, uid: str) -> None:
         """On the publisher thread: evict the pod through the Eviction API."""
-        evict = importlib.import_module("corepin.kube.eviction").evict
         try:
             result = evict(self.watches.client, namespace, name, uid=uid)
         except CorepinError as exc:
