@@ -131,6 +131,13 @@ def add_arguments(parser: argparse.ArgumentParser, name: str) -> None:
         default="/var/lib/kubelet/cpu_manager_state",
         help="the kubelet's CPU manager checkpoint (default: /var/lib/kubelet/cpu_manager_state)",
     )
+    parser.add_argument(
+        "--evict-on-reservation",
+        action="store_true",
+        help="evict (Eviction API, PodDisruptionBudgets honoured) a pod whose exclusive CPUs a "
+        "new reservation (CPUReservation, node reservation annotation) takes when no other CPUs "
+        "fit it (default: the reservation waits and the pod is told, CPUReservationBlocked)",
+    )
 
 
 def _idle_seconds(text: str) -> float:
@@ -183,6 +190,7 @@ def settings_from(args: argparse.Namespace, environ: dict[str, str]) -> NodeSett
         qos_period=args.qos_period,
         namespace=environ.get("POD_NAMESPACE", ""),
         pod_resources_socket=args.pod_resources_socket,
+        evict_on_reservation=bool(args.evict_on_reservation),
     )
 
 

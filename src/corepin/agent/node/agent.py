@@ -51,12 +51,14 @@ from corepin.agent.node.enforce import ContainerCgroups, cpu_limits
 from corepin.agent.node.files import AssignmentFiles
 from corepin.agent.node.hooks import Hooks
 from corepin.agent.node.lock import NodeLock
+from corepin.agent.node.move import Mover
 from corepin.agent.node.nodetopology import TopologyPublisher
 from corepin.agent.node.promises import Promises
 from corepin.agent.node.publish import Key, Publisher
 from corepin.agent.node.qos import NodeQos
 from corepin.agent.node.records import PodRecords
 from corepin.agent.node.reservation import NodeReservation
+from corepin.agent.node.reservations import NodeReservations
 from corepin.agent.node.restore import Restore
 from corepin.agent.node.settings import NodeSettings
 from corepin.agent.node.shield import SystemShield
@@ -147,6 +149,7 @@ class NodeAgent:
                 self.devices,
             ),
         )
+        self.mover, self.cpur = _reservations(self, policy, clock)
         self._queue: queue.Queue[Key | None] = queue.Queue()
         self._queued: set[Key] = set()
         self._lock = threading.Lock()
@@ -203,6 +206,7 @@ class NodeAgent:
                     reason="api_sync_timeout",
                 )
         self.qos.start(self._spawn, self._stop, min(10.0, max(0.1, deadline - time.monotonic())))
+        self.cpur.start(self._spawn, self._stop, self._enqueue, deadline)
         self._spawn(self._work, "agent-worker")
         self._spawn(self.publisher.run, "agent-publisher")
         self._enqueue(("node",))
@@ -397,6 +401,7 @@ class NodeAgent:
             if "orphans" in kinds:
                 state, gone = self.decider.apply_orphans(state)
                 forgotten.extend(gone)
+            state = self.cpur.apply(state)
             bindings = self.promises.user_bindings() if pods else {}
             for namespace, name in pods:
                 try:
@@ -426,6 +431,7 @@ class NodeAgent:
             except Exception as exc:  # its CPUs are written all the same, its quota left
                 self._pod_failed(work.plan.namespace, work.plan.name, "quota", exc)
         quotas = self.qos.left_quotas(state, quotas)
+        self.cpur.after_commit(state, before, forgotten)
         if "qos" in kinds:  # the QoS loop changed the BE set
             targets.extend(self.qos.be_containers(state))
         if resync:
@@ -479,6 +485,36 @@ class NodeAgent:
             self.teller.failed(pod, pod_uid(pod), stage, message)
         except Exception:
             log.exception("event=event_failed pod=%s/%s", namespace, name)
+
+
+def _reservations(
+    agent: NodeAgent, policy: Policy, clock: Callable[[], float]
+) -> tuple[Mover, NodeReservations]:
+    """The agent's live moves (`corepin.agent.node.move`) and CPUReservations
+    (`corepin.agent.node.reservations`), wired into its decisions and its node reservation."""
+    mover = Mover(
+        agent.store,
+        agent.machine,
+        agent.cgroups,
+        agent.hooks,
+        agent.qos,
+        agent.decider,
+        agent.teller,
+        agent.publisher,
+    )
+    cpur = NodeReservations(
+        agent.watches,
+        agent.machine,
+        policy,
+        agent.events,
+        mover,
+        agent.publisher,
+        clock,
+        evict_on_reservation=agent.settings.evict_on_reservation,
+    )
+    agent.decider.reservation_for = cpur.reservation_for
+    agent.reservation.clear = cpur.clear
+    return mover, cpur
 
 
 def enforce(

@@ -79,6 +79,8 @@ class Decider:
         self._seen_running: dict[tuple[str, str], float] = {}  # (uid, cid) -> first seen
         self._last_plan: dict[str, tuple[PodPlan, tuple[Assignment, ...], ClassRequest]] = {}
         self._plans: dict[str, tuple[tuple[str, str | None], PodPlan]] = {}
+        #: the reservation whose CPUs a pod gets ("" for none): set by the agent
+        self.reservation_for: Callable[[HostState, Obj], str] | None = None
 
     # ------------------------------------------------------------------ what the watches saw
     def seen(self, pod: Mapping[str, Any]) -> tuple[str, str]:
@@ -127,7 +129,12 @@ class Decider:
             state, _ = forget_pod(state, uid)
         promised = self.promises.promised(state, exclude=(namespace, name))
         ctx = SyncContext(
-            self.machine, self.policy, self.clock(), promised, self._device_numa(plan)
+            self.machine,
+            self.policy,
+            self.clock(),
+            promised,
+            self._device_numa(plan),
+            "" if self.reservation_for is None else self.reservation_for(state, pod),
         )
         state, events = sync_pod(state, plan, ctx)
         events.extend(_annotation_events(pod, plan))
@@ -168,6 +175,12 @@ class Decider:
         plan = refuse_absurd(pod, plan_pod(pod, binding))
         self._plans[uid] = (version, plan)
         return plan
+
+    def plan_of(self, pod: Obj) -> PodPlan:
+        """The plan of a pod the watch shows (with its validated user binding, if any)."""
+        view = ObjectView(pod)
+        binding = self.promises.user_bindings().get((view.namespace or "default", view.name))
+        return self._plan(pod, binding)
 
     def apply_orphans(self, state: HostState) -> tuple[HostState, list[str]]:
         """Release assignments of pods that no longer exist (checked at start-up)."""

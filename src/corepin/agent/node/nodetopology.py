@@ -42,6 +42,7 @@ from corepin.kube.models import (
     node_resource_topology,
     parse_time,
 )
+from corepin.kube.models.ncpt import HeldReservation
 from corepin.kube.resources import NCPT, NRT
 from corepin.state.model import Assignment, HostState
 from corepin.topology.model import Topology
@@ -97,7 +98,24 @@ def node_status(
         heartbeat_time=stamp,
         conditions=(ready,),
         devices=devices,
+        reservations=held_reservations(state),
     ).to_dict()
+
+
+def held_reservations(state: HostState) -> tuple[HeldReservation, ...]:
+    """`status.reservations`: every reservation the state holds, its phase (`Succeeded` once
+    a one-time reservation is in use, else `Available`) and the pod running on it."""
+    out = []
+    for r in state.reservations.values():
+        users = []
+        for ident in r.consumed_by:
+            a = state.get(ident)
+            owner = None if a is None else a.container
+            if owner is not None and owner.namespace and owner.pod:
+                users.append(f"{owner.namespace}/{owner.pod}")
+        phase = "Succeeded" if r.in_use and not r.reusable else "Available"
+        out.append(HeldReservation(r.name, r.cpus, phase, ",".join(users) or None))
+    return tuple(out)
 
 
 class TopologyPublisher:
@@ -125,6 +143,7 @@ class TopologyPublisher:
         self._ncpt_created = False
         self._spec_stored: object = None  # NodeCPUTopology.spec as the API stored what we wrote
         self._last_reserved: str | None = None
+        self._had_reservations = False
 
     def publish(self, state: HostState | None) -> None:
         """The node's NodeCPUTopology (spec and status with a heartbeat) and, when its CRD is
@@ -145,6 +164,10 @@ class TopologyPublisher:
             qos_class=self.qos_class,
             devices=() if self.devices is None else self.devices.node_devices(),
         )
+        # (a merge patch keeps a key it does not name: the last reservation gone removes the list)
+        if self._had_reservations and "reservations" not in status:
+            status["reservations"] = None
+        self._had_reservations = "reservations" in status and status["reservations"] is not None
         try:
             if not self._ncpt_created:
                 owner = self._node_owner()
@@ -218,4 +241,4 @@ def _plain(value: object) -> object:
     return json.loads(json.dumps(value))
 
 
-__all__ = ["TopologyPublisher", "node_status"]
+__all__ = ["TopologyPublisher", "held_reservations", "node_status"]

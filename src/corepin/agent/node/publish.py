@@ -8,7 +8,9 @@ waiting once is queued once:
 - ("forget", uid): the bindings, the annotation record and the files of a pod that is gone;
 - ("topology",): the NodeCPUTopology and NodeResourceTopology (`nodetopology`);
 - ("pool",): the files of every container on the shared pool (it changed);
-- ("sweep",): files and agent bindings of pods that are gone (start-up, every resync).
+- ("sweep",): files and agent bindings of pods that are gone (start-up, every resync);
+- ("cpur", name) and ("evict", pod uid) with a function to call: a CPUReservation's status,
+  an eviction (`corepin.agent.node.reservations`).
 Each step on its own: one failing (logged) never skips the next.
 """
 
@@ -32,7 +34,7 @@ log = logging.getLogger("corepin.agent.node")
 #: a key of the work queue or of the publisher: its kind first
 Key = tuple[str, ...]
 #: what the publisher is handed with a key (see the module docstring)
-Payload = PodWork | str | None
+Payload = PodWork | str | Callable[[], None] | None
 
 
 class Publisher:
@@ -116,6 +118,8 @@ class Publisher:
             return [lambda: self.topology.publish(self.store.state)]
         if key[0] == "pool" and state is not None:
             return [lambda: self.files.refresh_shared(state)]
+        if key[0] in ("cpur", "evict") and callable(payload):
+            return [payload]
         if key[0] == "sweep" and state is not None:
             return [lambda: self.files.sweep(state), lambda: self.records.sweep(state)]
         return []

@@ -3,26 +3,37 @@ reservation annotation (`corepin.io/reservation`, else Koordinator's
 `node.koordinator.sh/reservation`), else `--reserved-cpus`, with the strict-reservation option.
 The node object comes from a getter (the agent's watch; None for an NRI plugin without the API).
 
-A reservation that cannot be read, or that would take CPUs someone holds, is ignored - the
-reserved CPUs stay as they were until those are released - and a Warning Event on the node says
-why.
+A reservation that cannot be read is ignored, and a Warning Event on the node says why. One
+that would take CPUs someone holds is ignored - the reserved CPUs stay as they were until those
+are released - unless the agent can clear them (`clear`: the node agent moves the containers
+on them elsewhere, or tells them, or evicts them, see `corepin.agent.node.reservations`).
 """
 
 from __future__ import annotations
 
 import logging
 from collections.abc import Callable, Mapping
+from typing import Protocol
 
 from corepin.allocation.reserved import reserved_cpus
 from corepin.core.cpuset import CPUSet
 from corepin.core.errors import CorepinError
 from corepin.kube.client import Obj
 from corepin.kube.events import EventRecorder
-from corepin.kube.models import ObjectView, parse_node_reservation
+from corepin.kube.models import ANN_RESERVATION, ObjectView, parse_node_reservation
 from corepin.state.model import STRICT_RESERVATION, HostState
 from corepin.topology.model import Topology
 
 log = logging.getLogger("corepin.agent.node")
+
+
+class Clearer(Protocol):
+    """Clears CPUs held by containers: the state with them moved elsewhere, None when it cannot
+    (yet)."""
+
+    def __call__(
+        self, state: HostState, cpus: CPUSet, what: str, *, reason: str
+    ) -> HostState | None: ...
 
 
 class NodeReservation:
@@ -35,7 +46,9 @@ class NodeReservation:
         node: Callable[[], Obj | None],
         topology: Topology,
         events: EventRecorder | None,
+        clear: Clearer | None = None,
     ) -> None:
+        self.clear = clear
         self.reserved = reserved
         self.options = options
         self.node = node
@@ -59,6 +72,19 @@ class NodeReservation:
         options = {k: v for k, v in self.options.items() if k == STRICT_RESERVATION}
         wanted = state.evolve(reserved=reserved, options={**state.options, **options})
         clash = [a.id for a in wanted if a.holds and a.withheld & reserved]
+        if clash and self.clear is not None and reserved != state.reserved:
+            cleared = self.clear(
+                state,
+                reserved,
+                f"the node reservation ({ANN_RESERVATION})",
+                reason="reserved for the node's system",
+            )
+            if cleared is not None:
+                wanted = cleared.evolve(reserved=reserved, options={**state.options, **options})
+                clash = []
+            else:
+                log.info("event=reservation_waits reserved=%s", reserved)
+                return state
         if clash:
             self._warn(
                 f"reserved CPUs {reserved} overlap CPUs held by {', '.join(clash)}; keeping "

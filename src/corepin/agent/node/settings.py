@@ -61,6 +61,9 @@ class NodeSettings(AgentSettings):
     #: the kubelet's PodResources socket: exclusive CPUs near each container's devices, the
     #: node's devices in its NodeCPUTopology ("": not read)
     pod_resources_socket: str = DEFAULT_POD_RESOURCES_SOCKET
+    #: evict a pod whose exclusive CPUs a new reservation takes when no other CPUs fit it
+    #: (else the reservation waits and the pod is told)
+    evict_on_reservation: bool = False
 
     def __post_init__(self) -> None:
         if not self.node_name:

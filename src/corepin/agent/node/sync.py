@@ -38,7 +38,7 @@ from corepin.allocation.levels import withheld_for
 from corepin.allocation.types import Policy, Request
 from corepin.core.cpuset import CPUSet
 from corepin.core.errors import AllocationError, CorepinError
-from corepin.core.record import field, record
+from corepin.core.record import field, record, replace
 from corepin.kube.podplan import ContainerPlan, PodPlan
 from corepin.state.kubelet import KUBELET_POLICY
 from corepin.state.model import Assignment, HostState
@@ -73,6 +73,8 @@ class SyncContext:
     now: float = 0.0
     promised: CPUSet = CPUSet()
     device_numa: Mapping[str, CPUSet] = field(default_factory=dict)
+    #: the reservation (`HostState.reservations`) whose CPUs this pod gets: "" for none
+    reservation: str = ""
 
 
 def assignment_id(uid: str, container: str) -> str:
@@ -189,6 +191,7 @@ def _place(
     events: list[PodEvent],
     *,
     policy: str = "",
+    reservation: str | None = None,
 ) -> HostState:
     new = Assignment(
         id=ident,
@@ -201,12 +204,14 @@ def _place(
         created=existing.created if existing is not None else ctx.now,
         policy=policy or (existing.policy if existing is not None else ""),
         workload=c.workload,
+        reservation=reservation,
     )
     state = state.remove(ident, missing_ok=True).add(new)
     before = existing.cpus if existing is not None and existing.holds else CPUSet()
+    what = kind if reservation is None else f"{kind}, reservation {reservation}"
     if cpus and not before:
         events.append(
-            PodEvent("Normal", "CPUPinned", f"container {c.name!r}: CPUs {cpus} ({kind})", c.name)
+            PodEvent("Normal", "CPUPinned", f"container {c.name!r}: CPUs {cpus} ({what})", c.name)
         )
     elif before and before != cpus:
         where = f"CPUs {cpus} ({kind})" if cpus else "the shared pool"
@@ -230,6 +235,10 @@ def _allocate(
 ) -> HostState:
     """A new allocation of `kind` for the container; the shared pool when there is none."""
     base = state.remove(ident, missing_ok=True)
+    if ctx.reservation and c.cpus is None:
+        placed = _on_reservation(base, ident, kind, c, owner, ctx, existing, events)
+        if placed is not None:
+            return placed
     try:
         if c.cpus is not None:
             cpus = c.cpus
@@ -271,6 +280,66 @@ def _allocate(
     return _place(
         state, ident, kind, cpus, withheld, c, owner, ctx, existing, events, policy=policy_name
     )
+
+
+def _on_reservation(
+    state: HostState,
+    ident: str,
+    kind: str,
+    c: ContainerPlan,
+    owner: ContainerOwner,
+    ctx: SyncContext,
+    existing: Assignment | None,
+    events: list[PodEvent],
+) -> HostState | None:
+    """The container placed on the CPUs of the pod's reservation (`ctx.reservation`), None
+    when it cannot be (the usual decision follows). The first container takes its CPUs out of
+    the reservation (`Assignment.reservation`, which consumes it); when the reservation holds
+    more, a later container of the same pod takes the rest (a one-time reservation shrinks to
+    its first container's CPUs). What the reservation cannot cover comes from the free set."""
+    held = state.reservations.get(ctx.reservation)
+    if held is None:
+        return None
+    link: str | None = held.name
+    pool = held.cpus
+    if held.in_use:
+        first = state.get(held.consumed_by[0])
+        mine = held.consumed_by[0].startswith(f"pod/{owner.pod_uid}/")
+        if first is None or not mine or held.reusable:
+            return None
+        kept = first.cpus & held.cpus
+        rest = held.cpus - kept
+        if not kept or not rest:
+            return None
+        shrunk = replace(held, cpus=kept, withheld=kept | (first.withheld & held.withheld))
+        state = state.evolve(reservations={**state.reservations, held.name: shrunk})
+        link, pool = None, rest & state.free
+    try:
+        if c.count < len(pool):
+            request = Request(c.count, level=c.level, workload=c.workload)
+            cpus = ctx.policy.decide(ctx.topology, request, pool).cpus
+        else:
+            cpus = pool
+            if c.count > len(pool):
+                free = state.pools.free - ctx.promised - pool
+                cpus = pool | grow(ctx.topology, pool, c.count - len(pool), free, ctx.policy, c)
+        withheld = withheld_for(ctx.topology, c.level, cpus)
+        return _place(
+            state,
+            ident,
+            kind,
+            cpus,
+            withheld,
+            c,
+            owner,
+            ctx,
+            existing,
+            events,
+            policy="reservation",
+            reservation=link,
+        )
+    except CorepinError:
+        return None
 
 
 def _near(c: ContainerPlan, ctx: SyncContext) -> tuple[CPUSet | None, bool]:

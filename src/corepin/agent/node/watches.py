@@ -1,7 +1,8 @@
 """What the node agent sees of the API: informers of the node's pods (field selector
 `spec.nodeName`), of the node itself (its reservation annotation) and of PodCPUBindings; and,
 apart from those three (the agent starts without it when the API refuses it), of the node QoS
-ConfigMap `corepin-qos` in the agent's namespace (`open_qos`).
+ConfigMap `corepin-qos` in the agent's namespace (`open_qos`), and of CPUReservations
+(`open_reservations`: the agent starts without their list when the API does not serve them).
 
 List + watch from the list's resourceVersion, relist on 410 Gone, reconnect with bounded backoff
 (`corepin.kube.informer`). The agent creates them when it starts (`open`) and registers its
@@ -18,7 +19,7 @@ from corepin.kube.client import KubeClient, Obj
 from corepin.kube.informer import Informer
 from corepin.kube.models import ObjectView
 from corepin.kube.podplan import PodPlan
-from corepin.kube.resources import CONFIGMAPS, NODES, PCB, PODS
+from corepin.kube.resources import CONFIGMAPS, CPUR, NODES, PCB, PODS
 
 
 def pod_uid(pod: Mapping[str, Any]) -> str:
@@ -40,6 +41,8 @@ class Watches:
         self.informers: list[Informer] = []
         #: the QoS ConfigMap's, once `open_qos` made it
         self.qos_config: Informer | None = None
+        #: the CPUReservations', once `open_reservations` made it
+        self.reservations: Informer | None = None
 
     def open(self) -> None:
         """Make the informers (not started: the agent adds its handlers and starts them)."""
@@ -62,10 +65,17 @@ class Watches:
         )
         return self.qos_config
 
+    def open_reservations(self) -> Informer:
+        """Make the informer of CPUReservations (cluster scoped; not started)."""
+        self.reservations = Informer(self.client, CPUR, name="cpureservations")
+        return self.reservations
+
     @property
     def every_informer(self) -> list[Informer]:
-        """The informers the agent needs and the QoS ConfigMap's (their watch restarts)."""
-        return [*self.informers, *([self.qos_config] if self.qos_config is not None else [])]
+        """The informers the agent needs, the QoS ConfigMap's and the CPUReservations' (their
+        watch restarts)."""
+        extra = [i for i in (self.qos_config, self.reservations) if i is not None]
+        return [*self.informers, *extra]
 
     # ------------------------------------------------------------------ reads
     def pod(self, name: str, namespace: str) -> Obj | None:
@@ -90,6 +100,10 @@ class Watches:
 
     def binding_list(self) -> list[Obj]:
         return self.bindings.cache.list()
+
+    def reservation_list(self) -> list[Obj]:
+        """Every CPUReservation the informer has (none before `open_reservations`)."""
+        return [] if self.reservations is None else self.reservations.cache.list()
 
 
 def annotations_changed(old: Mapping[str, Any], new: Mapping[str, Any]) -> bool:

@@ -158,6 +158,41 @@ class Allocation:
 
 
 @dataclass(frozen=True, slots=True)
+class HeldReservation:
+    """One row of `NodeCPUTopology.status.reservations`: a CPUReservation the node's agent
+    holds CPUs for (`name`), those CPUs, its phase as the agent sees it (`Available`, or
+    `Succeeded` once a one-time reservation was consumed) and the pod running on it
+    (`consumed_by`: `namespace/name`), if any."""
+
+    name: str
+    cpus: CPUSet
+    phase: str | None = None
+    consumed_by: str | None = None
+
+    def __post_init__(self) -> None:
+        if not isinstance(self.name, str) or not self.name:
+            raise FieldError("reservations.name", self.name, "must be a non-empty string")
+
+    @classmethod
+    def from_dict(cls, data: object, path: str = "reservation") -> HeldReservation:
+        d = object_at(data, path)
+        return cls(
+            name=string_field(d, "name", path, required=True),
+            cpus=cpuset_field(d, "cpus", path),
+            phase=string_field(d, "phase", path) or None,
+            consumed_by=string_field(d, "consumedBy", path) or None,
+        )
+
+    def to_dict(self) -> dict[str, Any]:
+        out: dict[str, Any] = {"name": self.name, "cpus": str(self.cpus)}
+        if self.phase:
+            out["phase"] = self.phase
+        if self.consumed_by:
+            out["consumedBy"] = self.consumed_by
+        return out
+
+
+@dataclass(frozen=True, slots=True)
 class NodeDevices:
     """One row of `NodeCPUTopology.status.devices`: `count` devices of an extended resource
     (e.g. `nvidia.com/gpu`) on NUMA node `numa_node` (None: the kubelet knows no NUMA node for
@@ -280,8 +315,11 @@ class NodeCPUTopologyStatus:
     conditions: tuple[Condition, ...] = ()
     #: the node's devices per resource and NUMA node (empty: none known, or an older agent)
     devices: tuple[NodeDevices, ...] = ()
+    #: the CPUReservations the agent holds CPUs for (empty: none, or an older agent)
+    reservations: tuple[HeldReservation, ...] = ()
 
     def __post_init__(self) -> None:
+        set_frozen(self, "reservations", tuple(self.reservations))
         set_frozen(self, "free_by_numa", readonly(dict(sorted(self.free_by_numa.items()))))
         set_frozen(self, "free_by_l3", readonly(dict(sorted(self.free_by_l3.items()))))
         set_frozen(self, "allocations", tuple(self.allocations))
@@ -325,6 +363,10 @@ class NodeCPUTopologyStatus:
                 NodeDevices.from_dict(x, f"{path}.devices[{i}]")
                 for i, x in enumerate(list_field(d, "devices", path))
             ),
+            reservations=tuple(
+                HeldReservation.from_dict(x, f"{path}.reservations[{i}]")
+                for i, x in enumerate(list_field(d, "reservations", path))
+            ),
         )
 
     def to_dict(self) -> dict[str, Any]:
@@ -342,6 +384,8 @@ class NodeCPUTopologyStatus:
         out["conditions"] = [status_condition(c) for c in self.conditions]
         if self.devices:
             out["devices"] = [x.to_dict() for x in self.devices]
+        if self.reservations:
+            out["reservations"] = [r.to_dict() for r in self.reservations]
         return out
 
 
