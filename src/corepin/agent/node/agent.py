@@ -51,6 +51,7 @@ from corepin.agent.node.enforce import ContainerCgroups, cpu_limits
 from corepin.agent.node.files import AssignmentFiles
 from corepin.agent.node.hooks import Hooks
 from corepin.agent.node.lock import NodeLock
+from corepin.agent.node.move import Mover
 from corepin.agent.node.nodetopology import TopologyPublisher
 from corepin.agent.node.promises import Promises
 from corepin.agent.node.publish import Key, Publisher
@@ -146,6 +147,16 @@ class NodeAgent:
                 self.classes.of,
                 self.devices,
             ),
+        )
+        self.mover = Mover(
+            self.store,
+            topology,
+            cgroups,
+            self.hooks,
+            self.qos,
+            self.decider,
+            self.teller,
+            self.publisher,
         )
         self._queue: queue.Queue[Key | None] = queue.Queue()
         self._queued: set[Key] = set()

@@ -169,6 +169,12 @@ class Decider:
         self._plans[uid] = (version, plan)
         return plan
 
+    def plan_of(self, pod: Obj) -> PodPlan:
+        """The plan of a pod the watch shows (with its validated user binding, if any)."""
+        view = ObjectView(pod)
+        binding = self.promises.user_bindings().get((view.namespace or "default", view.name))
+        return self._plan(pod, binding)
+
     def apply_orphans(self, state: HostState) -> tuple[HostState, list[str]]:
         """Release assignments of pods that no longer exist (checked at start-up)."""
         live = self.watches.live_uids()

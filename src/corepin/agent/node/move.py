@@ -1,0 +1,189 @@
+"""A live move of one running exclusive container to other CPUs: the one way the node agent
+changes the CPUs of a container it did not decide anew (rebalancing to better-aligned CPUs,
+CPUs newly reserved under a container).
+
+A move is done in two halves, so that a caller already inside the worker's state transaction
+can move several containers in it:
+- `relocate(state, assignment_id, new_cpus, new_withheld, topology, reason)` (pure): the state
+  where the container holds `new_cpus` (withholding `new_withheld`) instead of its old CPUs,
+  same kind and level, and the `Moved` record of it;
+- `Mover.enforce(state, moves)`, after the commit: the container cgroups (in place, pages
+  following a change of memory nodes: `CgroupTarget(migrate_memory=True)`), the shared
+  containers when the shared pool changed, an Event `CPUMoved` on the pod, and the pod's
+  records handed to the publisher (its `corepin.io/cpus` annotation, its PodCPUBinding, its
+  assignment files) as for any other change.
+`Mover.move_container(...)` does both in a transaction of its own (call it on the agent's
+worker thread, outside a batch).
+"""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import Sequence
+
+from corepin.agent.node.decide import Decider, PodWork
+from corepin.agent.node.enforce import ContainerCgroups
+from corepin.agent.node.hooks import Hooks
+from corepin.agent.node.publish import Publisher
+from corepin.agent.node.qos import NodeQos
+from corepin.agent.node.store import NodeStore
+from corepin.agent.node.sync import PodEvent, shared_pool_users
+from corepin.agent.node.tell import Teller
+from corepin.allocation.levels import withheld_for
+from corepin.core.cpuset import CPUSet
+from corepin.core.errors import AllocationError, CorepinError, RequestError
+from corepin.core.record import record, replace
+from corepin.state.model import Assignment, HostState
+from corepin.topology.model import Topology
+
+log = logging.getLogger("corepin.agent.node")
+
+
+@record
+class Moved:
+    """One container moved: its assignment before and after, and why (one sentence)."""
+
+    old: Assignment
+    new: Assignment
+    reason: str
+
+    @property
+    def message(self) -> str:
+        """The `CPUMoved` Event's message."""
+        owner = self.new.container
+        name = owner.container if owner is not None else self.new.id
+        return f"container {name!r}: CPUs {self.old.cpus} -> {self.new.cpus} ({self.reason})"
+
+
+def relocate(
+    state: HostState,
+    assignment_id: str,
+    new_cpus: CPUSet,
+    new_withheld: CPUSet,
+    topology: Topology,
+    reason: str,
+) -> tuple[HostState, Moved]:
+    """The state with the assignment `assignment_id` on `new_cpus` (withholding `new_withheld`,
+    which must contain them; empty: what its level withholds), same kind and level; the new
+    CPUs must be free or its own. RequestError for an unknown id, an assignment that holds no
+    CPUs or runs on a reservation, a size change; AllocationError when the CPUs are taken."""
+    old = state.get(assignment_id)
+    if old is None:
+        raise RequestError(f"no assignment with id {assignment_id!r}", reason="unknown_id")
+    if not old.holds or old.kind not in ("exclusive", "share"):
+        raise RequestError(f"{assignment_id!r} holds no CPUs of its own: nothing to move")
+    if old.reservation is not None:
+        raise RequestError(
+            f"{assignment_id!r} runs on reservation {old.reservation!r}: it is not moved",
+            reason="on_reservation",
+        )
+    if len(new_cpus) != len(old.cpus):
+        raise RequestError(
+            f"{assignment_id!r}: a move keeps the size ({len(old.cpus)} CPUs), got {new_cpus}"
+        )
+    withheld = new_withheld or withheld_for(topology, old.level, new_cpus)
+    if not new_cpus.issubset(withheld):
+        raise RequestError(f"{assignment_id!r}: withheld {withheld} must contain {new_cpus}")
+    new = old.evolve(cpus=new_cpus, withheld=withheld, mems=topology.mems_of(new_cpus))
+    without = state.remove(assignment_id)
+    try:
+        moved = without.add(new)
+    except AllocationError as exc:
+        raise AllocationError(
+            f"cannot move {assignment_id!r} to CPUs {new_cpus}: {exc.message}", reason=exc.reason
+        ) from None
+    return moved, Moved(old, new, reason)
+
+
+class Mover:
+    """The effects of live moves in the node agent (see the module docstring)."""
+
+    def __init__(
+        self,
+        store: NodeStore,
+        topology: Topology,
+        cgroups: ContainerCgroups,
+        hooks: Hooks,
+        qos: NodeQos,
+        decider: Decider,
+        teller: Teller,
+        publisher: Publisher,
+    ) -> None:
+        self.store = store
+        self.machine = topology
+        self.cgroups = cgroups
+        self.hooks = hooks
+        self.qos = qos
+        self.decider = decider
+        self.teller = teller
+        self.publisher = publisher
+
+    def move_container(
+        self, assignment_id: str, new_cpus: CPUSet, new_withheld: CPUSet, reason: str
+    ) -> Moved:
+        """Move one container live (its own transaction, then `enforce`); the errors of
+        `relocate` when it cannot be moved (nothing changed then)."""
+        with self.store.transaction() as txn:
+            before = txn.state
+            state, moved = relocate(
+                before, assignment_id, new_cpus, new_withheld, self.machine, reason
+            )
+            state = txn.commit_if_changed(state)
+        self.enforce(state, [moved], pool_changed=state.shared_pool != before.shared_pool)
+        return moved
+
+    def enforce(
+        self, state: HostState, moves: Sequence[Moved], *, pool_changed: bool = True
+    ) -> None:
+        """After the commit of `moves`: cgroups, Events, records (see the module docstring)."""
+        if not moves:
+            return
+        targets = self.cgroups.targets(
+            state,
+            [state.get(m.new.id) or m.new for m in moves],
+            be_cpus=self.qos.be_cpus,
+            is_be=self.qos.is_be,
+        )
+        targets = [replace(t, migrate_memory=True) for t in targets]
+        if pool_changed:
+            targets.extend(
+                self.cgroups.targets(
+                    state,
+                    shared_pool_users(state),
+                    be_cpus=self.qos.be_cpus,
+                    is_be=self.qos.is_be,
+                )
+            )
+            self.publisher.later(("pool",), None)
+        if targets:
+            report = self.cgroups.apply(targets)
+            self.hooks.cgroup_writes(report.writes)
+            for err in report.errors:
+                self.hooks.pinning(False, err.reason)
+                log.warning("event=move_cgroup_failed error=%s", err)
+        for m in moves:
+            log.info("event=container_moved id=%s old=%s new=%s", m.new.id, m.old.cpus, m.new.cpus)
+            self._tell(state, m)
+        self.publisher.later(("topology",), None)
+
+    def _tell(self, state: HostState, m: Moved) -> None:
+        owner = m.new.container
+        if owner is None:
+            return
+        pod = self.decider.watches.pod(owner.pod, owner.namespace)
+        if pod is None:
+            return
+        try:
+            plan = self.decider.plan_of(pod)
+        except CorepinError as exc:
+            log.warning("event=move_plan_failed id=%s error=%s", m.new.id, exc)
+            return
+        event = PodEvent("Normal", "CPUMoved", m.message, owner.container)
+        try:
+            self.teller.tell(pod, plan, [event])
+        except Exception:
+            log.exception("event=event_failed id=%s", m.new.id)
+        self.publisher.later(("pod", plan.uid), PodWork(pod, plan, []))
+
+
+__all__ = ["Moved", "Mover", "relocate"]
