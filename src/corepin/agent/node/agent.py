@@ -56,6 +56,7 @@ from corepin.agent.node.nodetopology import TopologyPublisher
 from corepin.agent.node.promises import Promises
 from corepin.agent.node.publish import Key, Publisher
 from corepin.agent.node.qos import NodeQos
+from corepin.agent.node.rebalance import Rebalancer
 from corepin.agent.node.records import PodRecords
 from corepin.agent.node.reservation import NodeReservation
 from corepin.agent.node.restore import Restore
@@ -157,6 +158,19 @@ class NodeAgent:
             self.decider,
             self.teller,
             self.publisher,
+        )
+        self.rebalancer = Rebalancer(
+            settings.rebalance,
+            settings.rebalance_rate,
+            topology,
+            policy,
+            clock,
+            state=lambda: self.store.state,
+            pod_of=lambda namespace, name: self.watches.pod(name, namespace),
+            promised=self.promises.promised,
+            events=self.events,
+            hooks=self.hooks,
+            mover=self.mover,
         )
         self._queue: queue.Queue[Key | None] = queue.Queue()
         self._queued: set[Key] = set()
@@ -472,6 +486,7 @@ class NodeAgent:
         if len(state.free) > len(before.free):
             for pod in self.decider.to_retry(state):
                 self._enqueue_pod(pod)
+        self.rebalancer.after_batch(kinds, before, state)  # (on this worker, after the batch)
 
     def _pod_failed(self, namespace: str, name: str, stage: str, exc: BaseException) -> None:
         """One pod's failure: logged and told on the pod (a Warning Event, once per message);
