@@ -149,29 +149,7 @@ class NodeAgent:
                 self.devices,
             ),
         )
-        self.mover = Mover(
-            self.store,
-            topology,
-            cgroups,
-            self.hooks,
-            self.qos,
-            self.decider,
-            self.teller,
-            self.publisher,
-        )
-        self.rebalancer = Rebalancer(
-            settings.rebalance,
-            settings.rebalance_rate,
-            topology,
-            policy,
-            clock,
-            state=lambda: self.store.state,
-            pod_of=lambda namespace, name: self.watches.pod(name, namespace),
-            promised=self.promises.promised,
-            events=self.events,
-            hooks=self.hooks,
-            mover=self.mover,
-        )
+        self.mover, self.rebalancer = _movers(self, policy, clock)
         self._queue: queue.Queue[Key | None] = queue.Queue()
         self._queued: set[Key] = set()
         self._lock = threading.Lock()
@@ -528,6 +506,36 @@ def enforce(
         log.warning("event=cgroup_write_failed error=%s", err)
     if report.writes and not report.errors:
         hooks.pinning(True)
+
+
+def _movers(
+    agent: NodeAgent, policy: Policy, clock: Callable[[], float]
+) -> tuple[Mover, Rebalancer]:
+    """The agent's live mover (`move.py`) and its rebalancing (`rebalance.py`)."""
+    mover = Mover(
+        agent.store,
+        agent.machine,
+        agent.cgroups,
+        agent.hooks,
+        agent.qos,
+        agent.decider,
+        agent.teller,
+        agent.publisher,
+    )
+    rebalancer = Rebalancer(
+        agent.settings.rebalance,
+        agent.settings.rebalance_rate,
+        agent.machine,
+        policy,
+        clock,
+        state=lambda: agent.store.state,
+        pod_of=lambda namespace, name: agent.watches.pod(name, namespace),
+        promised=agent.promises.promised,
+        events=agent.events,
+        hooks=agent.hooks,
+        mover=mover,
+    )
+    return mover, rebalancer
 
 
 def _pod_key(pod: Mapping[str, Any]) -> tuple[str, str]:
