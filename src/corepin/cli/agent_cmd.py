@@ -126,6 +126,22 @@ def add_arguments(parser: argparse.ArgumentParser, name: str) -> None:
         "(default: 1; 0: no loop)",
     )
     parser.add_argument(
+        "--rebalance",
+        choices=("off", "report", "move"),
+        default="report",
+        help="running exclusive containers that span more NUMA nodes or L3 caches than their "
+        "size needs while better-aligned CPUs are free: report (a CPURebalanceAdvised Event), "
+        "move (re-pinned live, memory migrated; CPUMoved) or off; never a pod or container "
+        "annotated corepin.io/rebalance[.<container>]: never (default: report)",
+    )
+    parser.add_argument(
+        "--rebalance-rate",
+        metavar="N",
+        type=_moves_per_minute,
+        default=6,
+        help="at most N live moves per minute (default: 6; 0: none)",
+    )
+    parser.add_argument(
         "--kubelet-state",
         metavar="FILE",
         default="/var/lib/kubelet/cpu_manager_state",
@@ -160,6 +176,17 @@ def _qos_seconds(text: str) -> float:
     return positive_seconds(text)
 
 
+def _moves_per_minute(text: str) -> int:
+    """argparse type of --rebalance-rate: a whole number, 0 or more."""
+    try:
+        value = int(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"expected a whole number, got {text!r}") from None
+    if value < 0:
+        raise argparse.ArgumentTypeError(f"expected 0 or more moves per minute, got {text!r}")
+    return value
+
+
 def settings_from(args: argparse.Namespace, environ: dict[str, str]) -> NodeSettings:
     """NodeSettings from the parsed arguments (exported for tests)."""
     from corepin.agent.node.settings import NodeSettings
@@ -191,6 +218,8 @@ def settings_from(args: argparse.Namespace, environ: dict[str, str]) -> NodeSett
         namespace=environ.get("POD_NAMESPACE", ""),
         pod_resources_socket=args.pod_resources_socket,
         evict_on_reservation=bool(args.evict_on_reservation),
+        rebalance=args.rebalance,
+        rebalance_rate=args.rebalance_rate,
     )
 
 
@@ -302,5 +331,11 @@ def _metrics_hooks(metrics: AgentMetrics) -> Hooks:
 
         def qos_policy(self, policy: QosPolicy) -> None:
             metrics.qos_policy_changed()
+
+        def rebalance_advised(self) -> None:
+            metrics.rebalance_advised()
+
+        def rebalance_moved(self, seconds: float) -> None:
+            metrics.rebalance_moved(seconds)
 
     return MetricsHooks()

@@ -56,6 +56,7 @@ from corepin.agent.node.nodetopology import TopologyPublisher
 from corepin.agent.node.promises import Promises
 from corepin.agent.node.publish import Key, Publisher
 from corepin.agent.node.qos import NodeQos
+from corepin.agent.node.rebalance import Rebalancer
 from corepin.agent.node.records import PodRecords
 from corepin.agent.node.reservation import NodeReservation
 from corepin.agent.node.reservations import NodeReservations
@@ -149,7 +150,7 @@ class NodeAgent:
                 self.devices,
             ),
         )
-        self.mover, self.cpur = _reservations(self, policy, clock)
+        self.mover, self.cpur, self.rebalancer = _movers(self, policy, clock)
         self._queue: queue.Queue[Key | None] = queue.Queue()
         self._queued: set[Key] = set()
         self._lock = threading.Lock()
@@ -467,6 +468,7 @@ class NodeAgent:
         if len(state.free) > len(before.free):
             for pod in self.decider.to_retry(state):
                 self._enqueue_pod(pod)
+        self.rebalancer.after_batch(kinds, before, state)  # (on this worker, after the batch)
 
     def _pod_failed(self, namespace: str, name: str, stage: str, exc: BaseException) -> None:
         """One pod's failure: logged and told on the pod (a Warning Event, once per message);
@@ -485,36 +487,6 @@ class NodeAgent:
             self.teller.failed(pod, pod_uid(pod), stage, message)
         except Exception:
             log.exception("event=event_failed pod=%s/%s", namespace, name)
-
-
-def _reservations(
-    agent: NodeAgent, policy: Policy, clock: Callable[[], float]
-) -> tuple[Mover, NodeReservations]:
-    """The agent's live moves (`corepin.agent.node.move`) and CPUReservations
-    (`corepin.agent.node.reservations`), wired into its decisions and its node reservation."""
-    mover = Mover(
-        agent.store,
-        agent.machine,
-        agent.cgroups,
-        agent.hooks,
-        agent.qos,
-        agent.decider,
-        agent.teller,
-        agent.publisher,
-    )
-    cpur = NodeReservations(
-        agent.watches,
-        agent.machine,
-        policy,
-        agent.events,
-        mover,
-        agent.publisher,
-        clock,
-        evict_on_reservation=agent.settings.evict_on_reservation,
-    )
-    agent.decider.reservation_for = cpur.reservation_for
-    agent.reservation.clear = cpur.clear
-    return mover, cpur
 
 
 def enforce(
@@ -538,6 +510,50 @@ def enforce(
         log.warning("event=cgroup_write_failed error=%s", err)
     if report.writes and not report.errors:
         hooks.pinning(True)
+
+
+def _movers(
+    agent: NodeAgent, policy: Policy, clock: Callable[[], float]
+) -> tuple[Mover, NodeReservations, Rebalancer]:
+    """The agent's one live mover (`corepin.agent.node.move`) and the two that move with it:
+    its CPUReservations (`corepin.agent.node.reservations`, wired into its decisions and its
+    node reservation) and its rebalancing (`corepin.agent.node.rebalance`)."""
+    mover = Mover(
+        agent.store,
+        agent.machine,
+        agent.cgroups,
+        agent.hooks,
+        agent.qos,
+        agent.decider,
+        agent.teller,
+        agent.publisher,
+    )
+    cpur = NodeReservations(
+        agent.watches,
+        agent.machine,
+        policy,
+        agent.events,
+        mover,
+        agent.publisher,
+        clock,
+        evict_on_reservation=agent.settings.evict_on_reservation,
+    )
+    agent.decider.reservation_for = cpur.reservation_for
+    agent.reservation.clear = cpur.clear
+    rebalancer = Rebalancer(
+        agent.settings.rebalance,
+        agent.settings.rebalance_rate,
+        agent.machine,
+        policy,
+        clock,
+        state=lambda: agent.store.state,
+        pod_of=lambda namespace, name: agent.watches.pod(name, namespace),
+        promised=agent.promises.promised,
+        events=agent.events,
+        hooks=agent.hooks,
+        mover=mover,
+    )
+    return mover, cpur, rebalancer
 
 
 def _pod_key(pod: Mapping[str, Any]) -> tuple[str, str]:

@@ -37,5 +37,12 @@ class Hooks:
     def qos_policy(self, policy: QosPolicy) -> None:
         """The node QoS policy in force changed."""
 
+    def rebalance_advised(self) -> None:
+        """A move advised (`--rebalance report`), once per container and advice."""
+
+    def rebalance_moved(self, seconds: float) -> None:
+        """A container moved live (`--rebalance move`): `seconds` from the start of the move
+        (its decision applied to the state) to its cgroup written."""
+
 
 __all__ = ["Hooks"]

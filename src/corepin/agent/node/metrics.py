@@ -20,7 +20,12 @@
   quota changes of CPU burst; `corepin_qos_policy_changes_total` (counter): changes of the
   policy in force; `corepin_resctrl_llc_occupancy_bytes{class,cache_id}` (gauge) and
   `corepin_resctrl_memory_bandwidth_bytes_total{class,domain,scope}` (counter), read from
-  resctrl's monitoring when scraped (`watch_resctrl`).
+  resctrl's monitoring when scraped (`watch_resctrl`);
+- rebalancing: `corepin_rebalance_advised_total` (counter): moves advised (`--rebalance
+  report`, once per container and advice); `corepin_rebalance_moves_total` (counter):
+  containers moved live;
+  `corepin_rebalance_move_seconds` (histogram): from the start of a move to the container's
+  cgroup written.
 
 Each process builds one `AgentMetrics` on a registry of its own (never the library's global
 one, so two agents in one test process do not mix) and the agent updates it:
@@ -36,6 +41,7 @@ metrics.observe_pod_event_to_pinned(seconds)
 metrics.watch_restart()
 metrics.observe_qos(be_budget, burst_changes); metrics.qos_policy_changed()
 metrics.watch_resctrl(classes.samples)         # resctrl monitoring, read at each scrape
+metrics.rebalance_advised(); metrics.rebalance_moved(seconds)
 ```
 
 `corepin.api.http` serves `metrics.registry` on GET /metrics.
@@ -111,6 +117,10 @@ DECISION_BUCKETS: Final = (
 )  # fmt: skip
 #: A reconcile pass reads and maybe writes many cgroup files.
 RECONCILE_BUCKETS: Final = (0.001, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0)
+#: A live move: one transaction and a few cgroup writes, milliseconds.
+MOVE_BUCKETS: Final = (
+    0.0005, 0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5,
+)  # fmt: skip
 #: Pod event to pinned: the agent's reaction time, from tens of milliseconds to seconds.
 PINNED_BUCKETS: Final = (0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 30.0, 60.0)
 
@@ -187,6 +197,22 @@ class AgentMetrics:
             "Changes of the node QoS policy in force (file or ConfigMap).",
             registry=r,
         )
+        self.rebalance_advised_total = Counter(
+            "corepin_rebalance_advised",
+            "Moves of exclusive containers to better-aligned CPUs advised (--rebalance report).",
+            registry=r,
+        )
+        self.rebalance_moves = Counter(
+            "corepin_rebalance_moves",
+            "Exclusive containers moved live to better-aligned CPUs (--rebalance move).",
+            registry=r,
+        )
+        self.rebalance_move_seconds = Histogram(
+            "corepin_rebalance_move_seconds",
+            "From the start of a live move to the container's cgroup written.",
+            buckets=MOVE_BUCKETS,
+            registry=r,
+        )
         self._resctrl: _ResctrlCollector | None = None
 
     # ------------------------------------------------------------------ gauges
@@ -241,6 +267,14 @@ class AgentMetrics:
         if self._resctrl is None:
             self._resctrl = _ResctrlCollector(samples)
             self.registry.register(self._resctrl)
+
+    # ------------------------------------------------------------------ rebalancing
+    def rebalance_advised(self) -> None:
+        self.rebalance_advised_total.inc()
+
+    def rebalance_moved(self, seconds: float) -> None:
+        self.rebalance_moves.inc()
+        self.rebalance_move_seconds.observe(max(0.0, seconds))
 
     # ------------------------------------------------------------------ histograms
     def observe_reconcile(self, seconds: float) -> None:

@@ -26,6 +26,8 @@ DEFAULT_POD_RESOURCES_SOCKET: Final = "/var/lib/kubelet/pod-resources/kubelet.so
 #: the ConfigMap (in the agent's namespace) whose key `qos.yaml` is the node QoS policy
 QOS_CONFIGMAP: Final = "corepin-qos"
 QOS_CONFIGMAP_KEY: Final = "qos.yaml"
+#: `--rebalance` modes (`corepin.agent.node.rebalance`)
+REBALANCE_MODES: Final = ("off", "report", "move")
 
 
 @record
@@ -64,6 +66,10 @@ class NodeSettings(AgentSettings):
     #: evict a pod whose exclusive CPUs a new reservation takes when no other CPUs fit it
     #: (else the reservation waits and the pod is told)
     evict_on_reservation: bool = False
+    #: rebalancing (`corepin.agent.node.rebalance`): off, report (advise: an Event) or move
+    #: (re-pin live), at most `rebalance_rate` moves per minute (0: none)
+    rebalance: str = "report"
+    rebalance_rate: int = 6
 
     def __post_init__(self) -> None:
         if not self.node_name:
@@ -91,4 +97,17 @@ class NodeSettings(AgentSettings):
             )
         if self.namespace:
             validate_component(self.namespace, "namespace")
+        if self.rebalance not in REBALANCE_MODES:
+            raise InputError(
+                f"unknown --rebalance mode {self.rebalance!r} (choose from "
+                f"{', '.join(REBALANCE_MODES)})",
+                reason="bad_rebalance",
+            )
+        rate = self.rebalance_rate
+        if isinstance(rate, bool) or not isinstance(rate, int) or rate < 0:
+            raise InputError(
+                f"--rebalance-rate must be 0 or a positive number of moves per minute, got "
+                f"{rate!r}",
+                reason="bad_rebalance_rate",
+            )
         self.check_state_dir()
