@@ -471,22 +471,28 @@ class NodeAgent:
         self.rebalancer.after_batch(kinds, before, state)  # (on this worker, after the batch)
 
     def _pod_failed(self, namespace: str, name: str, stage: str, exc: BaseException) -> None:
-        """One pod's failure: logged and told on the pod (a Warning Event, once per message);
-        the rest of the batch goes on without it."""
+        """One pod's failure (`pod_failed`); the rest of the batch goes on without it."""
         self.errors += 1
-        detail = exc.message if isinstance(exc, CorepinError) else f"{type(exc).__name__}: {exc}"
-        if isinstance(exc, CorepinError):
-            log.warning("event=pod_failed pod=%s/%s stage=%s error=%s", namespace, name, stage, exc)
-        else:
-            log.exception("event=pod_crashed pod=%s/%s stage=%s", namespace, name, stage)
-        pod = self.watches.pod(name, namespace)
-        if pod is None:
-            return
-        message = f"the node agent could not {stage} this pod ({detail}); other pods go on"
-        try:
-            self.teller.failed(pod, pod_uid(pod), stage, message)
-        except Exception:
-            log.exception("event=event_failed pod=%s/%s", namespace, name)
+        pod_failed(self.watches, self.teller, namespace, name, stage, exc)
+
+
+def pod_failed(
+    watches: Watches, teller: Teller, namespace: str, name: str, stage: str, exc: BaseException
+) -> None:
+    """One pod's failure: logged and told on the pod (a Warning Event, once per message)."""
+    detail = exc.message if isinstance(exc, CorepinError) else f"{type(exc).__name__}: {exc}"
+    if isinstance(exc, CorepinError):
+        log.warning("event=pod_failed pod=%s/%s stage=%s error=%s", namespace, name, stage, exc)
+    else:
+        log.exception("event=pod_crashed pod=%s/%s stage=%s", namespace, name, stage)
+    pod = watches.pod(name, namespace)
+    if pod is None:
+        return
+    message = f"the node agent could not {stage} this pod ({detail}); other pods go on"
+    try:
+        teller.failed(pod, pod_uid(pod), stage, message)
+    except Exception:
+        log.exception("event=event_failed pod=%s/%s", namespace, name)
 
 
 def enforce(
@@ -527,6 +533,7 @@ def _movers(
         agent.decider,
         agent.teller,
         agent.publisher,
+        agent.shield,
     )
     cpur = NodeReservations(
         agent.watches,

@@ -13,7 +13,8 @@ can move several containers in it:
   records handed to the publisher (its `corepin.io/cpus` annotation, its PodCPUBinding, its
   assignment files) as for any other change.
 `Mover.move_container(...)` does both in a transaction of its own (call it on the agent's
-worker thread, outside a batch).
+worker thread, outside a batch); a move that changes the shared pool re-sizes the system shield
+in that transaction, before any container gets the CPUs, as a batch does.
 """
 
 from __future__ import annotations
@@ -26,6 +27,7 @@ from corepin.agent.node.enforce import ContainerCgroups
 from corepin.agent.node.hooks import Hooks
 from corepin.agent.node.publish import Publisher
 from corepin.agent.node.qos import NodeQos
+from corepin.agent.node.shield import SystemShield
 from corepin.agent.node.store import NodeStore
 from corepin.agent.node.sync import PodEvent, shared_pool_users
 from corepin.agent.node.tell import Teller
@@ -108,8 +110,10 @@ class Mover:
         decider: Decider,
         teller: Teller,
         publisher: Publisher,
+        shield: SystemShield | None = None,
     ) -> None:
         self.store = store
+        self.shield = shield
         self.machine = topology
         self.cgroups = cgroups
         self.hooks = hooks
@@ -128,6 +132,8 @@ class Mover:
             state, moved = relocate(
                 before, assignment_id, new_cpus, new_withheld, self.machine, reason
             )
+            if self.shield is not None:
+                state = self.shield.apply(state, before, resync=False)
             state = txn.commit_if_changed(state)
         self.enforce(state, [moved], pool_changed=state.shared_pool != before.shared_pool)
         return moved
