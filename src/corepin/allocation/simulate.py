@@ -39,6 +39,7 @@ from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
 from dataclasses import dataclass, field, replace
 from typing import Any, Final
 
+from corepin.allocation.alignment import AlignmentMetrics as AlignmentMetrics
 from corepin.allocation.decide import decide
 from corepin.allocation.pools import NodePools
 from corepin.allocation.types import LEVELS, WORKLOADS, Policy, Request
@@ -203,96 +204,6 @@ def iter_events(raw_events: Iterable[object]) -> Iterator[TraceEvent]:
         else:
             live.discard(event.id)
         yield event
-
-
-# ---------------------------------------------------------------------------------- metrics
-def _fewest_units(unit_sizes: Iterable[int], n: int) -> int:
-    """Fewest units (of these sizes) whose CPUs add up to at least n (all of them if never)."""
-    total = 0
-    used = 0
-    for size in sorted(unit_sizes, reverse=True):
-        if total >= n:
-            break
-        total += size
-        used += 1
-    return used
-
-
-class AlignmentMetrics:
-    """Classifies an allocation as NUMA-aligned, LLC-aligned and full-core for one topology.
-
-    The fewest-units minimum for each size n is computed once (from an empty machine) and kept.
-    """
-
-    __slots__ = (
-        "_core_mask",
-        "_core_of",
-        "_l3_of",
-        "_l3_sizes",
-        "_min_cache",
-        "_numa_of",
-        "_numa_sizes",
-        "smt",
-    )
-
-    def __init__(self, topology: Topology) -> None:
-        online = topology.online_cpus
-        size = online.last() + 1 if online else 0
-        self._numa_of: list[int] = [-1] * size
-        self._l3_of: list[int] = [-1] * size
-        self._core_of: list[int] = [-1] * size
-        self._core_mask: dict[int, int] = {}
-        numa_sizes: dict[int, int] = {}
-        l3_sizes: dict[int, int] = {}
-        for info in topology.cpus:
-            if not info.online:
-                continue
-            if info.numa is not None:
-                self._numa_of[info.cpu] = info.numa
-                numa_sizes[info.numa] = numa_sizes.get(info.numa, 0) + 1
-            if info.l3 is not None:
-                self._l3_of[info.cpu] = info.l3
-                l3_sizes[info.l3] = l3_sizes.get(info.l3, 0) + 1
-            core = info.core if info.core is not None else info.cpu
-            self._core_of[info.cpu] = core
-            self._core_mask[core] = self._core_mask.get(core, 0) | (1 << info.cpu)
-        self._numa_sizes = tuple(numa_sizes.values())
-        self._l3_sizes = tuple(l3_sizes.values())
-        self._min_cache: dict[int, tuple[int, int]] = {}
-        self.smt = max((m.bit_count() for m in self._core_mask.values()), default=1)
-
-    def fewest(self, n: int) -> tuple[int, int]:
-        """(fewest NUMA nodes, fewest L3 instances) that n CPUs could span on an empty machine."""
-        got = self._min_cache.get(n)
-        if got is None:
-            got = (_fewest_units(self._numa_sizes, n), _fewest_units(self._l3_sizes, n))
-            self._min_cache[n] = got
-        return got
-
-    def classify(self, cpus: CPUSet) -> tuple[bool, bool, bool]:
-        """(numa_aligned, llc_aligned, full_core) for an allocation of len(cpus) CPUs."""
-        n = len(cpus)
-        numa: set[int] = set()
-        l3: set[int] = set()
-        cores: set[int] = set()
-        numa_of, l3_of, core_of = self._numa_of, self._l3_of, self._core_of
-        for cpu in cpus:
-            if cpu >= len(numa_of):
-                continue
-            if numa_of[cpu] >= 0:
-                numa.add(numa_of[cpu])
-            if l3_of[cpu] >= 0:
-                l3.add(l3_of[cpu])
-            cores.add(core_of[cpu])
-        fewest_numa, fewest_l3 = self.fewest(n)
-        bits = cpus.bits
-        partial = 0
-        for core in cores:
-            mask = self._core_mask.get(core, 0)
-            if mask & bits != mask:
-                partial += 1
-        allowed = 1 if self.smt > 1 and n % self.smt else 0
-        return len(numa) <= fewest_numa, len(l3) <= fewest_l3, partial <= allowed
 
 
 # ---------------------------------------------------------------------------------- results
