@@ -5,8 +5,9 @@ runs on a synthetic sysfs tree of 4 CPUs in 2 NUMA nodes (node 0: CPUs 0 and 2, 
 and 3), with real runs pinned by affinity (`--cgroups off`): a run given CPUs 1-2 (the kernel
 keeps the real one of them, 1) spans both nodes, CPU 3 is reserved, so the one better set is
 0,2 and the move shows in the run's real affinity (0); the engine reports that the kernel
-narrowed 0,2 to 0 (CPU 2 is not real), which is expected here. The executor's side runs on real cpuset
-cgroups on CPUs 0 and 1: a run with busy threads moved between them, with a shared run beside it.
+narrowed 0,2 to 0 (CPU 2 is not real), which is expected here. The executor's side runs on
+real cpuset cgroups on CPUs 0 and 1: a run with busy threads moved between them, with a shared
+run beside it.
 """
 
 from __future__ import annotations
