@@ -11,9 +11,9 @@ one state transaction (under the state lock), as every host command does:
   reservation is as well aligned as a run would be), or exactly `cpus` (with the rest of their
   units of `level`);
 - `delete(host, name)`: the reservation ends; a run on its CPUs keeps them as its own;
-- `drop_expired(state, now)`: what every host transaction does first (`HostAgent.transaction`):
-  a reservation whose TTL ran out ends; one a run uses ends too, and the run keeps its CPUs as
-  its own (its assignment no longer names the reservation);
+- `drop_expired(state, now)` (`corepin.agent.host.expiry`): what every host transaction does
+  first (`HostAgent.transaction`): a reservation whose TTL ran out ends; one a run uses ends
+  too, and the run keeps its CPUs as its own (its assignment no longer names the reservation);
 - `reserved_decision(state, name, topology)`: the CPUs `corepin run --reservation NAME` gets.
 
 Loaded by a host transaction only when the state holds reservations.
@@ -26,6 +26,7 @@ import time
 from collections.abc import Mapping
 from typing import TYPE_CHECKING, Any
 
+from corepin.agent.host.expiry import drop_expired, end_reservations
 from corepin.allocation.api import build_request
 from corepin.allocation.levels import withheld_for
 from corepin.allocation.types import LEVELS, Decision
@@ -37,31 +38,6 @@ if TYPE_CHECKING:
     from corepin.agent.host.agent import HostAgent
     from corepin.state.model import HostState
     from corepin.topology.model import Topology
-
-
-# ---------------------------------------------------------------------- the end of reservations
-
-
-def end_reservations(state: HostState, gone: tuple[Reservation, ...]) -> HostState:
-    """`state` (the reservations `gone` already removed from it) where the runs that were on
-    their CPUs hold those CPUs as their own (their assignments name no reservation)."""
-    for r in gone:
-        for ident in r.consumed_by:
-            a = state.get(ident)
-            if a is not None and a.reservation == r.name:
-                state = state.replace_assignment(a.evolve(reservation=None))
-    return state
-
-
-def drop_expired(state: HostState, now: float) -> tuple[HostState, tuple[Reservation, ...]]:
-    """`state` without the reservations whose TTL has run out at `now` (a run on one keeps its
-    CPUs), and those."""
-    if not state.reservations:
-        return state, ()
-    kept, gone = state.expire_reservations(now)
-    if not gone:
-        return state, ()
-    return end_reservations(kept, gone), gone
 
 
 # ---------------------------------------------------------------------- reserve, delete
