@@ -257,6 +257,33 @@ def test_reservation_excludes_exclusive_and_cpus_and_level(state: Path) -> None:
     assert one_line_error(corepin(state, "run", "--reservation", "X!", "--", "true"), 2)
 
 
+@needs_two_cpus
+@pytest.mark.parametrize("reusable", [False, True])
+def test_releasing_a_run_on_a_reservation_ends_or_frees_the_reservation(
+    state: Path, background: list[subprocess.Popen[str]], reusable: bool
+) -> None:
+    cpu = str(ONLINE[1])
+    extra = ["--reusable"] if reusable else []
+    assert corepin(state, "reserve", "rel", "--cpu-list", cpu, *extra).returncode == 0
+    background.append(start(state, "--reservation", "rel", "--", "sleep", "60"))
+    wait_for(lambda: len(report(state)["allocations"]) == 1, what="the run to be recorded")
+    (row,) = report(state)["allocations"]
+    done = corepin(state, "release", row["id"])
+    assert done.returncode == 0, done.stderr
+    data = report(state)
+    assert data["allocations"][0]["kind"] == "shared", "its processes live on, shared"
+    if reusable:
+        assert data["reservations"][0]["consumed_by"] is None
+        assert int(cpu) not in CPUSet.parse(data["shared_pool"])
+    else:
+        assert data["reservations"] == []
+        assert int(cpu) in CPUSet.parse(data["shared_pool"])
+    wait_for(
+        lambda: int(cpu) in CPUSet.parse(allowed_cpus(int(row["pid"]))) or reusable,
+        what="the released run in the shared pool",
+    )
+
+
 # ---------------------------------------------------------------- expiry, delete
 
 
