@@ -10,7 +10,7 @@ better-aligned CPUs.
    kept when shared runs need it) proposes the moves that strictly improve alignment (fewer
    NUMA nodes, L3 caches, partial cores), each onto CPUs that are free or the run's own;
 3. `apply_moves`: each move updates the run's assignment (CPUs, withheld CPUs, memory nodes:
-   those of the new CPUs, unless the run was given a memory policy of its own), all of them
+   those of the new CPUs, as the state's validation keeps them), all of them
    are committed at once, and then the run is re-pinned live through the pinning engine
    (`Pinner.apply_all`, `corepin.enforcement.reconcile`): its cpuset cgroup in place
    (`cpuset.cpus`, `cpuset.mems`), then every thread's affinity; the shared runs follow the
@@ -103,11 +103,11 @@ def apply_moves(
                 f"move of {move.id!r} from {move.old} is stale: the run is {where}",
                 reason="stale_move",
             )
-        follows = old.mems == host.topology.mems_of(old.cpus)
+        # the nodes of its new CPUs, as the state's validation keeps them for every holder
         new = old.evolve(
             cpus=move.new,
             withheld=move.new_withheld | move.new,
-            mems=host.topology.mems_of(move.new) if follows else old.mems,
+            mems=host.topology.mems_of(move.new),
         )
         state = state.replace_assignment(new)
         moved.append((old, new))
