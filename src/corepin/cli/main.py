@@ -35,6 +35,10 @@ COMMANDS: dict[str, tuple[str, str]] = {
         "corepin.cli.release_cmd",
         "end an allocation on purpose (optionally its processes)",
     ),
+    "reserve": (
+        "corepin.cli.reserve_cmd",
+        "hold CPUs for a run to come (corepin run --reservation NAME)",
+    ),
     "shield": ("corepin.cli.shield_cmd", "keep unmanaged tasks off exclusive CPUs (on|off|status)"),
     "migrate": ("corepin.cli.migrate_cmd", "import the kubelet's cpu_manager_state into corepin"),
     "agent": ("corepin.cli.agent_cmd", "run the Kubernetes node agent of one node"),

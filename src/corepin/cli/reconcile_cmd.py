@@ -1,5 +1,6 @@
-"""`corepin reconcile [--once | --interval SECONDS]`: free dead allocations, re-apply drifted
-pins, repair the shield (the work: `corepin.agent.host.reconcile`).
+"""`corepin reconcile [--once | --interval SECONDS] [--rebalance]`: free dead allocations,
+re-apply drifted pins, repair the shield, and with --rebalance move misaligned exclusive runs
+live (the work: `corepin.agent.host.reconcile`, `corepin.agent.host.rebalance`).
 
 Building the parser loads no agent module (`--help` and the other subcommands stay cheap): the
 command's imports inside `run` stay there on purpose.
@@ -23,6 +24,7 @@ from corepin.cli.common import (
 from corepin.core.errors import InputError
 
 if TYPE_CHECKING:
+    from corepin.allocation.rebalance import Move
     from corepin.enforcement.note import Note
 
 
@@ -32,6 +34,14 @@ def add_arguments(parser: argparse.ArgumentParser, name: str) -> None:
         "the shield (resize it, adopt new tasks) and run one node QoS period (best-effort "
         "suppression, CPU burst, resctrl classes and tasks); with --interval, again and "
         "again (a systemd unit in packaging/ runs it)."
+    )
+    parser.add_argument(
+        "--rebalance",
+        action="store_true",
+        help="also move exclusive runs that span more NUMA nodes, L3 caches or partial "
+        "cores than their size needs to better-aligned free CPUs, live (cpuset in place, "
+        "memory migrated where the kernel can, every thread re-pinned); one line per move. "
+        "Runs on a reservation and runs started with --no-rebalance are never moved",
     )
     parser.add_argument("--once", action="store_true", help="one pass, then exit")
     add_reserved_arguments(parser)
@@ -66,9 +76,17 @@ def run(args: argparse.Namespace) -> int:
     agent.resctrl_root = resctrl_root
     loop = HostQos(agent, policy=policy, config=args.qos_config or None, resctrl_root=resctrl_root)
 
+    moves: list[Move] = []
+
+    def moved(made: list[Move]) -> None:
+        moves[:] = made
+
     def show(changes: list[Note]) -> None:
         if args.output == "json":
-            print(json.dumps({"changes": [c.to_json() for c in changes]}), flush=True)
+            data: dict[str, object] = {"changes": [c.to_json() for c in changes]}
+            if args.rebalance:
+                data["moves"] = [m.to_json() for m in moves]
+            print(json.dumps(data), flush=True)
         elif changes:
             for change in changes:
                 print(change, flush=True)
@@ -82,7 +100,17 @@ def run(args: argparse.Namespace) -> int:
                 "one or the other",
                 reason="bad_usage",
             )
-        show(reconcile_once(agent, loop, sample=QOS_SAMPLE))
+        changes = reconcile_once(
+            agent, loop, sample=QOS_SAMPLE, rebalancing=bool(args.rebalance), moved=moves
+        )
+        show(changes)
         return 0
-    reconcile_forever(agent, 10.0 if args.interval is None else args.interval, show, loop)
+    reconcile_forever(
+        agent,
+        10.0 if args.interval is None else args.interval,
+        show,
+        loop,
+        rebalancing=bool(args.rebalance),
+        moved=moved,
+    )
     return 0

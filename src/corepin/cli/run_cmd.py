@@ -103,9 +103,9 @@ def _memory_from(args: argparse.Namespace) -> MemoryPolicy | None:
 
 def add_arguments(parser: argparse.ArgumentParser, name: str) -> None:
     parser.usage = (
-        "corepin run [--exclusive N [--with-shared] | --cpus LIST | --shared] "
+        "corepin run [--exclusive N [--with-shared] | --cpus LIST | --reservation NAME | --shared] "
         "[--level LEVEL] [--near DEVICE [--near-strict]]... [--option NAME[=VALUE]]... "
-        "[--partition root|isolated] "
+        "[--partition root|isolated] [--no-rebalance] "
         "[--wait [SECONDS]] [--membind NODES | --interleave NODES | --preferred NODE] "
         "[--reserved-cpus CPUSET | --reserved-count N] [--qos-class CLASS] "
         "[--qos-config FILE] [--resctrl-root DIR] [--state-dir DIR] [--policy NAME] "
@@ -130,6 +130,13 @@ def add_arguments(parser: argparse.ArgumentParser, name: str) -> None:
         metavar="LIST",
         help="exactly these CPUs, for this command alone (exit 3 naming the holder when "
         "one is taken)",
+    )
+    mode.add_argument(
+        "--reservation",
+        metavar="NAME",
+        help="run on exactly the CPUs of this reservation (`corepin reserve`), at its level; "
+        "a one-time reservation ends when the run does (--reusable ones come back); exit 3 "
+        "when it is not there (deleted, expired, used up) or another run is on it",
     )
     mode.add_argument(
         "--shared",
@@ -182,6 +189,12 @@ def add_arguments(parser: argparse.ArgumentParser, name: str) -> None:
         "the run keeps a plain cpuset",
     )
     parser.add_argument(
+        "--no-rebalance",
+        action="store_true",
+        help="never move this run to better-aligned CPUs (`corepin reconcile --rebalance` "
+        "leaves it where it is; runs on a reservation are never moved either)",
+    )
+    parser.add_argument(
         "--name",
         metavar="NAME",
         help="a label for this run in reports (default: the command name)",
@@ -204,9 +217,17 @@ def spec_from(args: argparse.Namespace) -> RunSpec:
     from corepin.allocation.api import parse_options
     from corepin.core.errors import InputError
 
-    owned = args.exclusive is not None or args.cpus is not None
+    reservation = getattr(args, "reservation", None)  # `run` only
+    owned = args.exclusive is not None or args.cpus is not None or reservation is not None
     if args.with_shared and not owned:
-        raise InputError("--with-shared needs --exclusive N or --cpus LIST", reason="bad_usage")
+        raise InputError(
+            "--with-shared needs --exclusive N, --cpus LIST or --reservation NAME",
+            reason="bad_usage",
+        )
+    if reservation is not None:
+        from corepin.state.reservations import check_name
+
+        check_name(reservation, "--reservation")
     options = parse_options(args.option)
     if args.level is not None:
         if "level" in options:
@@ -225,12 +246,10 @@ def spec_from(args: argparse.Namespace) -> RunSpec:
     if args.cpus is not None and not args.cpus:
         raise InputError("--cpus names no CPU", reason="bad_usage")
     partition = getattr(args, "partition", None)  # `run` only
-    if partition is not None and (
-        (args.exclusive is None and args.cpus is None) or args.with_shared
-    ):
+    if partition is not None and (not owned or args.with_shared):
         raise InputError(
-            "--partition applies to exclusive runs (--exclusive N or --cpus LIST) without "
-            "--with-shared only",
+            "--partition applies to exclusive runs (--exclusive N, --cpus LIST or "
+            "--reservation NAME) without --with-shared only",
             reason="bad_usage",
         )
     near = near_names(args)  # `run` only
@@ -255,6 +274,8 @@ def spec_from(args: argparse.Namespace) -> RunSpec:
         memory=_memory_from(args),
         near=near,
         near_strict=bool(getattr(args, "near_strict", False)),
+        reservation=reservation,
+        rebalance=not getattr(args, "no_rebalance", False),
     )
 
 

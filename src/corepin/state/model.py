@@ -71,7 +71,9 @@ class Assignment:
     - `qos`: its QoS class when one was given explicitly (`corepin run --qos-class`, the
       `corepin.io/qos-class` annotation); None: derived (`qos_class`);
     - `near`: the devices its CPUs were chosen near (`corepin run --near`), as they were named;
-    - `reservation`: the reservation whose CPUs it runs on (`corepin.state.reservations`), if any.
+    - `reservation`: the reservation whose CPUs it runs on (`corepin.state.reservations`), if any;
+    - `rebalance`: whether rebalancing may move it to better-aligned CPUs (False: its owner asked
+      not to be moved, `corepin run --no-rebalance`).
     """
 
     id: str
@@ -87,6 +89,7 @@ class Assignment:
     qos: str | None = None
     near: tuple[str, ...] = ()
     reservation: str | None = None
+    rebalance: bool = True
 
     def __post_init__(self) -> None:
         if not isinstance(self.id, str) or not self.id or len(self.id) > 512:
@@ -122,6 +125,8 @@ class Assignment:
             )
         if self.reservation is not None:
             check_name(self.reservation, f"assignment {self.id!r}: reservation")
+        if not isinstance(self.rebalance, bool):
+            raise RequestError(f"assignment {self.id!r}: rebalance must be true or false")
         if self.owner is not None and not isinstance(self.owner, (ProcessOwner, ContainerOwner)):
             raise RequestError(f"assignment {self.id!r}: owner must be a process or a container")
         if self.kind == "shared":

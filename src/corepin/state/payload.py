@@ -9,7 +9,8 @@ Payload, version 4 (`CURRENT_VERSION`):
                       "cpus": "2-3", "withheld": "2-3", "mems": "0", "level": "cpu",
                       "owner": <owner>|null, "created": float, "policy": str,
                       "workload": str|null, "qos": str|null,
-                      "near": [str, ...], "reservation": str|null}],   # sorted by id
+                      "near": [str, ...], "reservation": str|null,
+                      "rebalance": bool}],   # sorted by id
      "reservations": [{"name": str, "cpus": "4-5", "withheld": "4-5", "level": "cpu",
                        "reusable": bool, "expires": float|null, "created": float,
                        "consumed_by": [str, ...], "uid": str}]}   # sorted by name
@@ -35,7 +36,8 @@ came after version 4 without a new version: a reader that does not know it ignor
 row without it reads as null, so checkpoints of either kind stay readable by both. `near` (the
 devices a run's CPUs were chosen near, as named) came the same way: a row without it reads as
 none. `reservation` and `reservations` (CPUs held for a workload yet to come,
-`corepin.state.reservations`) came the same way: absent reads as none.
+`corepin.state.reservations`) came the same way: absent reads as none; and `rebalance` (false:
+rebalancing never moves the assignment): absent reads as true.
 
 Older payloads are brought up to this version by `corepin.state.migrations` before they are
 read. `PayloadReader` is the typed field access both use: every error it raises is a
@@ -76,6 +78,7 @@ def _assignment_to_json(a: Assignment) -> dict[str, Any]:
         "qos": a.qos,
         "near": list(a.near),
         "reservation": a.reservation,
+        "rebalance": a.rebalance,
     }
 
 
@@ -209,11 +212,20 @@ def _assignment_from_json(r: PayloadReader, row: object, where: str) -> Assignme
             qos=r.optional_str(row, "qos", where),
             near=r.str_list(row, "near", where),
             reservation=r.optional_str(row, "reservation", where),
+            rebalance=_flag(r, row, "rebalance", where),
         )
     except StateFormatError:
         raise
     except CorepinError as exc:
         raise r.fail(where, exc.message) from None
+
+
+def _flag(r: PayloadReader, row: Mapping[str, Any], key: str, where: str) -> bool:
+    """An optional boolean field (absent: true)."""
+    value = row.get(key, True)
+    if not isinstance(value, bool):
+        raise r.fail(f"{where}.{key}", f"expected true or false, got {describe(value)}")
+    return value
 
 
 def _reservation_from_json(r: PayloadReader, row: object, where: str) -> Reservation:

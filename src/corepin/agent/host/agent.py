@@ -33,6 +33,7 @@ if TYPE_CHECKING:
     from corepin.allocation.types import Decision, Request
     from corepin.enforcement.shield.control import Shield
     from corepin.state.model import HostState
+    from corepin.state.reservations import Reservation
     from corepin.state.transaction import CheckedTransaction
     from corepin.topology.model import Topology
 
@@ -65,6 +66,8 @@ class HostAgent:
         self.qos_policy: QosPolicy | None = None
         self.resctrl_root: str | None = None
         self.be_cpus: CPUSet | None = None
+        #: the reservations the last transaction ended because their TTL ran out
+        self.expired: tuple[Reservation, ...] = ()
 
     # ------------------------------------------------------------------ parts
     @property
@@ -100,11 +103,15 @@ class HostAgent:
         """The state transaction (exclusive lock held) with the state validated at boot.
 
         One scan of /proc serves the whole transaction (`Liveness.table`): the liveness checks
-        of the boot validation, of reaping and of the command itself see the same snapshot."""
+        of the boot validation, of reaping and of the command itself see the same snapshot.
+
+        Reservations whose TTL has run out end first (committed at once, listed in `expired`;
+        a run on one keeps its CPUs: `corepin.agent.host.expiry.drop_expired`)."""
         from corepin.state.store import StateStore
         from corepin.state.transaction import open_transaction
 
         self.liveness.forget()
+        self.expired = ()
         store = StateStore(self.settings.state_dir, proc_root=self.settings.proc_root)
         try:
             with open_transaction(
@@ -113,6 +120,10 @@ class HostAgent:
                 timeout=self.settings.lock_timeout,
                 dead_ids=self.liveness.dead_ids,
             ) as txn:
+                if txn.state.reservations:
+                    fresh, self.expired = _without_expired(txn.state)
+                    if self.expired:
+                        txn.commit(fresh)
                 yield txn
         finally:
             self.liveness.forget()
@@ -124,7 +135,9 @@ class HostAgent:
 
         self.liveness.forget()
         store = StateStore(self.settings.state_dir, proc_root=self.settings.proc_root)
-        return read_state(store, self.topology, self.liveness.dead_ids)
+        state = read_state(store, self.topology, self.liveness.dead_ids)
+        # what the next transaction will find: an expired reservation is never shown as held
+        return _without_expired(state)[0] if state.reservations else state
 
     # ------------------------------------------------------------------ decide
     def decide(self, state: HostState, request: Request, kind: str) -> Decision:
@@ -167,7 +180,10 @@ class HostAgent:
         clash = cpus & state.held
         if clash:
             holders = sorted({o for c in clash if (o := state.owner_of(c)) is not None})
-            names = ", ".join(f"{h} ({printable(state.assignments[h].label)})" for h in holders)
+            names = ", ".join(
+                f"{h} ({printable(state.assignments[h].label)})" if h in state.assignments else h
+                for h in holders
+            )
             raise AllocationError(f"CPUs {clash} are held by {names}", reason="cpus_taken")
         state.pools.check_hold(kind, cpus)
         keep = bool(state.shared_assignments())
@@ -260,3 +276,12 @@ class HostAgent:
         if not self.pinner.cgroups_enabled:
             return []
         return self.pinner.remove_orphans({a.id for a in state})
+
+
+def _without_expired(state: HostState) -> tuple[HostState, tuple[Reservation, ...]]:
+    """`state` without its expired reservations, and those (`expiry.drop_expired`, now)."""
+    import time
+
+    from corepin.agent.host.expiry import drop_expired
+
+    return drop_expired(state, time.time())

@@ -1,7 +1,9 @@
-"""`corepin reconcile`: free what died, re-apply drifted pins, repair the shield, run one node
-QoS period (`corepin.agent.host.qos`: best-effort suppression, CPU burst, resctrl) - once, or
-pass after pass until SIGTERM or SIGINT (a systemd unit in packaging/ runs it so). The QoS loop
-(`HostQos`) lives across passes, so CPU use is measured between them.
+"""`corepin reconcile`: free what died, re-apply drifted pins, repair the shield, end expired
+reservations, run one node QoS period (`corepin.agent.host.qos`: best-effort suppression, CPU
+burst, resctrl), and with `rebalance` move misaligned exclusive runs live
+(`corepin.agent.host.rebalance`) - once, or pass after pass until SIGTERM or SIGINT (a systemd
+unit in packaging/ runs it so). The QoS loop (`HostQos`) lives across passes, so CPU use is
+measured between them.
 
 A steady state writes nothing at all: no checkpoint, no cgroup file, no affinity.
 """
@@ -16,6 +18,8 @@ from typing import Final
 
 from corepin.agent.host.agent import HostAgent
 from corepin.agent.host.qos import HostQos
+from corepin.agent.host.rebalance import move_note, rebalance
+from corepin.allocation.rebalance import Move
 from corepin.core.errors import StateError
 from corepin.enforcement.note import Note
 
@@ -25,14 +29,22 @@ QOS_SAMPLE: Final = 1.0
 
 
 def reconcile_once(
-    host: HostAgent, qos: HostQos | None = None, *, sample: float = 0.0
+    host: HostAgent,
+    qos: HostQos | None = None,
+    *,
+    sample: float = 0.0,
+    rebalancing: bool = False,
+    moved: list[Move] | None = None,
 ) -> list[Note]:
     """Free what died, re-apply drifted pins, repair the shield (resize it, adopt new
     tasks), run one period of the QoS loop `qos`; steady state: no writes at all.
 
     With `sample` (a single pass), a QoS loop that has not measured yet first measures in a
     transaction of its own and waits `sample` seconds (without the lock), so the pass's period
-    has CPU use to go by."""
+    has CPU use to go by.
+
+    With `rebalancing`, a last transaction moves the misaligned exclusive runs (one `moved`
+    note per move; the moves are also appended to `moved` when given)."""
     loop = qos
     changes_first: list[Note] = []
     if loop is not None and sample > 0:
@@ -40,6 +52,7 @@ def reconcile_once(
             alive, _ = host.liveness.reap(txn.state)  # (not committed: the pass reaps)
             if loop.wants_sample(alive):
                 changes_first = loop.keep_policy() + loop.period(alive)
+        changes_first += _expired_notes(host)
         if loop.periods:
             time.sleep(sample)
     with host.transaction() as txn:
@@ -47,7 +60,7 @@ def reconcile_once(
             changes_first += loop.reread() + loop.keep_policy()
         before = txn.state
         state, changes = host.liveness.reap(before)
-        changes[:0] = changes_first
+        changes[:0] = changes_first + _expired_notes(host)
         reserved = host.with_reserved(state)
         if reserved.reserved != state.reserved:
             changes.append(
@@ -74,7 +87,27 @@ def reconcile_once(
             changes.extend(loop.period(state))
             host.be_cpus = loop.be_cpus  # the next pass pins BE runs to it
         changes.extend(host.remove_cgroups(state))
+    if rebalancing:
+        moves, repinned = rebalance(host)
+        changes.extend(_expired_notes(host))
+        changes.extend(move_note(m) for m in moves)
+        changes.extend(repinned)
+        if moved is not None:
+            moved.extend(moves)
     return changes
+
+
+def _expired_notes(host: HostAgent) -> list[Note]:
+    """The reservations the host's last transaction ended because their TTL ran out."""
+    return [
+        Note(
+            "expired",
+            f"reservation {r.name}",
+            f"CPUs {r.cpus}"
+            + (f"; {r.consumed_by[0]} keeps them as its own" if r.consumed_by else " are free"),
+        )
+        for r in host.expired
+    ]
 
 
 def reconcile_forever(
@@ -82,9 +115,13 @@ def reconcile_forever(
     interval: float,
     show: Callable[[list[Note]], None],
     qos: HostQos | None = None,
+    *,
+    rebalancing: bool = False,
+    moved: Callable[[list[Move]], None] | None = None,
 ) -> None:
     """`reconcile_once` every `interval` seconds (one QoS loop `qos` kept across the passes),
-    each pass's changes given to `show`, until
+    each pass's moves given to `moved` (with `rebalancing`) and then its changes to `show`,
+    until
     SIGTERM or SIGINT. A state lock someone else holds is a warning on stderr (busy is not
     broken: an operator may hold the lock for a while), not the end."""
     stop = False
@@ -97,7 +134,11 @@ def reconcile_forever(
     signal.signal(signal.SIGINT, on_signal)
     while not stop:
         try:
-            show(reconcile_once(host, qos))
+            moves: list[Move] = []
+            changes = reconcile_once(host, qos, rebalancing=rebalancing, moved=moves)
+            if moved is not None:
+                moved(moves)
+            show(changes)
         except StateError as exc:
             if exc.reason != "lock_timeout":
                 raise

@@ -50,8 +50,14 @@ def release(host: HostAgent, assignment_id: str, *, kill: bool = False) -> list[
             changes.append(Note("killed", a.id, f"{killed} process(es)"))
         table = host.liveness.table(fresh=kill)
         if host.liveness.status(a, table, ignore_runner=True) in (RUNNING, LINGERING):
+            # off its reservation too: a one-time one ends, a reusable one is free again
             moved = a.evolve(
-                kind="shared", cpus=CPUSet(), withheld=CPUSet(), mems=CPUSet(), level="cpu"
+                kind="shared",
+                cpus=CPUSet(),
+                withheld=CPUSet(),
+                mems=CPUSet(),
+                level="cpu",
+                reservation=None,
             )
             state = txn.commit(host.sync_shield(state.replace_assignment(moved)))
             changes.append(

@@ -4,6 +4,10 @@ what /proc says of each allocation's processes now (`live`).
 `corepin report --agent SOCKET` shows a running agent's state with the live figures of this
 host too (the agent's socket is on this host: its processes are in this /proc).
 
+Reservations (`corepin reserve`): a `reservations` list, one row per reservation
+(`reserve.reservation_row`: `name`, `cpus`, `expires` as RFC 3339 UTC or null, `consumed_by`
+the run on it or null, and `withheld`, `level`, `reusable`); an expired one is never listed.
+
 Node QoS: with resctrl a `qos_classes` list,
 one entry per class with a resctrl group (`ResctrlClasses.describe()`: L3 ways per cache id,
 memory bandwidth, occupancy); without resctrl nothing more.
@@ -17,6 +21,7 @@ from collections.abc import Callable, Mapping
 from typing import TYPE_CHECKING, Any
 
 from corepin.agent.host.agent import HostAgent
+from corepin.agent.host.reserve import reservation_row
 from corepin.core.cpuset import CPUSet
 from corepin.core.errors import CorepinError
 from corepin.state.report import report_data
@@ -45,6 +50,11 @@ def report(
     rows = live(host, state, sample=sample)
     for row in data["allocations"]:
         row.update(rows.get(row["id"], {}))
+        a = state.get(row["id"])
+        if a is not None:
+            row["reservation"] = a.reservation
+            row["rebalance"] = a.rebalance
+    data["reservations"] = [reservation_row(r) for r in state.reservations.values()]
     classes = resctrl() if resctrl is not None else []
     if classes:
         data["qos_classes"] = classes

@@ -75,6 +75,11 @@ class RunSpec:
     #: only CPUs near them (`--near-strict`)
     near: tuple[str, ...] = ()
     near_strict: bool = False
+    #: run on exactly the CPUs of this reservation (`--reservation NAME`): an exclusive run
+    #: (mixed with `with_shared`) at the reservation's level
+    reservation: str | None = None
+    #: whether `corepin reconcile --rebalance` may move the run (False: `--no-rebalance`)
+    rebalance: bool = True
 
     def request(self, topology: Topology | None = None) -> Request:
         """The request; with `near`, `topology` resolves the devices (InputError naming one
@@ -86,6 +91,20 @@ class RunSpec:
             raise InputError("--near-strict needs --near DEVICE", reason="bad_usage")
         if self.near:
             options = self._near_options(options, topology)
+        if self.reservation is not None:
+            if self.exclusive is not None or self.cpus is not None:
+                raise InputError(
+                    "--reservation gives the run the reservation's CPUs: leave out --exclusive "
+                    "and --cpus",
+                    reason="bad_usage",
+                )
+            for name in ("level", "smt", "numa", "prefer-isolated", "workload", "near"):
+                if name in options:
+                    raise InputError(
+                        f"option {name!r} chooses CPUs: it does not apply with --reservation",
+                        reason="bad_usage",
+                    )
+            return build_request(1, options)
         if self.cpus is not None:
             if self.exclusive is not None:
                 raise InputError("--cpus and --exclusive exclude each other", reason="bad_usage")
@@ -130,7 +149,7 @@ class RunSpec:
         return out
 
     def kind(self, request: Request) -> str:
-        if self.cpus is not None:
+        if self.cpus is not None or self.reservation is not None:
             return "mixed" if self.with_shared else "exclusive"
         if self.exclusive is None or request.workload == "best-effort":
             return "shared"
@@ -202,7 +221,12 @@ class Runner:
                     try:
                         return self._start(argv, spec, request, kind, label, line=line)
                     except AllocationError as exc:
-                        if exc.reason in ("cpus_reserved", "cpus_offline", "reserved_held"):
+                        if exc.reason in (
+                            "cpus_reserved",
+                            "cpus_offline",
+                            "reserved_held",
+                            "unknown_reservation",
+                        ):
                             raise  # waiting would not help
                         problem = exc
                 now = time.monotonic()
@@ -254,15 +278,23 @@ class Runner:
                 mask = signal.pthread_sigmask(signal.SIG_BLOCK, HELD_SIGNALS)
                 state, _ = host.liveness.reap(txn.state)
                 state = host.with_reserved(state)
-                if spec.cpus is not None:
+                level = request.level
+                if spec.reservation is not None:
+                    from corepin.agent.host.reserve import reserved_decision
+
+                    decision = reserved_decision(state, spec.reservation, host.topology)
+                    level = state.reservations[spec.reservation].level
+                elif spec.cpus is not None:
                     decision = host.decide_cpus(state, spec.cpus, kind)
                 else:
                     decision = host.decide(state, request, kind)
                 assignment_id = _new_id(state)
                 cpus = decision.cpus if kind != "shared" or spec.exclusive else CPUSet()
                 withheld = decision.withheld if kind != "shared" else CPUSet()
-                held = state.pools.hold(kind, withheld)
-                pool = held.shared_pool
+                if spec.reservation is not None:
+                    pool = state.shared_pool  # the reservation's CPUs are out of it already
+                else:
+                    pool = state.pools.hold(kind, withheld).shared_pool
                 probe = Assignment(assignment_id, kind, cpus, withheld, qos=spec.qos)
                 best_effort = probe.best_effort
                 # a BE run gets the BE set the QoS loop left (within the pool), never more
@@ -334,13 +366,15 @@ class Runner:
                     withheld=withheld,
                     # the nodes its cpuset keeps allowing: a memory policy's, else its CPUs'
                     mems=run_mems if memory else decision.mems if kind != "shared" else CPUSet(),
-                    level=request.level,
+                    level=level,
                     owner=owner,
                     created=time.time(),
                     policy=decision.policy,
                     workload=request.workload,
                     qos=spec.qos,
                     near=spec.near,
+                    reservation=spec.reservation,
+                    rebalance=spec.rebalance,
                 )
                 state = state.add(assignment)
                 if host.qos_policy is not None:

@@ -1,10 +1,11 @@
 """The report of `corepin report` (`corepin.state.report.report_data`) as a table, JSON, YAML or
 an SVG of the machine with each CPU's holder. The table has a NEAR column (the devices a run's
-CPUs were chosen near) only when some run has one."""
+CPUs were chosen near) only when some run has one, and a section of reservations when there
+are any."""
 
 from __future__ import annotations
 
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Mapping, Sequence
 from typing import TYPE_CHECKING, Any
 
 from corepin.cli.common import dump
@@ -69,8 +70,34 @@ def report_table(data: Mapping[str, Any]) -> str:
         over = {a.get("cpu_percent_over") for a in data["allocations"]} - {None}
         if over:
             lines.append(f"CPU%: of one CPU, {', '.join(sorted(over))}")
+    lines.extend(reservation_lines(data.get("reservations") or []))
     lines.extend(qos_class_lines(data.get("qos_classes") or []))
     return "\n".join(lines) + "\n"
+
+
+def reservation_lines(rows: Sequence[Mapping[str, Any]], *, title: bool = True) -> list[str]:
+    """Reservations (`reserve.reservation_row`) as a table: name, CPUs, withheld CPUs,
+    level, reusable, expiry (UTC) and the run on it; with `title`, under a heading (nothing
+    at all when there are none)."""
+    if not rows:
+        return []
+    table: list[tuple[str, ...]] = [
+        ("RESERVATION", "CPUS", "WITHHELD", "LEVEL", "REUSABLE", "EXPIRES", "USED BY")
+    ]
+    for r in rows:
+        cells = (
+            str(r.get("name")),
+            str(r.get("cpus") or "-"),
+            str(r.get("withheld") or r.get("cpus") or "-"),
+            str(r.get("level") or "cpu"),
+            "yes" if r.get("reusable") else "no",
+            str(r.get("expires") or "never"),
+            str(r.get("consumed_by") or "-"),
+        )
+        table.append(tuple(printable(cell) for cell in cells))
+    widths = [max(len(r[i]) for r in table) for i in range(len(table[0]))]
+    out = ["  ".join(c.ljust(w) for c, w in zip(r, widths, strict=True)).rstrip() for r in table]
+    return ["", "Reservations:", *out] if title else out
 
 
 def qos_class_lines(classes: list[Mapping[str, Any]]) -> list[str]:
