@@ -392,7 +392,8 @@ class Pinner:
         cgroup = None
         path = self.trusted_cgroup(a)
         if path is not None and self.driver is not None:
-            cgroup = CgroupTarget(path, cpus=cpus, mems=mems, owner=a.id)
+            # pages follow when its memory nodes change (a live move; v1 needs the flag)
+            cgroup = CgroupTarget(path, cpus=cpus, mems=mems, owner=a.id, migrate_memory=True)
         process = None
         owner = a.process
         if owner is not None:

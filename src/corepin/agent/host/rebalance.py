@@ -16,9 +16,10 @@ better-aligned CPUs.
    (`cpuset.cpus`, `cpuset.mems`), then every thread's affinity; the shared runs follow the
    shared pool that changed.
 
-Memory: on cgroup v1, `cpuset.memory_migrate` is set to 1 on the run's group before its
-`cpuset.mems` changes, so the kernel moves the pages it already has to the new nodes; on cgroup
-v2 the kernel migrates them itself when `cpuset.mems` changes. A run without a cpuset group
+Memory: a run's cgroup target asks for its pages to follow (`CgroupTarget(migrate_memory=True)`):
+on cgroup v1 the reconciler turns `cpuset.memory_migrate` on before `cpuset.mems` changes, so
+the kernel moves the pages the run already has to the new nodes; on cgroup v2 the kernel
+migrates them itself when `cpuset.mems` changes. A run without a cpuset group
 (`--cgroups off`) keeps its pages where they are (new ones follow its new CPUs' nodes only
 where no memory binding of its own says otherwise).
 """
@@ -31,7 +32,7 @@ from typing import TYPE_CHECKING
 from corepin.agent.host.agent import HostAgent
 from corepin.allocation.policies import get_policy
 from corepin.allocation.rebalance import Movable, Move, plan_moves
-from corepin.core.errors import AllocationError, CgroupError
+from corepin.core.errors import AllocationError
 from corepin.enforcement.note import Note
 from corepin.enforcement.shield.control import keep_system
 
@@ -114,31 +115,8 @@ def apply_moves(
     if not moved:
         return []
     state = txn.commit(host.sync_shield(state, strict=True))
-    notes = _migrate_memory(host, moved)
     ids = {new.id for _, new in moved} | {a.id for a in state.shared_assignments()}
-    notes.extend(host.enforce(state, ids))
-    return notes
-
-
-def _migrate_memory(host: HostAgent, moved: list[tuple[Assignment, Assignment]]) -> list[Note]:
-    """cgroup v1: `cpuset.memory_migrate` 1 on the group of each moved run whose memory nodes
-    change (before they do), so its pages follow; nothing on v2 (the kernel migrates them when
-    `cpuset.mems` changes) or without a group."""
-    driver = host.pinner.driver
-    if driver is None or driver.version != 1:
-        return []
-    notes: list[Note] = []
-    for old, new in moved:
-        path = host.pinner.trusted_cgroup(new)
-        if path is None or old.mems == new.mems or not driver.exists(path):
-            continue
-        try:
-            if driver.read_file(path, "cpuset.memory_migrate").strip() != "1":
-                driver.write_file(path, "cpuset.memory_migrate", "1")
-                host.pinner.writes += 1
-        except CgroupError as err:
-            notes.append(Note("failed", new.id, f"cpuset.memory_migrate: {err.message}"))
-    return notes
+    return host.enforce(state, ids)
 
 
 def move_note(move: Move) -> Note:
