@@ -81,11 +81,19 @@ class Kubelet:
         path.mkdir(exist_ok=True)
         self.groups.append(path)
 
-    def pod(self, name: str, cpu: str | None) -> tuple[dict[str, Any], int, str]:
+    def pod(
+        self,
+        name: str,
+        cpu: str | None,
+        *,
+        annotations: dict[str, str] | None = None,
+        labels: dict[str, str] | None = None,
+    ) -> tuple[dict[str, Any], int, str]:
         app = pods.container  # (without a CPU: burstable, a request without a limit)
         spec = app("app", cpu, memory="64Mi") if cpu else app("app", request="100m")
         # corepin pins a Guaranteed pod's containers exclusively when the pod asks
-        body = pods.pod(name, spec, annotations=pods.EXCLUSIVE if cpu else {}, node=NODE)
+        notes = {**(pods.EXCLUSIVE if cpu else {}), **(annotations or {})}
+        body = pods.pod(name, spec, annotations=notes, labels=labels, node=NODE)
         pod = self.client.create(PODS, body, "default")
         qos = qos_of(pod["spec"]["containers"]).lower()
         uid = pod["metadata"]["uid"]
@@ -103,6 +111,7 @@ class Kubelet:
         status = {
             "phase": "Running",
             "qosClass": qos_of(pod["spec"]["containers"]),
+            "conditions": [{"type": "Ready", "status": "True"}],
             "containerStatuses": [
                 {
                     "name": "app",
@@ -145,9 +154,11 @@ def wait_until(check: Any, seconds: float, what: str) -> Any:
         time.sleep(0.2)
 
 
-def start_agent(workdir: Path, kubeconfig: Path, *, metrics_port: int) -> subprocess.Popen[bytes]:
+def start_agent(
+    workdir: Path, kubeconfig: Path, *, metrics_port: int, extra: tuple[str, ...] = ()
+) -> subprocess.Popen[bytes]:
     """The real `corepin agent` of NODE on the scratch kubelet root, its files under `workdir`
-    (log in agent.log), resyncing every 5 s."""
+    (log in agent.log), resyncing every 5 s (2 s with `extra` flags given)."""
     log = (workdir / "agent.log").open("wb")
     return subprocess.Popen(
         [
@@ -174,7 +185,8 @@ def start_agent(workdir: Path, kubeconfig: Path, *, metrics_port: int) -> subpro
             "--assignment-dir",
             str(workdir / "assignments"),
             "--resync-period",
-            "5",
+            "2" if extra else "5",
+            *extra,
         ],
         stdout=log,
         stderr=subprocess.STDOUT,

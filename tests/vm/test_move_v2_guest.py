@@ -6,14 +6,14 @@ say what happened: every thread's Cpus_allowed_list sampled during the move, the
 the workload's memory per node from /proc/PID/numa_maps.
 
 The work happens inside the guest (`tests/vm/move_v2_guest_check.py`, one layout per command);
-this module boots one guest, runs each layout once and reads its verdicts. Skips where the
-test bed cannot run (`vm.skip_reason()`).
+this module runs each layout once in the session's numa4-nosmt guest and reads its verdicts.
+Skips where the test bed cannot run (`vm.skip_reason()`).
 """
 
 from __future__ import annotations
 
 import json
-from collections.abc import Callable, Iterator
+from collections.abc import Callable
 from typing import Any
 
 import pytest
@@ -28,7 +28,6 @@ pytestmark = [
     pytest.mark.vm,
     pytest.mark.skipif(REASON is not None, reason=REASON or ""),
 ]
-SHAPE = "numa4-nosmt"
 LAYOUTS = ("plain", "inherit", "threaded", "partition")
 SENTENCES = {
     "moved": "afterwards every thread may run only on the new node's CPUs",
@@ -41,30 +40,27 @@ SENTENCES = {
 
 
 @pytest.fixture(scope="module")
-def moved(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Callable[[str], dict[str, Any]]]:
-    """The verdicts of one layout (each runs once, in one guest)."""
-    if SHAPE not in vm.SHAPES:
-        pytest.skip(f"no guest shape {SHAPE}")
+def moved(vm_numa4_nosmt: Any) -> Callable[[str], dict[str, Any]]:
+    """The verdicts of one layout (each runs once)."""
     done: dict[str, dict[str, Any]] = {}
-    with vm.Guest(vm.SHAPES[SHAPE], tmp_path_factory.mktemp("move-v2-guest")) as guest:
 
-        def run(layout: str) -> dict[str, Any]:
-            if layout not in done:
-                result = guest.run(
-                    [
-                        "python",
-                        str(REPO / "tests" / "vm" / "move_v2_guest_check.py"),
-                        "--this-machine-is-mine",
-                        layout,
-                    ],
-                    timeout=300,
-                )
-                lines = [line for line in result.stdout.splitlines() if line.startswith("{")]
-                assert lines, result.output
-                done[layout] = json.loads(lines[-1])
-            return done[layout]
+    def run(layout: str) -> dict[str, Any]:
+        if layout not in done:
+            result = vm_numa4_nosmt.run(
+                [
+                    "python",
+                    str(REPO / "tests" / "vm" / "move_v2_guest_check.py"),
+                    "--this-machine-is-mine",
+                    layout,
+                ],
+                timeout=300,
+            )
+            lines = [line for line in result.stdout.splitlines() if line.startswith("{")]
+            assert lines, result.output
+            done[layout] = json.loads(lines[-1])
+        return done[layout]
 
-        yield run
+    return run
 
 
 @pytest.mark.parametrize(
