@@ -22,7 +22,7 @@ from corepin.core.cpuset import CPUSet
 from corepin.kube.client import KubeClient
 from corepin.kube.resources import CPUR, EVENTS, NCPT, NODES, PCB, PDBS, PODS
 from corepin.testing import machines as synthetic
-from support.cpur_crd import cpur, install_cpur_crd
+from support.cpur import cpur
 from support.helpers import wait_for
 from support.node_harness import NODE, FakeNode, fake_node
 from support.pods import EXCLUSIVE, container
@@ -32,8 +32,7 @@ C = CPUSet.parse
 
 @pytest.fixture
 def node(kube: KubeClient, fake_api: Any, tmp_path: Path) -> Iterator[FakeNode]:
-    """Node node-a (dual socket, HT, CPUs 0-31) with the CPUReservation CRD served."""
-    install_cpur_crd(kube)
+    """Node node-a (dual socket, HT, CPUs 0-31); corepin's CRDs served (the harness)."""
     with fake_node(kube, synthetic.named("dual_socket_ht"), tmp_path) as n:
         n.api = fake_api
         yield n
