@@ -492,22 +492,29 @@ class HostState:
         return replace(self, reservations=reservations)
 
     def remove_reservation(self, name: str, *, missing_ok: bool = False) -> HostState:
-        """A state without the reservation `name` (a workload on its CPUs keeps them as its
-        own). RequestError if absent unless `missing_ok`."""
+        """A state without the reservation `name`; a workload on its CPUs keeps them as its
+        own (its assignment no longer names it). RequestError if absent unless `missing_ok`."""
         if name not in self.reservations:
             if missing_ok:
                 return self
             raise RequestError(f"no reservation named {name!r}", reason="unknown_reservation")
-        return replace(self, reservations={k: v for k, v in self.reservations.items() if k != name})
+        return self._end_reservations({name})
 
     def expire_reservations(self, now: float) -> tuple[HostState, tuple[Reservation, ...]]:
-        """The state without the reservations whose TTL has run out at `now`, and those."""
+        """The state without the reservations whose TTL has run out at `now` (workloads on
+        them keep their CPUs, as `remove_reservation` says), and those."""
         gone = tuple(r for r in self.reservations.values() if r.expired(now))
         if not gone:
             return self, ()
-        names = {r.name for r in gone}
+        return self._end_reservations({r.name for r in gone}), gone
+
+    def _end_reservations(self, names: set[str]) -> HostState:
         kept = {k: v for k, v in self.reservations.items() if k not in names}
-        return replace(self, reservations=kept), gone
+        items = {
+            k: a.evolve(reservation=None) if a.reservation in names else a
+            for k, a in self.assignments.items()
+        }
+        return replace(self, reservations=kept, assignments=items)
 
     def _released(self, ids: set[str]) -> dict[str, Reservation]:
         """The reservations once the assignments `ids` are released: a one-time reservation

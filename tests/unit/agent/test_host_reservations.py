@@ -15,8 +15,6 @@ import support.alloc_topologies as T
 from corepin.agent.host.agent import HostAgent
 from corepin.agent.host.reserve import (
     delete,
-    drop_expired,
-    end_reservations,
     reservation_row,
     reserve,
     reserved_decision,
@@ -128,9 +126,9 @@ def test_expiry_ends_reservations_and_a_run_on_one_keeps_its_cpus() -> None:
     state = state.add_reservation(Reservation("used", C("2-3"), expires=100.0))
     state = state.add_reservation(Reservation("kept", C("4"), expires=300.0))
     state = state.add(Assignment("run-1", cpus=C("2-3"), reservation="used"))
-    same, gone = drop_expired(state, 99.0)
+    same, gone = state.expire_reservations(99.0)
     assert same is state and gone == ()
-    after, gone = drop_expired(state, 200.0)
+    after, gone = state.expire_reservations(200.0)
     assert {r.name for r in gone} == {"old", "used"}
     assert set(after.reservations) == {"kept"}
     run = after.get("run-1")
@@ -153,8 +151,7 @@ def test_deleting_a_reservation_frees_its_cpus_and_a_run_on_one_keeps_them(
     # in use (pure: a run of this test would be reaped as dead by the next transaction)
     state = HostState.new(smt_machine()).add_reservation(made)
     state = state.add(Assignment("run-9", cpus=made.cpus, reservation="x"))
-    held = state.reservations["x"]
-    after = end_reservations(state.remove_reservation("x"), (held,))
+    after = state.remove_reservation("x")
     run = after.get("run-9")
     assert run is not None and run.reservation is None and run.cpus == made.cpus
     assert not made.cpus & after.free and (made.withheld - made.cpus) <= after.free

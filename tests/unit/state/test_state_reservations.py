@@ -189,3 +189,13 @@ def test_no_workload_but_its_own_ever_holds_a_reserved_cpu(
         assert not a.withheld & held
     assert held <= C("0-15") - s.free
     assert not held & s.shared_pool
+
+
+def test_a_workload_on_an_ended_reservation_keeps_its_cpus_as_its_own() -> None:
+    used = base().add(run("r1", "4-5", "db"))
+    for after in (used.remove_reservation("db"), used.expire_reservations(1000.0)[0]):
+        assert "db" not in after.reservations
+        mine = after.assignments["r1"]
+        assert mine.reservation is None and mine.cpus == C("4-5")
+        assert not C("4-5") & after.free
+        assert after.remove("r1").free == C("0-7")

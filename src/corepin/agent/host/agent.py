@@ -106,7 +106,7 @@ class HostAgent:
         of the boot validation, of reaping and of the command itself see the same snapshot.
 
         Reservations whose TTL has run out end first (committed at once, listed in `expired`;
-        a run on one keeps its CPUs: `corepin.agent.host.expiry.drop_expired`)."""
+        a run on one keeps its CPUs: `HostState.expire_reservations`)."""
         from corepin.state.store import StateStore
         from corepin.state.transaction import open_transaction
 
@@ -279,9 +279,7 @@ class HostAgent:
 
 
 def _without_expired(state: HostState) -> tuple[HostState, tuple[Reservation, ...]]:
-    """`state` without its expired reservations, and those (`expiry.drop_expired`, now)."""
+    """`state` without its expired reservations (a run on one keeps its CPUs), and those."""
     import time
 
-    from corepin.agent.host.expiry import drop_expired
-
-    return drop_expired(state, time.time())
+    return state.expire_reservations(time.time())

@@ -11,8 +11,8 @@ one state transaction (under the state lock), as every host command does:
   reservation is as well aligned as a run would be), or exactly `cpus` (with the rest of their
   units of `level`);
 - `delete(host, name)`: the reservation ends; a run on its CPUs keeps them as its own;
-- `drop_expired(state, now)` (`corepin.agent.host.expiry`): what every host transaction does
-  first (`HostAgent.transaction`): a reservation whose TTL ran out ends; one a run uses ends
+- expiry is what every host transaction does first (`HostAgent.transaction`, with
+  `HostState.expire_reservations`): a reservation whose TTL ran out ends; one a run uses ends
   too, and the run keeps its CPUs as its own (its assignment no longer names the reservation);
 - `reserved_decision(state, name, topology)`: the CPUs `corepin run --reservation NAME` gets.
 
@@ -26,7 +26,6 @@ import time
 from collections.abc import Mapping
 from typing import TYPE_CHECKING, Any
 
-from corepin.agent.host.expiry import drop_expired, end_reservations
 from corepin.allocation.api import build_request
 from corepin.allocation.levels import withheld_for
 from corepin.allocation.types import LEVELS, Decision
@@ -134,7 +133,7 @@ def delete(host: HostAgent, name: str) -> Reservation:
                 f"no reservation named {name!r} (reservations: {known})",
                 reason="unknown_reservation",
             )
-        state = end_reservations(state.remove_reservation(name), (held,))
+        state = state.remove_reservation(name)
         state = txn.commit(host.sync_shield(state))
         host.repin_shared(state)  # the CPUs it held and no run keeps are shared again
     return held
@@ -193,8 +192,6 @@ def reservation_row(r: Reservation) -> dict[str, Any]:
 __all__ = [
     "check_ttl",
     "delete",
-    "drop_expired",
-    "end_reservations",
     "reservation_row",
     "reserve",
     "reserved_decision",

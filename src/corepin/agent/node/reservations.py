@@ -105,19 +105,6 @@ def clear_cpus(
     return Clearing(work, tuple(moves), ())
 
 
-def drop(state: HostState, name: str) -> HostState:
-    """`state` without the reservation `name`; a container on its CPUs keeps them as its own."""
-    held = state.reservations.get(name)
-    if held is None:
-        return state
-    state = state.remove_reservation(name)
-    for ident in held.consumed_by:
-        a = state.get(ident)
-        if a is not None and a.reservation == name:
-            state = state.replace_assignment(a.evolve(reservation=None))
-    return state
-
-
 @record(frozen=False)
 class _Block:
     """What waits for CPUs to be cleared: the reservation (its name, or the node
@@ -268,7 +255,7 @@ class NodeReservations:
             )
             if not keep:
                 log.info("event=reservation_dropped name=%s cpus=%s", held.name, held.cpus)
-                state = drop(state, held.name)
+                state = state.remove_reservation(held.name)
                 self._written.pop(held.name, None)
         for cr in crs.values():
             if (
@@ -472,4 +459,4 @@ def _writer(watches: Watches, name: str, status: dict[str, Any]) -> Callable[[],
     return write
 
 
-__all__ = ["RETRY", "Clearing", "NodeReservations", "clear_cpus", "drop"]
+__all__ = ["RETRY", "Clearing", "NodeReservations", "clear_cpus"]
