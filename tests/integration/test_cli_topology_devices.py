@@ -233,7 +233,9 @@ def test_a_device_with_local_cpus_of_its_own_keeps_them() -> None:
 
 
 def test_the_docs_tree_example_with_devices_is_what_the_tree_prints() -> None:
-    page = (Path(__file__).resolve().parents[2] / "docs" / "topology.md").read_text(encoding="utf-8")
+    page = (Path(__file__).resolve().parents[2] / "docs" / "topology.md").read_text(
+        encoding="utf-8"
+    )
     shown = [line for line in page.splitlines() if line.lstrip().startswith(("NIC 0", "GPU 0"))]
     assert len(shown) == 2
     tree = render(machine(), "tree").splitlines()

@@ -86,7 +86,9 @@ def blocks_of(page: Path) -> list[Block]:
             body.append(lines[j][indent:] if lines[j][:indent].strip() == "" else lines[j])
             j += 1
         markers = _markers_above(lines, i)
-        not_run = next((m[len("not-run:") :].strip() for m in markers if m.startswith("not-run:")), None)
+        not_run = next(
+            (m[len("not-run:") :].strip() for m in markers if m.startswith("not-run:")), None
+        )
         lang = opening["info"].strip().split(" ")[0] if opening["info"].strip() else ""
         found.append(Block(page, i + 1, lang, "\n".join(body) + "\n", not_run, "setup" in markers))
         i = j + 1
@@ -309,16 +311,21 @@ def test_console_steps_join_continued_lines_and_keep_their_output() -> None:
 
 def test_markers_above_a_fence_are_read(tmp_path: Path) -> None:
     page = REPO / "docs" / "__probe__.md"
-    text = "x\n\n<!-- not-run: needs a real GPU here -->\n```sh\ntrue\n```\n<!-- setup -->\n```sh\n:\n```\n"
+    text = (
+        "x\n\n<!-- not-run: needs a real GPU here -->\n```sh\ntrue\n```\n"
+        "<!-- setup -->\n```sh\n:\n```\n"
+    )
     blocks = _blocks_of_text(text, page, tmp_path)
-    assert [(b.not_run, b.setup) for b in blocks] == [("needs a real GPU here", False), (None, True)]
+    assert [(b.not_run, b.setup) for b in blocks] == [
+        ("needs a real GPU here", False),
+        (None, True),
+    ]
 
 
 def _blocks_of_text(text: str, page: Path, scratch: Path) -> list[Block]:
     probe = scratch / page.name
     probe.write_text(text, encoding="utf-8")
     return [Block(page, b.line, b.lang, b.text, b.not_run, b.setup) for b in blocks_of(probe)]
-
 
 
 # ---------------------------------------------------------------------- links and metrics
