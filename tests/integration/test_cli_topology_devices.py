@@ -232,9 +232,11 @@ def test_a_device_with_local_cpus_of_its_own_keeps_them() -> None:
     assert row.split()[-1] == "0-3"
 
 
-def test_the_readmes_tree_example_with_devices_is_what_the_tree_prints() -> None:
-    readme = (Path(__file__).resolve().parents[2] / "README.md").read_text(encoding="utf-8")
-    shown = [line for line in readme.splitlines() if line.lstrip().startswith(("NIC 0", "GPU 0"))]
+def test_the_docs_tree_example_with_devices_is_what_the_tree_prints() -> None:
+    page = (Path(__file__).resolve().parents[2] / "docs" / "topology.md").read_text(
+        encoding="utf-8"
+    )
+    shown = [line for line in page.splitlines() if line.lstrip().startswith(("NIC 0", "GPU 0"))]
     assert len(shown) == 2
     tree = render(machine(), "tree").splitlines()
     for line in shown:

@@ -21,7 +21,7 @@ from support.crd_schema import load_yaml_docs
 from support.paths import DEPLOY
 
 KUBECTL = shutil.which("kubectl")
-#: the flags of `corepin nri` (CONTRACTS 7.8)
+#: the flags of `corepin nri` that the deployment relies on
 NRI_FLAGS = {
     "--socket", "--plugin-name", "--plugin-index", "--state-dir", "--sysfs-root",
     "--cgroup-root", "--policy", "--option", "--reserved-cpus", "--kubeconfig", "--node-name",

@@ -86,8 +86,8 @@ def test_a_level_no_node_can_give_at_all_says_so() -> None:
     assert cluster.check([Hold("app", "exclusive", 2)], "core") is None
 
 
-def test_the_readme_example_message_is_what_a_user_gets() -> None:
-    readme = (REPO / "README.md").read_text()
+def test_the_docs_example_message_is_what_a_user_gets() -> None:
+    readme = (REPO / "docs" / "kubernetes.md").read_text()
     text = capacity(ncpt("node-a", DUAL)).check([Hold("db", "exclusive", 40)], "core")
     assert text is not None
     quoted = " ".join(text.split("; ask for")[0].split())
