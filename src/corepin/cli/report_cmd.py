@@ -15,6 +15,7 @@ from typing import TYPE_CHECKING, Any
 
 from corepin.cli.common import (
     add_host_arguments,
+    add_output_argument,
     add_qos_arguments,
     positive_seconds,
     write_output,
@@ -26,12 +27,10 @@ if TYPE_CHECKING:
 
 
 def add_arguments(parser: argparse.ArgumentParser, name: str) -> None:
-    parser.add_argument(
-        "-o",
-        "--output",
-        choices=("table", "json", "yaml", "svg"),
-        default="table",
-        help="output format (default: table)",
+    add_output_argument(
+        parser,
+        formats=("table", "json", "yaml", "svg"),
+        help="table (default), json, yaml, or svg (the machine coloured by holder)",
     )
     parser.add_argument(
         "--sample",
