@@ -93,6 +93,21 @@ def add_state_arguments(parser: argparse.ArgumentParser, *, cgroups_help: str) -
     parser.add_argument("--cgroup-root", metavar="DIR", help=argparse.SUPPRESS)
 
 
+def require_state_dir(state_dir: str) -> None:
+    """EnvironmentProblem (exit 4) naming `state_dir` when it does not exist: a command that
+    only reads the state must not report an empty host for a mistyped directory (the commands
+    that write create it)."""
+    import os
+
+    if not os.path.lexists(state_dir):
+        raise EnvironmentProblem(
+            f"state directory {state_dir!r} does not exist: nothing has run with it yet "
+            "(`corepin run`, `pin` and `reserve` create it); name another with --state-dir or "
+            "$COREPIN_STATE_DIR",
+            reason="no_state_dir",
+        )
+
+
 def add_host_arguments(
     parser: argparse.ArgumentParser, *, cgroups_help: str = HOST_CGROUPS_HELP
 ) -> None:

@@ -18,6 +18,7 @@ from corepin.cli.common import (
     add_output_argument,
     add_qos_arguments,
     positive_seconds,
+    require_state_dir,
     write_output,
 )
 from corepin.core.errors import InputError
@@ -71,6 +72,7 @@ def run(args: argparse.Namespace) -> int:
     from corepin.cli.render.report import render_report
 
     settings = HostSettings.from_args(args, os.environ)
+    require_state_dir(settings.state_dir)
     agent = HostAgent(settings)
     state = agent.read_state()
     root = args.resctrl_root or DEFAULT_RESCTRL_ROOT

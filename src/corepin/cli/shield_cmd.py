@@ -20,6 +20,7 @@ from corepin.cli.common import (
     add_output_argument,
     add_reserved_arguments,
     render_output,
+    require_state_dir,
     reserve_from,
     write_output,
 )
@@ -92,6 +93,7 @@ def run(args: argparse.Namespace) -> int:
     settings = HostSettings.from_args(args, os.environ)
     agent = HostAgent(settings, reserve=reserve_from(args))
     if args.action == "status":
+        require_state_dir(settings.state_dir)
         data = shield_status(agent)
         text = render_output(args.output, data, lambda: status_table(data))
         write_output(text, None)

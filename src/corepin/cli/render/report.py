@@ -58,7 +58,7 @@ def report_table(data: Mapping[str, Any]) -> str:
         cells.append(a["mems"] or "-")
         if near:
             cells.append(",".join(a.get("near") or ()) or "-")
-        cells += [a["status"] or "-", a["command"][:40]]
+        cells += [a["status"] or "-", a["command"]]  # the last column: never cut
         rows.append(tuple(printable(cell) for cell in cells))
     widths = [max(len(r[i]) for r in rows) for i in range(len(rows[0]))]
     lines = ["  ".join(c.ljust(w) for c, w in zip(r, widths, strict=True)).rstrip() for r in rows]
