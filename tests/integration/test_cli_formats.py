@@ -202,16 +202,27 @@ def test_release_reserve_reconcile_and_migrate_pretty_print_json(
     assert code == 0 and yaml.safe_load(out)["moved_to"] is None
 
 
-def test_report_of_a_missing_state_directory_is_exit_4_naming_it(
+def test_report_of_a_missing_state_directory_says_so(
     tmp_path: Path, capsys: pytest.CaptureFixture[str]
 ) -> None:
+    """The empty state such a directory stands for (exit 0: scripts read "nothing held"), with
+    a note on stderr, and in the table, naming the directory: a typo is not an idle host."""
     missing = tmp_path / "nonexistent" / "x"
-    for argv in (["report"], ["shield", "status"]):
-        code, out, err = run([*argv, "--state-dir", str(missing), "--cgroups", "off"], capsys)
-        assert (code, out) == (4, "")
-        assert f"state directory '{missing}' does not exist" in err
-        assert "(no allocations)" not in err
+    said = f"state directory '{missing}' does not exist"
+    given = ["--state-dir", str(missing), "--cgroups", "off"]
+    for argv in (["report"], ["shield", "status"], ["report", "-o", "json"]):
+        code, out, err = run([*argv, *given], capsys)
+        assert code == 0
+        assert err.startswith(f"corepin {argv[0]}: note: {said}"), err
+    assert json.loads(out)["allocations"] == []
+    code, out, _ = run(["report", *given], capsys)
+    assert f"(no allocations: {said})" in out
+    assert "(no allocations)" not in out
     assert not missing.parent.exists(), "a command that reads creates nothing"
+    state = tmp_path / "there"
+    state.mkdir(mode=0o700)
+    code, out, err = run(["report", "--state-dir", str(state), "--cgroups", "off"], capsys)
+    assert (code, err) == (0, "") and "(no allocations)\n" in out
 
 
 def test_a_corrupt_checkpoint_says_how_to_quarantine_it(

@@ -93,19 +93,25 @@ def add_state_arguments(parser: argparse.ArgumentParser, *, cgroups_help: str) -
     parser.add_argument("--cgroup-root", metavar="DIR", help=argparse.SUPPRESS)
 
 
-def require_state_dir(state_dir: str) -> None:
-    """EnvironmentProblem (exit 4) naming `state_dir` when it does not exist: a command that
-    only reads the state must not report an empty host for a mistyped directory (the commands
-    that write create it)."""
+def missing_state_dir(state_dir: str) -> str | None:
+    """For a command that only reads the state (`report`, `shield status`): when `state_dir`
+    does not exist, a note naming it (the command then reports the empty state it stands for,
+    exit 0, and says so on stderr and in its table: a mistyped directory must not pass for an
+    idle host); None when it exists. The commands that write create the directory."""
     import os
 
-    if not os.path.lexists(state_dir):
-        raise EnvironmentProblem(
-            f"state directory {state_dir!r} does not exist: nothing has run with it yet "
-            "(`corepin run`, `pin` and `reserve` create it); name another with --state-dir or "
-            "$COREPIN_STATE_DIR",
-            reason="no_state_dir",
-        )
+    if os.path.lexists(state_dir):
+        return None
+    return (
+        f"state directory {state_dir!r} does not exist: nothing has run with it yet "
+        "(`corepin run`, `pin` and `reserve` create it; another one: --state-dir or "
+        "$COREPIN_STATE_DIR)"
+    )
+
+
+def note(command: str, text: str) -> None:
+    """`corepin COMMAND: note: TEXT` on standard error."""
+    print(f"corepin {command}: note: {text}", file=sys.stderr, flush=True)
 
 
 def add_host_arguments(

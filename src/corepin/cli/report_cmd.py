@@ -17,8 +17,9 @@ from corepin.cli.common import (
     add_host_arguments,
     add_output_argument,
     add_qos_arguments,
+    missing_state_dir,
+    note,
     positive_seconds,
-    require_state_dir,
     write_output,
 )
 from corepin.core.errors import InputError
@@ -72,7 +73,9 @@ def run(args: argparse.Namespace) -> int:
     from corepin.cli.render.report import render_report
 
     settings = HostSettings.from_args(args, os.environ)
-    require_state_dir(settings.state_dir)
+    missing = missing_state_dir(settings.state_dir)
+    if missing:
+        note("report", missing)
     agent = HostAgent(settings)
     state = agent.read_state()
     root = args.resctrl_root or DEFAULT_RESCTRL_ROOT
@@ -85,7 +88,11 @@ def run(args: argparse.Namespace) -> int:
         return describe_resctrl(root, settings.proc_root)
 
     data = report(agent, state, sample=args.sample or 0.0, resctrl=resctrl)
-    write_output(render_report(args.output, data, state, lambda: agent.topology), args.out)
+    text = render_report(args.output, data, state, lambda: agent.topology)
+    if missing and args.output == "table":
+        gone = f"(no allocations: state directory {settings.state_dir!r} does not exist)"
+        text = text.replace("(no allocations)", gone, 1)
+    write_output(text, args.out)
     return 0
 
 

@@ -19,8 +19,9 @@ from corepin.cli.common import (
     add_host_arguments,
     add_output_argument,
     add_reserved_arguments,
+    missing_state_dir,
+    note,
     render_output,
-    require_state_dir,
     reserve_from,
     write_output,
 )
@@ -93,7 +94,9 @@ def run(args: argparse.Namespace) -> int:
     settings = HostSettings.from_args(args, os.environ)
     agent = HostAgent(settings, reserve=reserve_from(args))
     if args.action == "status":
-        require_state_dir(settings.state_dir)
+        missing = missing_state_dir(settings.state_dir)
+        if missing:
+            note("shield", missing)
         data = shield_status(agent)
         text = render_output(args.output, data, lambda: status_table(data))
         write_output(text, None)
