@@ -95,23 +95,15 @@ def add_state_arguments(parser: argparse.ArgumentParser, *, cgroups_help: str) -
 
 def missing_state_dir(state_dir: str) -> str | None:
     """For a command that only reads the state (`report`, `shield status`): when `state_dir`
-    does not exist, a note naming it (the command then reports the empty state it stands for,
-    exit 0, and says so on stderr and in its table: a mistyped directory must not pass for an
-    idle host); None when it exists. The commands that write create the directory."""
+    does not exist, a note naming it for the table (the command reports the empty state such a
+    directory stands for, exit 0, as JSON and YAML too; its table says why, so that a mistyped
+    directory does not pass for an idle host); None when it exists. The commands that write
+    create the directory."""
     import os
 
     if os.path.lexists(state_dir):
         return None
-    return (
-        f"state directory {state_dir!r} does not exist: nothing has run with it yet "
-        "(`corepin run`, `pin` and `reserve` create it; another one: --state-dir or "
-        "$COREPIN_STATE_DIR)"
-    )
-
-
-def note(command: str, text: str) -> None:
-    """`corepin COMMAND: note: TEXT` on standard error."""
-    print(f"corepin {command}: note: {text}", file=sys.stderr, flush=True)
+    return f"state directory {state_dir!r} does not exist: nothing has run with it yet"
 
 
 def add_host_arguments(

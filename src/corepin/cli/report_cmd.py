@@ -18,7 +18,6 @@ from corepin.cli.common import (
     add_output_argument,
     add_qos_arguments,
     missing_state_dir,
-    note,
     positive_seconds,
     write_output,
 )
@@ -74,8 +73,6 @@ def run(args: argparse.Namespace) -> int:
 
     settings = HostSettings.from_args(args, os.environ)
     missing = missing_state_dir(settings.state_dir)
-    if missing:
-        note("report", missing)
     agent = HostAgent(settings)
     state = agent.read_state()
     root = args.resctrl_root or DEFAULT_RESCTRL_ROOT
@@ -90,8 +87,7 @@ def run(args: argparse.Namespace) -> int:
     data = report(agent, state, sample=args.sample or 0.0, resctrl=resctrl)
     text = render_report(args.output, data, state, lambda: agent.topology)
     if missing and args.output == "table":
-        gone = f"(no allocations: state directory {settings.state_dir!r} does not exist)"
-        text = text.replace("(no allocations)", gone, 1)
+        text = text.replace("(no allocations)", f"(no allocations: {missing})", 1)
     write_output(text, args.out)
     return 0
 

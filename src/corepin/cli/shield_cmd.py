@@ -20,7 +20,6 @@ from corepin.cli.common import (
     add_output_argument,
     add_reserved_arguments,
     missing_state_dir,
-    note,
     render_output,
     reserve_from,
     write_output,
@@ -95,10 +94,10 @@ def run(args: argparse.Namespace) -> int:
     agent = HostAgent(settings, reserve=reserve_from(args))
     if args.action == "status":
         missing = missing_state_dir(settings.state_dir)
-        if missing:
-            note("shield", missing)
         data = shield_status(agent)
         text = render_output(args.output, data, lambda: status_table(data))
+        if missing and args.output == "table":
+            text += f"({missing})\n"
         write_output(text, None)
         return 0
     if args.action == "on":
