@@ -73,7 +73,8 @@ def test_every_reporting_command_takes_table_json_and_yaml(name: str) -> None:
     assert action.choices is not None
     assert set(action.choices) == {"table", "json", "yaml"} | REPORTING[name]
     assert action.default in ("table", None)  # simulate: None means table, and is checked
-    assert action.type is not None and action.type("text") == "table", "the old name stays"
+    convert = action.type
+    assert callable(convert) and convert("text") == "table", "the old name stays"
 
 
 def test_no_other_command_has_an_output_flag() -> None:

@@ -28,7 +28,7 @@ def add_arguments(parser: argparse.ArgumentParser, name: str) -> None:
     parser.add_argument(
         "--count",
         metavar="N",
-        help="number of CPUs (a positive integer)",
+        help="number of CPUs (a positive integer; required)",
     )
     parser.add_argument(
         "--available",
