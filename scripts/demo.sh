@@ -73,7 +73,8 @@ fi
 step "corepin report: who holds which CPUs (the shared workloads were re-pinned)"
 "$COREPIN" report
 echo
-"$COREPIN" report -o json | sed -n 's/.*"pid": \([0-9][0-9]*\).*/\1/p' | while read -r pid; do
+# the pid of each allocation (6 spaces in): the owner's own "pid", deeper in, is the same one
+"$COREPIN" report -o json | sed -n 's/^      "pid": \([0-9][0-9]*\),$/\1/p' | while read -r pid; do
     echo "pid $pid ($(cat "/proc/$pid/comm" 2>/dev/null || echo gone)) is allowed on CPUs $(allowed "$pid")"
 done
 "$COREPIN" report -o svg --out "$DEMO_DIR/report-this-machine.svg"

@@ -24,6 +24,43 @@ ENVIRONMENT = (
     ("COREPIN_LOCK_TIMEOUT", "seconds to wait for the state lock (default 10)"),
     ("COREPIN_LOG", "info or debug: corepin's notes on standard error"),
 )
+#: (what it shows, the command): the EXAMPLES section. The first ones run anywhere (a machine
+#: of the catalogue; tests/integration/test_cli_help.py runs them); the rest act on this host.
+EXAMPLES = (
+    ("Show this machine's sockets, NUMA nodes, caches and cores:", "corepin topology"),
+    (
+        "The same for a named synthetic machine (`corepin topology --machine list` names them):",
+        "corepin topology --machine epyc-4l3",
+    ),
+    (
+        "Which 8 CPUs the topology-aware policy would give, and why (nothing is changed):",
+        "corepin allocate --machine intel-2s-ht --count 8 -o yaml",
+    ),
+    (
+        "Four CPUs near a GPU of a synthetic GPU server:",
+        "corepin allocate --machine gpu-server --count 4 --near nvidia2",
+    ),
+    (
+        "Write a churn trace for a hybrid machine, then compare the policies on it:",
+        "corepin simulate --generate --machine alderlake --events 500 --out trace.json\n"
+        "corepin simulate --machine alderlake --trace trace.json",
+    ),
+    (
+        "Run a command on 4 CPUs of its own, its memory on their NUMA node:",
+        "corepin run --exclusive 4 -- ./server",
+    ),
+    ("Who holds which CPUs, as JSON:", "corepin report -o json"),
+    (
+        "Free allocations whose processes are gone, every 10 seconds:",
+        "corepin reconcile --interval 10",
+    ),
+    (
+        "A checkpoint that cannot be read (corrupt): move it aside and start empty:",
+        "corepin migrate --quarantine",
+    ),
+)
+#: how many EXAMPLES run on any machine (no state, no cgroups: `--machine`)
+PORTABLE_EXAMPLES = 5
 EXIT_STATUS = (
     ("0", "success (corepin run: CMD's own exit status)"),
     ("1", "internal error: a bug, please report it"),
@@ -95,6 +132,9 @@ def page() -> str:
     lines.append(".SH EXIT STATUS")
     for code, text in EXIT_STATUS:
         lines += [".TP", code, roff(text)]
+    lines.append(".SH EXAMPLES")
+    for text, command in EXAMPLES:
+        lines += [".PP", roff(text), ".PP", ".nf", ".RS 4", roff(command), ".RE", ".fi"]
     lines += [
         ".SH FILES",
         ".TP",

@@ -1,6 +1,10 @@
 """corepin: topology-aware CPU and NUMA resource manager.
 
-The top-level API: `CPUSet`, `Topology`, `discover`, `allocate`.
+The top-level API: `CPUSet`, `Topology`, `discover`, `allocate`, and the errors they raise
+(`CorepinError` and its kinds, each with the exit code the command line gives it:
+`InputError` 2 with `RequestError`, `TopologyError` and `CPUSetParseError`, `AllocationError`
+3, `EnvironmentProblem` 4 with `SysfsError`). This page names nothing that is not exported
+here (a test checks it).
 Every name loads on first use: `import corepin` (which `python -m corepin` and the console
 script run before corepin's own Ctrl-C handling is in place) imports nothing.
 """
@@ -16,8 +20,10 @@ if TYPE_CHECKING:
     from corepin.core.errors import (
         AllocationError,
         CorepinError,
+        CPUSetParseError,
         EnvironmentProblem,
         InputError,
+        RequestError,
         SysfsError,
         TopologyError,
     )
@@ -30,9 +36,11 @@ __version__ = "0.1.0"
 _HOMES = {
     "AllocationError": "corepin.core.errors",
     "CPUSet": "corepin.core.cpuset",
+    "CPUSetParseError": "corepin.core.errors",
     "CorepinError": "corepin.core.errors",
     "EnvironmentProblem": "corepin.core.errors",
     "InputError": "corepin.core.errors",
+    "RequestError": "corepin.core.errors",
     "SysfsError": "corepin.core.errors",
     "Topology": "corepin.topology.model",
     "TopologyError": "corepin.core.errors",
@@ -43,9 +51,11 @@ _HOMES = {
 __all__ = [
     "AllocationError",
     "CPUSet",
+    "CPUSetParseError",
     "CorepinError",
     "EnvironmentProblem",
     "InputError",
+    "RequestError",
     "SysfsError",
     "Topology",
     "TopologyError",

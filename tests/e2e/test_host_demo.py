@@ -43,6 +43,11 @@ def test_the_demo_shows_shared_and_exclusive_runs_side_by_side_and_cleans_up(
     rows = [line.split() for line in middle.splitlines() if line.startswith("run-")]
     kinds = {row[1]: (row[3], row[4]) for row in rows}
     assert set(kinds) == {"web", "batch", "latency"}
+    (latency_row,) = [line for line in middle.splitlines() if " latency " in line]
+    assert latency_row.rstrip().endswith("exec sleep 5"), "the command column is whole"
+    pid_lines = [line for line in middle.splitlines() if line.startswith("pid ")]
+    assert len(pid_lines) == 3, "one line per allocation, each once"
+    assert len({line.split()[1] for line in pid_lines}) == 3
     exclusive_cpu = kinds["latency"][1]
     assert kinds["latency"][0] == "exclusive"
     for name in ("web", "batch"):

@@ -4,6 +4,7 @@ page - both generated from corepin's own argparse parser, so they follow every n
 from __future__ import annotations
 
 import configparser
+import json
 import os
 import shutil
 import subprocess
@@ -180,5 +181,87 @@ def test_the_man_page_documents_every_command_and_option(manpage: Path) -> None:
     for line in text.splitlines():
         assert not line.startswith("'"), "a line starting with ' is a roff request"
         if line.startswith("."):
-            assert line.split()[0] in {".TH", ".SH", ".SS", ".TP", ".PP", ".ad"}, line
+            assert line.split()[0] in {
+                ".TH", ".SH", ".SS", ".TP", ".PP", ".ad", ".nf", ".fi", ".RS", ".RE"
+            }, line  # fmt: skip
     assert ".SH EXIT STATUS" in text and "\\fBCOREPIN_STATE_DIR\\fR" in text
+
+
+def test_the_man_page_has_examples_and_the_portable_ones_run(manpage: Path, tmp_path: Path) -> None:
+    sys.path.insert(0, str(REPO / "scripts"))
+    try:
+        from gen_man import EXAMPLES, PORTABLE_EXAMPLES
+    finally:
+        sys.path.remove(str(REPO / "scripts"))
+    text = manpage.read_text()
+    assert ".SH EXAMPLES" in text
+    sections = [line for line in text.splitlines() if line.startswith(".SH ")]
+    assert sections.index(".SH EXAMPLES") > sections.index(".SH EXIT STATUS")
+    for _, command in EXAMPLES:
+        for line in command.splitlines():
+            assert line.replace("-", "\\-") in text
+    for _, command in EXAMPLES[:PORTABLE_EXAMPLES]:
+        for line in command.splitlines():
+            argv = line.split()
+            assert argv[0] == "corepin"
+            done = subprocess.run(
+                [str(CLI), *argv[1:]], capture_output=True, text=True, cwd=tmp_path, timeout=120
+            )
+            assert done.returncode == 0, f"{line}: {done.stderr}"
+            assert done.stdout or "--out" in argv, line
+    assert json.loads((tmp_path / "trace.json").read_text())["events"]
+
+
+def test_it_offers_policy_and_machine_names(completion: Path) -> None:
+    assert complete(completion, "allocate", "--policy", "") == [
+        "topology-aware",
+        "kubelet-static",
+        "workload-aware",
+    ]
+    assert complete(completion, "run", "--policy", "k") == ["kubelet-static"]
+    assert complete(completion, "topology", "--machine", "epyc") == ["epyc-4l3"]
+    assert "list" in complete(completion, "simulate", "--machine", "")
+
+
+def test_release_offers_the_ids_of_the_allocations_quietly(
+    completion: Path, tmp_path: Path
+) -> None:
+    state = tmp_path / "state"
+    env = dict(os.environ, COREPIN_CGROUPS="off", COREPIN_STATE_DIR=str(state))
+    path = f"{CLI.parent}:{env.get('PATH', '')}"
+    code = lambda *words: (  # noqa: E731 - the bash lines of one completion
+        f"export PATH={path}\nsource {completion}\n"
+        f"COMP_WORDS=(corepin {' '.join(words)}); COMP_CWORD={len(words)}\n"
+        '_corepin; printf "%s\\n" "${COMPREPLY[@]}"\n'
+    )
+
+    def offered(*words: str) -> tuple[list[str], str]:
+        done = subprocess.run(["bash", "-c", code(*words)], capture_output=True, text=True, env=env)
+        assert done.returncode == 0, done.stderr
+        return [w for w in done.stdout.splitlines() if w], done.stderr
+
+    missing, noise = offered("release", "--state-dir", str(tmp_path / "nowhere"), "''")
+    assert noise == "", "completion stays quiet when report fails"
+    assert not [w for w in missing if w.startswith("run-")]
+    sleeper = subprocess.Popen(
+        [str(CLI), "run", "--shared", "--name", "sleeper", "--", "sleep", "60"],
+        env=env,
+        stdout=subprocess.DEVNULL,
+    )
+    try:
+        wait_for_ids = []
+        for _ in range(200):
+            wait_for_ids = [w for w in offered("release", "''")[0] if not w.startswith("-")]
+            if wait_for_ids:
+                break
+            subprocess.run(["sleep", "0.05"], check=True)
+        report = subprocess.run(
+            [str(CLI), "report", "-o", "json"], env=env, capture_output=True, text=True
+        )
+        ids = [a["id"] for a in json.loads(report.stdout)["allocations"]]
+        assert wait_for_ids == ids and len(ids) == 1
+        assert offered("release", "--state-dir", str(state), "''")[0][-1] == ids[0]
+        assert "--kill" in offered("release", "--")[0]
+    finally:
+        sleeper.terminate()
+        sleeper.wait(timeout=30)

@@ -53,8 +53,19 @@ def add_arguments(parser: argparse.ArgumentParser, name: str) -> None:
         default="auto",
         help="the kubelet's cgroup driver (default: auto, from what exists)",
     )
-    parser.add_argument("--state-dir", metavar="DIR", default="/var/lib/corepin")
-    parser.add_argument("--policy", metavar="NAME", default="topology-aware")
+    parser.add_argument(
+        "--state-dir",
+        metavar="DIR",
+        default="/var/lib/corepin",
+        help="where the node's checkpoint (state.json) and lock live (default: /var/lib/corepin)",
+    )
+    parser.add_argument(
+        "--policy",
+        metavar="NAME",
+        default="topology-aware",
+        help="allocation policy of exclusive containers: topology-aware (default), "
+        "kubelet-static or workload-aware",
+    )
     parser.add_argument(
         "--option", action="append", default=[], metavar="NAME[=VALUE]", help="repeatable"
     )
@@ -63,8 +74,19 @@ def add_arguments(parser: argparse.ArgumentParser, name: str) -> None:
         metavar="CPUSET",
         help="CPUs never handed out (a node annotation corepin.io/reservation overrides it)",
     )
-    parser.add_argument("--grpc-socket", metavar="PATH", default="/run/corepin/corepin.sock")
-    parser.add_argument("--metrics-address", metavar="HOST:PORT", default=":9464")
+    parser.add_argument(
+        "--grpc-socket",
+        metavar="PATH",
+        default="/run/corepin/corepin.sock",
+        help="unix socket of the node gRPC API (`corepin report --agent PATH` reads it; "
+        "default: /run/corepin/corepin.sock)",
+    )
+    parser.add_argument(
+        "--metrics-address",
+        metavar="HOST:PORT",
+        default=":9464",
+        help="serves /healthz and /metrics over HTTP (default: :9464)",
+    )
     parser.add_argument(
         "--assignment-dir",
         metavar="DIR",
@@ -72,7 +94,14 @@ def add_arguments(parser: argparse.ArgumentParser, name: str) -> None:
         help="one file per container with its CPUs (mounted into pods at /etc/corepin by the "
         "webhook; '' for none)",
     )
-    parser.add_argument("--resync-period", metavar="SECONDS", type=positive_seconds, default=30.0)
+    parser.add_argument(
+        "--resync-period",
+        metavar="SECONDS",
+        type=positive_seconds,
+        default=30.0,
+        help="every SECONDS, go over every pod again and check every cgroup for drift (no "
+        "write when nothing drifted; default: 30)",
+    )
     parser.add_argument(
         "--api-idle-timeout",
         metavar="SECONDS",

@@ -7,27 +7,28 @@ under `--sysfs-root`): their CPUs become the request's `near` option (`corepin.a
 from __future__ import annotations
 
 import argparse
-import json
 import sys
 
 from corepin.cli.common import (
     add_near_arguments,
+    add_output_argument,
     add_topology_source,
+    list_machines,
     load_topology,
     near_names,
     near_options,
+    render_output,
     write_output,
 )
 from corepin.core.errors import EXIT_OK, EXIT_UNSATISFIABLE, AllocationError, RequestError
 
 
 def add_arguments(parser: argparse.ArgumentParser, name: str) -> None:
-    add_topology_source(parser)
+    add_topology_source(parser, machine=True)
     parser.add_argument(
         "--count",
-        required=True,
         metavar="N",
-        help="number of CPUs (a positive integer)",
+        help="number of CPUs (a positive integer; required)",
     )
     parser.add_argument(
         "--available",
@@ -53,12 +54,10 @@ def add_arguments(parser: argparse.ArgumentParser, name: str) -> None:
         "prefer-align-cpus-by-uncorecache, align-by-socket",
     )
     add_near_arguments(parser)
-    parser.add_argument(
-        "-o",
-        "--output",
-        choices=("text", "json"),
-        default="text",
-        help="text (the CPU list) or json (cpus, mems, reserved, policy, explanation)",
+    add_output_argument(
+        parser,
+        help="table (default: the CPU list), json or yaml (cpus, mems, reserved, policy, "
+        "explanation)",
     )
 
 
@@ -116,6 +115,10 @@ def run(args: argparse.Namespace) -> int:
     from corepin.allocation.types import option_flag
     from corepin.core.cpuset import CPUSet
 
+    if list_machines(args):
+        return EXIT_OK
+    if args.count is None:
+        raise RequestError("allocate needs --count N", reason="bad_usage")
     count = parse_count(args.count)
     names = near_names(args)
     refuse_ignored_options(args.option, args.policy)
@@ -135,11 +138,8 @@ def run(args: argparse.Namespace) -> int:
     except AllocationError as exc:
         print(f"corepin allocate: {exc} (reason: {exc.reason})", file=sys.stderr)
         return EXIT_UNSATISFIABLE
-    if args.output == "json":
-        data = decision.to_json()
-        if names:
-            data["near"] = {"devices": list(names), "cpus": str(near), "strict": args.near_strict}
-        write_output(json.dumps(data, indent=2) + "\n", None)
-    else:
-        write_output(f"{decision.cpus}\n", None)
+    data = decision.to_json()
+    if names:
+        data["near"] = {"devices": list(names), "cpus": str(near), "strict": args.near_strict}
+    write_output(render_output(args.output, data, lambda: f"{decision.cpus}\n"), None)
     return EXIT_OK

@@ -10,7 +10,7 @@ from __future__ import annotations
 import argparse
 import json
 import sys
-from collections.abc import Iterable
+from collections.abc import Callable, Iterable
 from typing import TYPE_CHECKING, Any
 
 from corepin.core.errors import EnvironmentProblem, InputError, TopologyError
@@ -41,7 +41,11 @@ def positive_seconds(text: str) -> float:
     return value
 
 
-def add_topology_source(parser: argparse.ArgumentParser, *, default_root: bool = True) -> None:
+def add_topology_source(
+    parser: argparse.ArgumentParser, *, default_root: bool = True, machine: bool = False
+) -> None:
+    """--topology FILE | --sysfs-root DIR, and with `machine` --machine NAME (a shape of the
+    catalogue, `corepin.testing.catalogue`): one of them (`load_topology` reads it)."""
     group = parser.add_mutually_exclusive_group()
     group.add_argument(
         "--topology",
@@ -55,6 +59,25 @@ def add_topology_source(parser: argparse.ArgumentParser, *, default_root: bool =
         help="read DIR/sys/devices/system/{cpu,node} instead of this machine's /sys"
         + (" (default: /)" if default_root else ""),
     )
+    if machine:
+        group.add_argument(
+            "--machine",
+            metavar="NAME",
+            help="a synthetic machine of a named shape instead of this one (intel-2s-ht, "
+            "epyc-4l3, alderlake, arm-clusters, gpu-server, ...; `--machine list` prints "
+            "the names)",
+        )
+
+
+def list_machines(args: argparse.Namespace) -> bool:
+    """With `--machine list`: print the catalogue's machine names, one per line, and say so
+    (the command then exits 0 without doing anything else)."""
+    if getattr(args, "machine", None) != "list":
+        return False
+    from corepin.testing.catalogue import names
+
+    write_output("".join(f"{name}\n" for name in names()), None)
+    return True
 
 
 def add_state_arguments(parser: argparse.ArgumentParser, *, cgroups_help: str) -> None:
@@ -68,6 +91,19 @@ def add_state_arguments(parser: argparse.ArgumentParser, *, cgroups_help: str) -
     )
     parser.add_argument("--cgroups", choices=("auto", "on", "off"), help=cgroups_help)
     parser.add_argument("--cgroup-root", metavar="DIR", help=argparse.SUPPRESS)
+
+
+def missing_state_dir(state_dir: str) -> str | None:
+    """For a command that only reads the state (`report`, `shield status`): when `state_dir`
+    does not exist, a note naming it for the table (the command reports the empty state such a
+    directory stands for, exit 0, as JSON and YAML too; its table says why, so that a mistyped
+    directory does not pass for an idle host); None when it exists. The commands that write
+    create the directory."""
+    import os
+
+    if os.path.lexists(state_dir):
+        return None
+    return f"state directory {state_dir!r} does not exist: nothing has run with it yet"
 
 
 def add_host_arguments(
@@ -214,15 +250,21 @@ def reserve_from(args: argparse.Namespace) -> tuple[int, CPUSet | None] | None:
 
 
 def load_topology(args: argparse.Namespace) -> Topology:
-    """The topology named by --topology FILE, else discovered under --sysfs-root (default /)."""
+    """The topology named by --topology FILE or --machine NAME, else discovered under
+    --sysfs-root (default /)."""
     path = getattr(args, "topology", None)
     root = getattr(args, "sysfs_root", None)
-    for option, value in (("--topology", path), ("--sysfs-root", root)):
+    name = getattr(args, "machine", None)
+    for option, value in (("--topology", path), ("--sysfs-root", root), ("--machine", name)):
         if value == "":
             raise InputError(
                 f"{option} '' names nothing: give a file or directory, or leave the option out",
                 reason="bad_usage",
             )
+    if name is not None:
+        from corepin.testing.catalogue import machine
+
+        return machine(name)
     if path is not None:
         from corepin.topology.model import Topology
 
@@ -249,9 +291,62 @@ def read_json_file(path: str, *, what: str) -> Any:
         ) from None
 
 
-def dump(data: Any, fmt: str) -> str:
-    """Render plain data as `json` or `yaml` text (ending with a newline)."""
+#: The names of `-o` formats: the human one is `table` everywhere; `text`, its old name in
+#: some commands, is still accepted.
+FORMAT_ALIASES = {"text": "table"}
+
+
+def _format(text: str) -> str:
+    return FORMAT_ALIASES.get(text, text)
+
+
+def add_output_argument(
+    parser: argparse.ArgumentParser,
+    *,
+    formats: tuple[str, ...] = ("table", "json", "yaml"),
+    default: str | None = "table",
+    help: str | None = None,
+) -> None:
+    """-o/--output FORMAT, the same on every command that reports: `table` (the default, for
+    people; `text` is an alias), `json` (pretty-printed) and `yaml`, plus the command's own
+    (`svg`, `tree`). `render_output` turns the data into the chosen text."""
+    if help is None:
+        help = "output format: " + ", ".join(formats) + " (default: table)"
+    parser.add_argument(
+        "-o",
+        "--output",
+        type=_format,
+        choices=formats,
+        default=default,
+        metavar="{" + ",".join(formats) + "}",
+        help=help,
+    )
+
+
+def render_output(fmt: str, data: Any, table: Callable[[], str], *, compact: bool = False) -> str:
+    """The one place that decides what `-o FORMAT` prints: `json` (indented by 2; with
+    `compact`, one line), `yaml`, or else the command's own text, `table()`."""
+    if fmt in ("json", "yaml"):
+        return dump(data, fmt, compact=compact)
+    return table()
+
+
+def utc_text(seconds: float | None) -> str | None:
+    """Wall-clock `seconds` (since the epoch) as RFC 3339 UTC text, `2026-01-02T03:04:05Z`
+    (None stays None): how times are given in JSON and YAML output."""
+    if seconds is None:
+        return None
+    import time
+
+    return time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime(seconds))
+
+
+def dump(data: Any, fmt: str, *, compact: bool = False) -> str:
+    """Render plain data as `json` (indented by 2, or one line with `compact`) or `yaml` text
+    (ending with a newline)."""
     if fmt == "json":
+        if compact:
+            return json.dumps(data) + "\n"
         return json.dumps(data, indent=2) + "\n"
     if fmt == "yaml":
         import yaml

@@ -20,7 +20,13 @@ import sys
 from collections.abc import Iterator, Mapping, Sequence
 from typing import Any, NoReturn
 
-from corepin.core.errors import EXIT_INPUT, EXIT_INTERNAL, CorepinError, InputError
+from corepin.core.errors import (
+    EXIT_INPUT,
+    EXIT_INTERNAL,
+    CorepinError,
+    InputError,
+    StateFormatError,
+)
 
 #: subcommand -> (module, one-line help). The order is the order of `corepin --help`.
 COMMANDS: dict[str, tuple[str, str]] = {
@@ -213,6 +219,21 @@ def logging_for(level: int | None) -> Iterator[None]:
         logger.handlers = saved[2]
 
 
+def fix_hint(args: argparse.Namespace, exc: CorepinError) -> str:
+    """What to add to the message of `exc`: for a corepin checkpoint that cannot be read
+    (not the kubelet's, which `corepin migrate` reads), the command that moves it aside."""
+    if not isinstance(exc, StateFormatError) or args.command == "migrate":
+        return ""
+    import shlex
+
+    where = getattr(args, "state_dir", None)
+    option = f" --state-dir {shlex.quote(where)}" if where else ""
+    return (
+        f"; if it cannot be restored, `corepin migrate --quarantine{option}` moves it aside "
+        "(state.json.corrupt-<time>) and corepin starts again from an empty state"
+    )
+
+
 def main(argv: Sequence[str] | None = None) -> int:
     argv = list(sys.argv[1:] if argv is None else argv)
     first = next((a for a in argv if not a.startswith("-")), None)
@@ -232,7 +253,7 @@ def main(argv: Sequence[str] | None = None) -> int:
             code: int = args._module.run(args)
         return code
     except CorepinError as exc:
-        print(f"corepin {args.command}: {exc}", file=sys.stderr)
+        print(f"corepin {args.command}: {exc}{fix_hint(args, exc)}", file=sys.stderr)
         return exc.exit_code
     except KeyboardInterrupt:
         return 130

@@ -2,8 +2,8 @@
 
 ```
 corepin migrate --from-kubelet FILE [--state-dir DIR] [--sysfs-root DIR | --topology FILE]
-                [--dry-run] [--force] [-o text|json]
-corepin migrate --quarantine [--state-dir DIR] [--force] [-o text|json]
+                [--dry-run] [--force] [-o table|json|yaml]
+corepin migrate --quarantine [--state-dir DIR] [--force] [-o table|json|yaml]
 ```
 
 Argument parsing and output only; the work happens in `corepin.agent.host.migrate`. Building
@@ -23,10 +23,11 @@ import os
 from typing import TYPE_CHECKING
 
 from corepin.cli.common import (
+    add_output_argument,
     add_state_arguments,
     add_topology_source,
-    dump,
     load_topology,
+    render_output,
     write_output,
 )
 from corepin.core.errors import InputError
@@ -40,8 +41,8 @@ if TYPE_CHECKING:
 def add_arguments(parser: argparse.ArgumentParser, name: str) -> None:
     parser.usage = (
         "corepin migrate --from-kubelet FILE [--state-dir DIR] "
-        "[--sysfs-root DIR | --topology FILE] [--dry-run] [--force] [-o text|json]\n"
-        "       corepin migrate --quarantine [--state-dir DIR] [--force] [-o text|json]"
+        "[--sysfs-root DIR | --topology FILE] [--dry-run] [--force] [-o table|json|yaml]\n"
+        "       corepin migrate --quarantine [--state-dir DIR] [--force] [-o table|json|yaml]"
     )
     what = parser.add_mutually_exclusive_group(required=True)
     what.add_argument(
@@ -72,13 +73,7 @@ def add_arguments(parser: argparse.ArgumentParser, name: str) -> None:
         help="replace a state that already holds allocations (with --quarantine: move aside "
         "a checkpoint that is not corrupt)",
     )
-    parser.add_argument(
-        "-o",
-        "--output",
-        choices=("text", "json"),
-        default="text",
-        help="output format (default: text)",
-    )
+    add_output_argument(parser)
 
 
 def run(args: argparse.Namespace) -> int:
@@ -104,15 +99,15 @@ def run(args: argparse.Namespace) -> int:
                 reason="bad_usage",
             )
         moved = quarantine(settings, force=args.force)
-        text = dump(moved.to_json(), "json") if args.output == "json" else _quarantine_text(moved)
-        write_output(text, None)
+        write_output(
+            render_output(args.output, moved.to_json(), lambda: _quarantine_text(moved)), None
+        )
         return 0
     topology = _topology(args, settings)
     result = migrate_from_kubelet(
         settings, topology, args.from_kubelet, dry_run=args.dry_run, force=args.force
     )
-    text = dump(result.to_json(), "json") if args.output == "json" else _result_text(result)
-    write_output(text, None)
+    write_output(render_output(args.output, result.to_json(), lambda: _result_text(result)), None)
     return 0
 
 

@@ -42,7 +42,12 @@ def add_arguments(parser: argparse.ArgumentParser, name: str) -> None:
         help="two digits; plugins are called in ascending index order (default: 10)",
     )
     parser.add_argument("--node-name", metavar="NAME", help="default: $NODE_NAME, else hostname")
-    parser.add_argument("--state-dir", metavar="DIR", default="/var/lib/corepin")
+    parser.add_argument(
+        "--state-dir",
+        metavar="DIR",
+        default="/var/lib/corepin",
+        help="where the node's checkpoint (state.json) and lock live (default: /var/lib/corepin)",
+    )
     parser.add_argument("--sysfs-root", metavar="DIR", default="/", help="default: /")
     parser.add_argument(
         "--cgroup-root",
@@ -52,7 +57,13 @@ def add_arguments(parser: argparse.ArgumentParser, name: str) -> None:
         "the agent accepts it, though in NRI mode the runtime writes the cgroups and corepin "
         "reads none",
     )
-    parser.add_argument("--policy", metavar="NAME", default="topology-aware")
+    parser.add_argument(
+        "--policy",
+        metavar="NAME",
+        default="topology-aware",
+        help="allocation policy of exclusive containers: topology-aware (default), "
+        "kubelet-static or workload-aware",
+    )
     parser.add_argument(
         "--option", action="append", default=[], metavar="NAME[=VALUE]", help="repeatable"
     )

@@ -8,10 +8,17 @@ command's imports inside `run` stay there on purpose.
 from __future__ import annotations
 
 import argparse
-import json
 import os
 
-from corepin.cli.common import add_host_arguments, add_reserved_arguments, cpu_list, reserve_from
+from corepin.cli.common import (
+    add_host_arguments,
+    add_output_argument,
+    add_reserved_arguments,
+    cpu_list,
+    render_output,
+    reserve_from,
+    write_output,
+)
 from corepin.cli.run_cmd import LEVELS, positive_int, spec_from
 from corepin.core.text import printable
 
@@ -20,7 +27,7 @@ def add_arguments(parser: argparse.ArgumentParser, name: str) -> None:
     parser.usage = (
         "corepin pin --pid PID [--exclusive N [--with-shared] | --cpus LIST | --shared] "
         "[--level LEVEL] [--option NAME[=VALUE]]... [--name NAME] [--state-dir DIR] "
-        "[-o text|json]"
+        "[-o table|json|yaml]"
     )
     parser.description = (
         "Adopt a process that already runs: allocate CPUs for it as `corepin run` would and "
@@ -45,13 +52,7 @@ def add_arguments(parser: argparse.ArgumentParser, name: str) -> None:
     )
     parser.add_argument("--policy", metavar="NAME", help="allocation policy")
     parser.add_argument("--name", metavar="NAME", help="a label in reports")
-    parser.add_argument(
-        "-o",
-        "--output",
-        choices=("text", "json"),
-        default="text",
-        help="how to print the allocation (default: text)",
-    )
+    add_output_argument(parser, help="how to print the allocation: table (default), json or yaml")
     add_reserved_arguments(parser)
     add_host_arguments(parser)
 
@@ -65,21 +66,15 @@ def run(args: argparse.Namespace) -> int:
     spec = spec_from(args)
     agent = HostAgent(settings, reserve=reserve_from(args))
     a = pin_process(agent, args.pid, spec, name=args.name)
-    if args.output == "json":
-        print(
-            json.dumps(
-                {
-                    "id": a.id,
-                    "pid": a.pid,
-                    "kind": a.kind,
-                    "cpus": str(a.cpus),
-                    "withheld": str(a.withheld),
-                    "mems": str(a.mems),
-                }
-            ),
-            flush=True,
-        )
-    else:
-        what = f"CPUs {a.cpus}" if a.holds else "the shared pool"
-        print(printable(f"pinned pid {a.pid} ({a.label}) as {a.id}: {a.kind}, {what}"), flush=True)
+    data = {
+        "id": a.id,
+        "pid": a.pid,
+        "kind": a.kind,
+        "cpus": str(a.cpus),
+        "withheld": str(a.withheld),
+        "mems": str(a.mems),
+    }
+    what = f"CPUs {a.cpus}" if a.holds else "the shared pool"
+    line = printable(f"pinned pid {a.pid} ({a.label}) as {a.id}: {a.kind}, {what}") + "\n"
+    write_output(render_output(args.output, data, lambda: line), None)
     return 0

@@ -59,7 +59,10 @@ def add_arguments(parser: argparse.ArgumentParser, name: str) -> None:
             "--scheduler-name", metavar="NAME", default="corepin-scheduler",
             help="the pods' spec.schedulerName to place (default: corepin-scheduler)",
         )  # fmt: skip
-        parser.add_argument("--metrics-address", metavar="HOST:PORT", default=":9466")
+        parser.add_argument(
+            "--metrics-address", metavar="HOST:PORT", default=":9466",
+            help="serves /healthz and /metrics over HTTP (default: :9466)",
+        )  # fmt: skip
         parser.add_argument(
             "--bind-cpus",
             action="store_true",
@@ -75,7 +78,10 @@ def add_arguments(parser: argparse.ArgumentParser, name: str) -> None:
             "Serve the kube-scheduler extender v1 (POST /filter, /prioritize, /bind, /preempt) "
             "on the nodes' published CPU topologies."
         )
-        parser.add_argument("--address", metavar="HOST:PORT", required=True)
+        parser.add_argument(
+            "--address", metavar="HOST:PORT", required=True,
+            help="where to serve the extender's HTTP(S) API (required)",
+        )  # fmt: skip
         parser.add_argument(
             "--max-body-bytes", metavar="N", type=_bytes, default=16 * 1024 * 1024,
             help="larger requests are refused with 413 (default: 16 MiB)",

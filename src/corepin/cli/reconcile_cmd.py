@@ -9,17 +9,19 @@ command's imports inside `run` stay there on purpose.
 from __future__ import annotations
 
 import argparse
-import json
 import os
 from typing import TYPE_CHECKING
 
 from corepin.cli.common import (
     add_host_arguments,
+    add_output_argument,
     add_qos_arguments,
     add_reserved_arguments,
     positive_seconds,
     qos_from,
+    render_output,
     reserve_from,
+    write_output,
 )
 from corepin.core.errors import InputError
 
@@ -52,12 +54,11 @@ def add_arguments(parser: argparse.ArgumentParser, name: str) -> None:
         metavar="SECONDS",
         help="seconds between passes in loop mode (default: 10; not with --once)",
     )
-    parser.add_argument(
-        "-o",
-        "--output",
-        choices=("text", "json"),
-        default="text",
-        help="how to print what changed (default: text)",
+    add_output_argument(
+        parser,
+        help="how to print what changed: table (default), json or yaml; with --once one "
+        "indented JSON document, in loop mode one JSON document per pass, each on one line "
+        "(JSON Lines, for streaming)",
     )
     add_qos_arguments(parser)
     add_host_arguments(parser)
@@ -82,16 +83,20 @@ def run(args: argparse.Namespace) -> int:
         moves[:] = made
 
     def show(changes: list[Note]) -> None:
-        if args.output == "json":
-            data: dict[str, object] = {"changes": [c.to_json() for c in changes]}
-            if args.rebalance:
-                data["moves"] = [m.to_json() for m in moves]
-            print(json.dumps(data), flush=True)
-        elif changes:
-            for change in changes:
-                print(change, flush=True)
-        elif args.once:
-            print("nothing to do", flush=True)
+        data: dict[str, object] = {"changes": [c.to_json() for c in changes]}
+        if args.rebalance:
+            data["moves"] = [m.to_json() for m in moves]
+
+        def table() -> str:
+            if changes:
+                return "".join(f"{change}\n" for change in changes)
+            return "nothing to do\n" if args.once else ""
+
+        text = render_output(args.output, data, table, compact=not args.once)
+        if args.output == "yaml" and not args.once:
+            text = "---\n" + text  # one YAML document per pass
+        if text:
+            write_output(text, None)
 
     if args.once:
         if args.interval is not None:

@@ -8,10 +8,9 @@ command's imports inside `run` stay there on purpose.
 from __future__ import annotations
 
 import argparse
-import json
 import os
 
-from corepin.cli.common import add_host_arguments
+from corepin.cli.common import add_host_arguments, add_output_argument, render_output, write_output
 
 
 def add_arguments(parser: argparse.ArgumentParser, name: str) -> None:
@@ -24,13 +23,7 @@ def add_arguments(parser: argparse.ArgumentParser, name: str) -> None:
     parser.add_argument(
         "--kill", action="store_true", help="end the run's processes, then free its CPUs"
     )
-    parser.add_argument(
-        "-o",
-        "--output",
-        choices=("text", "json"),
-        default="text",
-        help="how to print what changed (default: text)",
-    )
+    add_output_argument(parser, help="how to print what changed: table (default), json or yaml")
     add_host_arguments(parser)
 
 
@@ -41,9 +34,6 @@ def run(args: argparse.Namespace) -> int:
 
     settings = HostSettings.from_args(args, os.environ)
     changes = release(HostAgent(settings), args.id, kill=bool(args.kill))
-    if args.output == "json":
-        print(json.dumps({"changes": [c.to_json() for c in changes]}), flush=True)
-    else:
-        for change in changes:
-            print(change, flush=True)
+    data = {"changes": [c.to_json() for c in changes]}
+    write_output(render_output(args.output, data, lambda: "".join(f"{c}\n" for c in changes)), None)
     return 0

@@ -15,7 +15,9 @@ from typing import TYPE_CHECKING, Any
 
 from corepin.cli.common import (
     add_host_arguments,
+    add_output_argument,
     add_qos_arguments,
+    missing_state_dir,
     positive_seconds,
     write_output,
 )
@@ -26,12 +28,10 @@ if TYPE_CHECKING:
 
 
 def add_arguments(parser: argparse.ArgumentParser, name: str) -> None:
-    parser.add_argument(
-        "-o",
-        "--output",
-        choices=("table", "json", "yaml", "svg"),
-        default="table",
-        help="output format (default: table)",
+    add_output_argument(
+        parser,
+        formats=("table", "json", "yaml", "svg"),
+        help="table (default), json, yaml, or svg (the machine coloured by holder)",
     )
     parser.add_argument(
         "--sample",
@@ -72,6 +72,7 @@ def run(args: argparse.Namespace) -> int:
     from corepin.cli.render.report import render_report
 
     settings = HostSettings.from_args(args, os.environ)
+    missing = missing_state_dir(settings.state_dir)
     agent = HostAgent(settings)
     state = agent.read_state()
     root = args.resctrl_root or DEFAULT_RESCTRL_ROOT
@@ -84,7 +85,10 @@ def run(args: argparse.Namespace) -> int:
         return describe_resctrl(root, settings.proc_root)
 
     data = report(agent, state, sample=args.sample or 0.0, resctrl=resctrl)
-    write_output(render_report(args.output, data, state, lambda: agent.topology), args.out)
+    text = render_report(args.output, data, state, lambda: agent.topology)
+    if missing and args.output == "table":
+        text = text.replace("(no allocations)", f"(no allocations: {missing})", 1)
+    write_output(text, args.out)
     return 0
 
 

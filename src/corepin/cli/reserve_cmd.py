@@ -12,7 +12,14 @@ import argparse
 import os
 from typing import Any
 
-from corepin.cli.common import add_host_arguments, cpu_list, dump, positive_seconds
+from corepin.cli.common import (
+    add_host_arguments,
+    add_output_argument,
+    cpu_list,
+    positive_seconds,
+    render_output,
+    write_output,
+)
 from corepin.cli.run_cmd import LEVELS, positive_int
 from corepin.core.errors import InputError
 
@@ -79,13 +86,7 @@ def add_arguments(parser: argparse.ArgumentParser, name: str) -> None:
         metavar="NAME",
         help="allocation policy choosing --cpus N (default: $COREPIN_POLICY or topology-aware)",
     )
-    parser.add_argument(
-        "-o",
-        "--output",
-        choices=("table", "json", "yaml"),
-        default="table",
-        help="output format (default: table)",
-    )
+    add_output_argument(parser)
     add_host_arguments(parser)
 
 
@@ -146,7 +147,4 @@ def _table(rows: list[dict[str, Any]]) -> str:
 
 
 def _show(fmt: str, data: dict[str, Any], text: str) -> None:
-    if fmt == "table":
-        print(text, flush=True)
-    else:
-        print(dump(data, fmt), end="", flush=True)
+    write_output(render_output(fmt, data, lambda: text + "\n"), None)

@@ -208,7 +208,12 @@ def add_arguments(parser: argparse.ArgumentParser, name: str) -> None:
     )
     add_qos_arguments(parser)
     add_host_arguments(parser)
-    parser.add_argument("cmd", nargs=argparse.REMAINDER, metavar="-- CMD ARGS...")
+    parser.add_argument(
+        "cmd",
+        nargs=argparse.REMAINDER,
+        metavar="-- CMD ARGS...",
+        help="the command to run, after `--`",
+    )
 
 
 def spec_from(args: argparse.Namespace) -> RunSpec:

@@ -17,8 +17,10 @@ from typing import Any
 
 from corepin.cli.common import (
     add_host_arguments,
+    add_output_argument,
     add_reserved_arguments,
-    dump,
+    missing_state_dir,
+    render_output,
     reserve_from,
     write_output,
 )
@@ -61,13 +63,7 @@ def add_arguments(parser: argparse.ArgumentParser, name: str) -> None:
         help="with on (whole hierarchy only): also move IRQ affinity off CPUs outside the "
         "system set (IRQs the kernel refuses to move are reported)",
     )
-    parser.add_argument(
-        "-o",
-        "--output",
-        choices=("table", "json", "yaml"),
-        default="table",
-        help="output format (default: table)",
-    )
+    add_output_argument(parser)
     add_reserved_arguments(parser)
     add_host_arguments(
         parser,
@@ -97,8 +93,11 @@ def run(args: argparse.Namespace) -> int:
     settings = HostSettings.from_args(args, os.environ)
     agent = HostAgent(settings, reserve=reserve_from(args))
     if args.action == "status":
+        missing = missing_state_dir(settings.state_dir)
         data = shield_status(agent)
-        text = dump(data, args.output) if args.output != "table" else status_table(data)
+        text = render_output(args.output, data, lambda: status_table(data))
+        if missing and args.output == "table":
+            text += f"({missing})\n"
         write_output(text, None)
         return 0
     if args.action == "on":
@@ -118,7 +117,7 @@ def run(args: argparse.Namespace) -> int:
         if result.record is not None:
             exposed = shield_status(agent).get("exposed", [])
             data["exposed"] = exposed
-        write_output(dump(data, args.output) if args.output != "table" else notes_table(data), None)
+        write_output(render_output(args.output, data, lambda: notes_table(data)), None)
         if exposed or result.failed:
             pids = ", ".join(str(e["pid"]) for e in exposed[:10])
             raise EnvironmentProblem(
@@ -131,7 +130,7 @@ def run(args: argparse.Namespace) -> int:
         return 0
     result = shield_off(agent)
     data = result_data(result, "")
-    write_output(dump(data, args.output) if args.output != "table" else notes_table(data), None)
+    write_output(render_output(args.output, data, lambda: notes_table(data)), None)
     if result.record is not None:
         raise EnvironmentProblem(
             "the shield is not fully down (see above: what could not be undone stays recorded); "

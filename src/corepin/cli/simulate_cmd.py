@@ -1,8 +1,9 @@
 """`corepin simulate`: replay a trace through policies and compare them.
 
-corepin simulate --topology FILE|--sysfs-root DIR --trace TRACE.json [--policy NAME]...
-                 [--decisions FILE] [--rebalance [--rebalance-limit N]] [-o table|json]
-corepin simulate --generate --topology FILE|--sysfs-root DIR [--seed N] [--events N]
+corepin simulate --topology FILE|--sysfs-root DIR|--machine NAME --trace TRACE.json
+                 [--policy NAME]... [--decisions FILE] [--rebalance [--rebalance-limit N]]
+                 [-o table|json|yaml]
+corepin simulate --generate --topology FILE|--sysfs-root DIR|--machine NAME [--seed N] [--events N]
                  [--out FILE]
 
 Traces of any length run in bounded memory: `--generate` writes the events as the generator
@@ -30,9 +31,12 @@ from collections.abc import Callable, Iterable, Iterator
 from typing import IO, TYPE_CHECKING, Any
 
 from corepin.cli.common import (
+    add_output_argument,
     add_topology_source,
+    list_machines,
     load_topology,
     read_json_file,
+    render_output,
     stream_output,
     write_output,
 )
@@ -49,7 +53,7 @@ REBALANCE_LIMIT = 2
 
 
 def add_arguments(parser: argparse.ArgumentParser, name: str = "simulate") -> None:
-    add_topology_source(parser)
+    add_topology_source(parser, machine=True)
     parser.add_argument("--trace", metavar="TRACE.json", help="trace of add/remove events")
     parser.add_argument(
         "--policy",
@@ -63,12 +67,8 @@ def add_arguments(parser: argparse.ArgumentParser, name: str = "simulate") -> No
         metavar="FILE",
         help="write one JSON line per add event and policy: policy, event, id, cpus, reason",
     )
-    parser.add_argument(
-        "-o",
-        "--output",
-        choices=("table", "json"),
-        default=None,
-        help="output format of a replay (default: table)",
+    add_output_argument(
+        parser, default=None, help="output format of a replay: table (default), json or yaml"
     )
     parser.add_argument(
         "--rebalance",
@@ -335,6 +335,8 @@ def _given(args: argparse.Namespace, *options: tuple[str, str]) -> list[str]:
 
 
 def run(args: argparse.Namespace) -> int:
+    if list_machines(args):
+        return 0
     if args.generate:
         return _generate(args)
     if args.rebalance_limit is not None:
@@ -445,16 +447,17 @@ def run(args: argparse.Namespace) -> int:
             except OSError as exc:
                 raise _unwritable(args.decisions, exc) from exc
     pairs = list(zip(results, rebalanced, strict=True)) if args.rebalance else []
-    if output == "json":
-        data: list[dict[str, Any]] = (
-            [rebalance_json(plain, moved) for plain, moved in pairs]
-            if args.rebalance
-            else [r.to_json() for r in results]
-        )
-        write_output(json.dumps(data, indent=2) + "\n", None)
-    else:
+    data: list[dict[str, Any]] = (
+        [rebalance_json(plain, moved) for plain, moved in pairs]
+        if args.rebalance
+        else [r.to_json() for r in results]
+    )
+
+    def table() -> str:
         text = render_table(results)
         if args.rebalance:
             text += "\n" + render_rebalance_table(pairs)
-        write_output(text, None)
+        return text
+
+    write_output(render_output(output, data, table), None)
     return 0

@@ -10,8 +10,10 @@ import argparse
 from typing import TYPE_CHECKING
 
 from corepin.cli.common import (
+    add_output_argument,
     add_topology_source,
     dump,
+    list_machines,
     load_topology,
     write_output,
 )
@@ -24,12 +26,10 @@ FORMATS = ("table", "tree", "json", "yaml", "svg")
 
 
 def add_arguments(parser: argparse.ArgumentParser, name: str) -> None:
-    add_topology_source(parser)
-    parser.add_argument(
-        "-o",
-        "--output",
-        choices=FORMATS,
-        default="table",
+    add_topology_source(parser, machine=True)
+    add_output_argument(
+        parser,
+        formats=FORMATS,
         help="table (default: one row per physical core), tree (pool tree), json, yaml, "
         "or svg (a picture of the machine)",
     )
@@ -64,6 +64,8 @@ def render(topology: Topology, fmt: str, *, title: str | None = None) -> str:
 
 
 def run(args: argparse.Namespace) -> int:
+    if list_machines(args):
+        return 0
     if args.title is not None and args.output != "svg":
         raise InputError(
             f"--title {args.title!r} heads an svg picture; it does nothing with -o "

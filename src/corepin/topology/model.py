@@ -15,6 +15,7 @@ allocator never rescans the table.
 
 from __future__ import annotations
 
+import json
 from collections.abc import Iterable, Mapping
 from typing import Any
 
@@ -443,7 +444,10 @@ class Topology:
 
     @classmethod
     def from_json(cls, data: object) -> Topology:
-        """Build from the JSON of `corepin topology -o json`; unknown fields are ignored."""
+        """Build from the JSON of `corepin topology -o json`, parsed (a dict) or as its text
+        (`str` or UTF-8 `bytes`); unknown fields are ignored."""
+        if isinstance(data, (str, bytes, bytearray)):
+            data = _parse_json_text(data)
         if not isinstance(data, Mapping):
             raise TopologyError('topology JSON must be an object with a "cpus" list')
         rows = data.get("cpus")
@@ -556,3 +560,17 @@ def _node_from_json(i: int, row: object) -> NUMANode:
     if memory is not None and (isinstance(memory, bool) or not isinstance(memory, int)):
         raise TopologyError(f'{where}: "memory_kb" must be an integer')
     return NUMANode(node, cpus, distances, memory)
+
+
+def _parse_json_text(text: str | bytes | bytearray) -> object:
+    """The value of a JSON text; TopologyError saying where it is not JSON."""
+    try:
+        return json.loads(text)
+    except UnicodeDecodeError as exc:
+        raise TopologyError(f"topology JSON text is not UTF-8: {exc}", reason="bad_json") from None
+    except json.JSONDecodeError as exc:
+        raise TopologyError(
+            f"topology JSON text is not valid JSON: {exc.msg} at line {exc.lineno} column "
+            f"{exc.colno}",
+            reason="bad_json",
+        ) from None

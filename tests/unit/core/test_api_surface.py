@@ -3,6 +3,8 @@
 from __future__ import annotations
 
 import inspect
+import pydoc
+import re
 
 import pytest
 
@@ -15,9 +17,11 @@ PUBLIC = {
     "discover",
     "allocate",
     "AllocationError",
+    "CPUSetParseError",
     "CorepinError",
     "EnvironmentProblem",
     "InputError",
+    "RequestError",
     "SysfsError",
     "TopologyError",
 }
@@ -76,3 +80,12 @@ def test_allocate_has_the_contracted_signature() -> None:
 
 def test_topology_json_methods_exist() -> None:
     assert callable(corepin.Topology.from_json) and callable(corepin.Topology.to_json)
+
+
+def test_help_of_the_package_names_only_exported_names() -> None:
+    """`help(corepin)` (the docstring and those of the exported functions) speaks of no error
+    a user could not import from `corepin`."""
+    text = pydoc.render_doc(corepin, renderer=pydoc.plaintext)
+    mentioned = set(re.findall(r"\b([A-Z][A-Za-z]*(?:Error|Problem))\b", text))
+    assert "RequestError" in mentioned
+    assert mentioned - {"ValueError"} <= set(corepin.__all__)

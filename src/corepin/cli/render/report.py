@@ -8,7 +8,7 @@ from __future__ import annotations
 from collections.abc import Callable, Mapping, Sequence
 from typing import TYPE_CHECKING, Any
 
-from corepin.cli.common import dump
+from corepin.cli.common import render_output, utc_text
 from corepin.cli.render.svg import render_svg
 from corepin.core.text import printable
 
@@ -20,12 +20,22 @@ if TYPE_CHECKING:
 def render_report(
     fmt: str, data: Mapping[str, Any], state: HostState, topology: Callable[[], Topology]
 ) -> str:
-    """The report in `fmt` (table, json, yaml or svg; the SVG needs the topology)."""
-    if fmt in ("json", "yaml"):
-        return dump(data, fmt)
+    """The report in `fmt` (table, json, yaml or svg; the SVG needs the topology). In JSON and
+    YAML an allocation's `created` is RFC 3339 UTC text (`plain_data`)."""
     if fmt == "svg":
         return report_svg(topology(), state, data)
-    return report_table(data)
+    return render_output(fmt, plain_data(data), lambda: report_table(data))
+
+
+def plain_data(data: Mapping[str, Any]) -> dict[str, Any]:
+    """The report as JSON and YAML give it: each allocation's `created` (seconds since the
+    epoch in the data) as RFC 3339 UTC text, `2026-01-02T03:04:05Z`."""
+    out = dict(data)
+    out["allocations"] = [
+        {**a, "created": utc_text(a["created"])} if isinstance(a.get("created"), float | int) else a
+        for a in data["allocations"]
+    ]
+    return out
 
 
 def report_table(data: Mapping[str, Any]) -> str:
@@ -48,7 +58,7 @@ def report_table(data: Mapping[str, Any]) -> str:
         cells.append(a["mems"] or "-")
         if near:
             cells.append(",".join(a.get("near") or ()) or "-")
-        cells += [a["status"] or "-", a["command"][:40]]
+        cells += [a["status"] or "-", a["command"]]  # the last column: never cut
         rows.append(tuple(printable(cell) for cell in cells))
     widths = [max(len(r[i]) for r in rows) for i in range(len(rows[0]))]
     lines = ["  ".join(c.ljust(w) for c, w in zip(r, widths, strict=True)).rstrip() for r in rows]
