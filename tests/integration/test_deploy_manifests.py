@@ -462,7 +462,7 @@ def schema_for(obj: dict[str, Any]) -> dict[str, Any]:
 
 
 def test_every_example_is_valid() -> None:
-    names = sorted(p.name for p in EXAMPLES.glob("*.yaml"))
+    names = sorted(p.name for p in EXAMPLES.glob("*.yaml") if p.name != "kustomization.yaml")
     assert len(names) >= 4
     for name in names:
         obj = example(name)

@@ -79,18 +79,30 @@ class GuestCommandFailed(GuestError):
     """`Result.check()` on a non-zero exit code."""
 
 
+# The guest's packages (qemu-system-x86, linux-image-amd64) are left out by
+# `install-deps.sh --test --no-vm`, or were never installed.
+GUEST_PACKAGES_ABSENT = (
+    "the guest packages qemu-system-x86 and linux-image-amd64 are absent (skipped by "
+    "`sh scripts/install-deps.sh --test --no-vm`, or not installed: "
+    "sh scripts/install-deps.sh --test installs them)"
+)
+
+
 def skip_reason() -> str | None:
     """Why guests cannot run on this machine (None when they can)."""
     if os.environ.get("COREPIN_VM", "").lower() in ("0", "off", "no", "skip"):
         return "guest tests turned off (COREPIN_VM=off)"
     if shutil.which(QEMU) is None:
-        return f"{QEMU} is not installed (sh scripts/install-deps.sh --test)"
+        return f"{GUEST_PACKAGES_ABSENT}: {QEMU} is not installed"
     if os.geteuid() != 0:
         return "guests export the host's root over 9p and need root to read all of it"
     try:
         from .image import find_kernel, static_busybox
 
         find_kernel()
+    except ImageError as err:
+        return f"{GUEST_PACKAGES_ABSENT}: {err}"
+    try:
         static_busybox()
     except ImageError as err:
         return str(err)
