@@ -21,13 +21,25 @@ def add_arguments(parser: argparse.ArgumentParser, name: str) -> None:
         help="run the development stand-in cluster on this machine",
         description="Run the development stand-in cluster on this machine (not Kubernetes).",
     )
-    from corepin.testing.cluster import add_arguments as cluster_arguments
-
-    cluster_arguments(cluster)
+    cluster.add_argument(
+        "--once",
+        action="store_true",
+        help="start it, apply and show the samples, then stop and clean up (tests, CI)",
+    )
+    cluster.add_argument(
+        "--nodes", type=int, choices=(1, 2), default=2, help="how many nodes (default: 2)"
+    )
+    cluster.add_argument(
+        "--timeout",
+        type=float,
+        default=180.0,
+        metavar="SECONDS",
+        help="how long to wait for each step: the agents, the samples pinned (default: 180)",
+    )
 
 
 def run(args: argparse.Namespace) -> int:
-    from corepin.testing.cluster import options_from
+    from corepin.testing.cluster import Options
     from corepin.testing.cluster import run as run_cluster
 
-    return run_cluster(options_from(args))
+    return run_cluster(Options(once=args.once, nodes=args.nodes, timeout=args.timeout))

@@ -17,7 +17,6 @@ scratch cgroup and temporary directory. Needs root (cgroups): EnvironmentProblem
 
 from __future__ import annotations
 
-import argparse
 import contextlib
 import os
 import secrets
@@ -34,6 +33,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, TextIO
 
+from corepin.cli.main import main as cli_main
 from corepin.core.errors import CorepinError, EnvironmentProblem
 from corepin.kube.client import KubeClient
 from corepin.kube.config import load_config
@@ -72,7 +72,11 @@ def _free_port() -> int:
         return int(s.getsockname()[1])
 
 
-def _wait(check: Callable[[], Any], seconds: float, what: str) -> Any:
+class _Stopped(Exception):
+    """SIGINT or SIGTERM came while the stand-in cluster was starting."""
+
+
+def _wait(check: Callable[[], Any], seconds: float, what: str, stop: threading.Event) -> Any:
     deadline = time.monotonic() + seconds
     while True:
         got = check()
@@ -80,14 +84,16 @@ def _wait(check: Callable[[], Any], seconds: float, what: str) -> Any:
             return got
         if time.monotonic() > deadline:
             raise EnvironmentProblem(f"the stand-in cluster timed out waiting for {what}")
-        time.sleep(0.25)
+        if stop.wait(0.25):
+            raise _Stopped
 
 
 class StandInCluster:
     """Everything the stand-in cluster starts, and the one place that stops it."""
 
-    def __init__(self, options: Options, out: TextIO) -> None:
+    def __init__(self, options: Options, out: TextIO, stopping: threading.Event) -> None:
         self.options = options
+        self.stopping = stopping
         self.out = out
         self.tmp = Path(tempfile.mkdtemp(prefix="corepin-standin-"))
         self.tag = secrets.token_hex(3)
@@ -134,7 +140,7 @@ class StandInCluster:
         self._spawn("controller", self._corepin("controller", "--lease-namespace", "default"))
         self._spawn("scheduler", self._corepin("scheduler"))
         self._start_webhook()
-        _wait(self._published, self.options.timeout, "the agents' NodeCPUTopologies")
+        _wait(self._published, self.options.timeout, "the agents' NodeCPUTopologies", self.stopping)
         self.say("agents published their NodeCPUTopologies")
 
     def _corepin(self, command: str, *extra: str) -> list[str]:
@@ -215,9 +221,19 @@ class StandInCluster:
                 if p["metadata"]["name"].startswith("demo-")
             ]
             got = rows(pods, kube.list(NCPT)["items"], kubelet.pid_of)
+            last[:] = got
             return list(got) if settled(got) else None
 
-        got: list[tuple[str, ...]] = _wait(landed, self.options.timeout, "the samples pinned")
+        last: list[tuple[str, ...]] = []
+        try:
+            got: list[tuple[str, ...]] = _wait(
+                landed, self.options.timeout, "the samples pinned", self.stopping
+            )
+        except EnvironmentProblem as exc:
+            raise EnvironmentProblem(
+                f"{exc}; where they were (two 1-CPU exclusive samples need nodes with a spare "
+                f"CPU each: on a small machine use two nodes):\n{table(last, HEADER)}"
+            ) from None
         self.say("the samples are pinned; where they landed (NodeCPUTopologies, /proc):")
         print(table(got, HEADER), file=self.out, flush=True)
         return got
@@ -335,7 +351,7 @@ def run(options: Options, out: TextIO = sys.stdout) -> int:
             "the stand-in cluster makes real cgroups and needs root (run it with sudo)"
         )
     with _stop_signals() as stopping:
-        cluster = StandInCluster(options, out)
+        cluster = StandInCluster(options, out, stopping)
         failed: CorepinError | None = None
         try:
             cluster.start()
@@ -349,6 +365,8 @@ def run(options: Options, out: TextIO = sys.stdout) -> int:
             if not options.once:
                 while not stopping.wait(1.0):
                     cluster._check_processes()
+        except _Stopped:
+            pass
         except CorepinError as exc:
             failed = exc
         finally:
@@ -362,37 +380,9 @@ def run(options: Options, out: TextIO = sys.stdout) -> int:
         return 1 if left else 0
 
 
-def add_arguments(parser: argparse.ArgumentParser) -> None:
-    parser.add_argument(
-        "--once",
-        action="store_true",
-        help="start it, apply and show the samples, then stop and clean up (tests, CI)",
-    )
-    parser.add_argument(
-        "--nodes", type=int, choices=(1, 2), default=2, help="how many nodes (default: 2)"
-    )
-    parser.add_argument(
-        "--timeout",
-        type=float,
-        default=180.0,
-        metavar="SECONDS",
-        help="how long to wait for each step (default: 180)",
-    )
-
-
-def options_from(args: argparse.Namespace) -> Options:
-    return Options(once=args.once, nodes=args.nodes, timeout=args.timeout)
-
-
 def main(argv: Sequence[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(prog="python -m corepin.testing.cluster", description=BANNER)
-    add_arguments(parser)
-    args = parser.parse_args(argv)
-    try:
-        return run(options_from(args))
-    except CorepinError as exc:
-        print(f"corepin stand-in cluster: {exc}", file=sys.stderr)
-        return exc.exit_code
+    """`python -m corepin.testing.cluster ARGS`: the same as `corepin dev cluster ARGS`."""
+    return cli_main(["dev", "cluster", *(sys.argv[1:] if argv is None else argv)])
 
 
 if __name__ == "__main__":

@@ -220,6 +220,10 @@ class StandInKubelet:
             proc = subprocess.Popen(["sleep", "86400"], start_new_session=True)
             record.procs[container["name"]] = proc
             self.cgroups.enter(rel, proc.pid)
+            self.say(
+                f"stand-in kubelet: {meta['namespace']}/{meta['name']} container "
+                f"{container['name']}: sleep pid {proc.pid} in /{rel}"
+            )
             statuses.append(
                 {
                     "name": container["name"],
