@@ -1,5 +1,6 @@
 # corepin: the targets the README tells people to run.
 #   make demo   set up .venv; show this machine's topology, pin an exclusive run beside shared ones, report
+#   make demo-k8s  the Kubernetes mode on a stand-in cluster on this machine (root; Ctrl-C cleans up)
 #   make test   set up .venv with the dev tools, lint, type-check, check layers, run every test
 # Other targets: venv, check, bench, docs, man, completion, clean.
 
@@ -10,7 +11,7 @@ DEMO_DIR ?= build
 FIXTURES ?= ../shared/fixtures/sysfs
 PYTEST_ARGS ?=
 
-.PHONY: all venv dev demo test check pytest bench docs man completion clean
+.PHONY: all venv dev demo demo-k8s test check pytest bench docs man completion clean
 
 all: test
 
@@ -49,6 +50,15 @@ dev: $(VENV)/.installed-dev
 # ---------------------------------------------------------------- the main job
 demo: venv
 	COREPIN=$(BIN)/corepin DEMO_DIR=$(DEMO_DIR) sh scripts/demo.sh
+
+# A development stand-in cluster (fake API server, stand-in kubelet with real processes in
+# scratch cgroups, the real agents, controller, scheduler and webhook): needs root for the
+# cgroups (sudo when not root), the dev tools for the webhook's certificate (cryptography).
+# DEMO_K8S_ARGS=--once runs it through and stops.
+SUDO := $(shell [ "$$(id -u)" = 0 ] || echo sudo)
+DEMO_K8S_ARGS ?=
+demo-k8s: dev
+	$(SUDO) $(BIN)/corepin dev cluster $(DEMO_K8S_ARGS)
 
 # ---------------------------------------------------------------- tests
 check: dev

@@ -56,6 +56,10 @@ COMMANDS: dict[str, tuple[str, str]] = {
     ),
     "scheduler": ("corepin.cli.placement_cmd", "run the topology-aware second scheduler"),
     "extender": ("corepin.cli.placement_cmd", "serve the kube-scheduler extender"),
+    "dev": (
+        "corepin.cli.dev_cmd",
+        "development helpers: `dev cluster`, a stand-in cluster on this machine",
+    ),
 }
 
 
