@@ -1,10 +1,10 @@
 """The Kubernetes node agent: how fast a new container is pinned, how a burst of pods goes, what
 an idle agent costs (issue 8 targets), against the fake API server on loopback.
 
-Set-up: the fake API server (tests/fakeapi) runs in this process; `corepin agent` runs as a real
-process on a synthetic 32-CPU machine (2 sockets, 8 cores x 2 threads each; sysfs tree written to
-a temp dir) with a fake cgroup v1 tree in the kubelet's cgroupfs layout; this process plays the
-kubelet (creates pods, their container cgroups, reports them running).
+Set-up: the fake API server (corepin.testing.fakeapi) runs in this process; `corepin agent` runs as
+a real process on a synthetic 32-CPU machine (2 sockets, 8 cores x 2 threads each; sysfs tree
+written to a temp dir) with a fake cgroup v1 tree in the kubelet's cgroupfs layout; this process
+plays the kubelet (creates pods, their container cgroups, reports them running).
 
 Figures:
 - pod event to cgroup applied: from the status update that reports a running container's id
@@ -72,7 +72,7 @@ def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--quick", action="store_true", help="fewer samples (CI smoke)")
     args = parser.parse_args()
-    from fakeapi import FakeApiServer
+    from corepin.testing.fakeapi import FakeApiServer
     from support.node_harness import FakeNode
     from support.pods import container
 

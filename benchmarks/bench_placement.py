@@ -15,14 +15,14 @@ all). `corepin extender`'s HTTP server on loopback answers `POST /filter` then `
   (what an extender that re-decides every node on every request costs), and the first pair of
   each pod shape (cold).
 
-Scheduler: the fake API server (tests/fakeapi, in a process of its own) with 100 nodes of 32 CPUs
-(their NodeCPUTopologies published, no agents: nothing confirms a placement, so only in-flight
-accounting keeps nodes from over-booking), 1,000 pending pods of 1-2 exclusive or share CPUs
-created first; then `Scheduler` starts and the time until every pod is bound is measured
-(target <= 30 s). Over-booking is checked by replaying each node's pods, in bind order, through
-the agent's own sync: none may be refused. Baseline in the same run: the same 1,000 pods placed
-by the same core without in-flight accounting (evaluate only, never assume) and how many of them
-the agents would then refuse.
+Scheduler: the fake API server (corepin.testing.fakeapi, in a process of its own) with 100 nodes of
+32 CPUs (their NodeCPUTopologies published, no agents: nothing confirms a placement, so only
+in-flight accounting keeps nodes from over-booking), 1,000 pending pods of 1-2 exclusive or share
+CPUs created first; then `Scheduler` starts and the time until every pod is bound is measured
+(target <= 30 s). Over-booking is checked by replaying each node's pods, in bind order, through the
+agent's own sync: none may be refused. Baseline in the same run: the same 1,000 pods placed by the
+same core without in-flight accounting (evaluate only, never assume) and how many of them the agents
+would then refuse.
 
 Usage: .venv/bin/python benchmarks/bench_placement.py [--quick]
 """
@@ -261,8 +261,9 @@ def bench_extender(nodes: int, pairs: int, seconds: float, churn: float) -> dict
 
 # ---------------------------------------------------------------------- scheduler
 def serve_api(kubeconfig: str) -> None:
-    """The fake API server (tests/fakeapi) until stdin closes; its kubeconfig written first."""
-    from fakeapi import FakeApiServer
+    """The fake API server (corepin.testing.fakeapi) until stdin closes; its kubeconfig written
+    first."""
+    from corepin.testing.fakeapi import FakeApiServer
 
     with FakeApiServer(bookmark_interval=5.0) as api:
         api.write_kubeconfig(Path(kubeconfig))

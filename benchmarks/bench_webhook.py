@@ -152,7 +152,7 @@ def main() -> int:
     if args.serve:
         serve(*args.serve)
         return 0
-    from fakeapi import make_tls
+    from corepin.testing.fakeapi import make_tls
 
     samples, seconds = (300, 1.0) if args.quick else (3000, 5.0)
     with tempfile.TemporaryDirectory() as tmp:

@@ -7,7 +7,7 @@
   (`vm_numa4_smt2`, `vm_l3x2`, `vm_numa4_nosmt`, `vm_offline_isol`): a booted guest of that
   shape, booted once per session (again only if another shape ran in between); skipped with the
   reason where QEMU cannot run, failed with the console's tail where the guest does not boot.
-- `fake_api`: a started fake Kubernetes API server (plain http, no auth; `fakeapi` package),
+- `fake_api`: a started fake Kubernetes API server (plain http, no auth; `corepin.testing.fakeapi`),
   stopped after the test; `fake_kubeconfig` a kubeconfig for it; `kube` a corepin KubeClient
   on it; `tls_material` a CA, server and client certificates for the https variants.
 - `kubelet_harness`: a started `support.kubelet_harness.KubeletHarness` (a harness, not a test),
@@ -46,7 +46,7 @@ from hypothesis import HealthCheck, settings
 
 from corepin.kube.client import KubeClient
 from corepin.kube.config import load_config
-from fakeapi import FakeApiServer, TLSMaterial, make_tls
+from corepin.testing.fakeapi import FakeApiServer, TLSMaterial, make_tls
 from support.containerd_harness import (
     Containerd,
     DaemonDidNotStart,

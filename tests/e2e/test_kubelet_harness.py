@@ -27,7 +27,7 @@ from corepin.core.quantity import parse_quantity as corepin_parse_quantity
 from corepin.enforcement.layout import container_cgroup_path, pod_cgroup_path
 from corepin.kube.client import KubeClient
 from corepin.kube.resources import NODES, PODS
-from fakeapi import FakeApiServer
+from corepin.testing.fakeapi import FakeApiServer
 from support import pods as build
 from support.containerd_harness import CGROUP, CPUSET, NEEDS_CONTAINERS, Containerd
 from support.helpers import wait_for

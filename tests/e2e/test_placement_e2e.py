@@ -33,7 +33,7 @@ from corepin.core.errors import ApiNotFound
 from corepin.kube.client import KubeClient
 from corepin.kube.models import parse_cpus_annotation
 from corepin.kube.resources import EVENTS, NODES, PODS
-from fakeapi import TLSMaterial
+from corepin.testing.fakeapi import TLSMaterial
 from support.e2e_cluster import TOPOLOGIES, Kubelets, cluster, workload
 from support.extender_harness import Extender
 from support.helpers import wait_for

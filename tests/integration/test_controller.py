@@ -22,8 +22,8 @@ from corepin.kube.client import KubeClient
 from corepin.kube.models import agent_binding_labels
 from corepin.kube.resources import CRDS, EVENTS, PODS
 from corepin.kube.transport import Transport
+from corepin.testing.fakeapi import FakeApiServer
 from corepin.testing.machines import dual_socket_ht, offline_cpus
-from fakeapi import FakeApiServer
 from support.controller_helpers import (
     allocation,
     binding,

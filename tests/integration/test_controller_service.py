@@ -19,8 +19,8 @@ from corepin.core.errors import ApiUnreachable, EnvironmentProblem
 from corepin.kube.client import KubeClient
 from corepin.kube.config import load_config
 from corepin.kube.resources import LEASES
+from corepin.testing.fakeapi import FakeApiServer
 from corepin.testing.machines import dual_socket_ht
-from fakeapi import FakeApiServer
 from support.controller_helpers import (
     binding,
     create_binding,

@@ -22,7 +22,7 @@ from corepin.kube.client import KubeClient
 from corepin.kube.config import load_config
 from corepin.kube.eviction import EvictionResult, evict, eviction_body
 from corepin.kube.resources import PDBS, PODS
-from fakeapi import FakeApiServer
+from corepin.testing.fakeapi import FakeApiServer
 
 try:
     from kubernetes import client as k8s

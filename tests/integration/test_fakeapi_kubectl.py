@@ -17,7 +17,7 @@ import yaml
 
 from corepin.kube.client import KubeClient
 from corepin.kube.resources import PODS
-from fakeapi import FakeApiServer, TLSMaterial
+from corepin.testing.fakeapi import FakeApiServer, TLSMaterial
 from support.helpers import reap
 from support.kube_helpers import widget_crd
 

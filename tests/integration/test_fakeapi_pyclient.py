@@ -18,7 +18,7 @@ from kubernetes import config as k8s_config  # noqa: E402
 from kubernetes import watch as k8s_watch  # noqa: E402
 from kubernetes.client.rest import ApiException  # noqa: E402
 
-from fakeapi import FakeApiServer, TLSMaterial  # noqa: E402
+from corepin.testing.fakeapi import FakeApiServer, TLSMaterial  # noqa: E402
 from support.kube_helpers import widget_crd  # noqa: E402
 
 

@@ -17,7 +17,7 @@ from corepin.kube.client import KubeClient
 from corepin.kube.config import load_config
 from corepin.kube.resources import CONFIGMAPS, CRDS, NAMESPACES, PODS
 from corepin.kube.transport import Response
-from fakeapi import FakeApiServer
+from corepin.testing.fakeapi import FakeApiServer
 from support.kube_helpers import WIDGETS, widget, widget_crd
 from support.pods import container, pod
 

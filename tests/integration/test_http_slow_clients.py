@@ -28,7 +28,7 @@ from corepin.api.webhook.app import AdmissionApp
 from corepin.api.webhook.config import WebhookConfig
 from corepin.api.webhook.server import HttpsServer
 from corepin.api.webhook.tls import ServingCertificate
-from fakeapi import TLSMaterial, make_tls
+from corepin.testing.fakeapi import TLSMaterial, make_tls
 from support.helpers import wait_for
 
 #: how many slow connections an attack opens (bounded: the machine is shared)

@@ -30,7 +30,7 @@ TOPO = synthetic.named("single_socket_ht")  # 16 CPUs: shortage comes quickly
 class AgentMachine(RuleBasedStateMachine):
     def __init__(self) -> None:
         super().__init__()
-        from fakeapi import FakeApiServer
+        from corepin.testing.fakeapi import FakeApiServer
 
         self.tmp = Path(tempfile.mkdtemp(prefix="corepin-agent-machine-"))
         self.api = FakeApiServer(bookmark_interval=0.5).start()

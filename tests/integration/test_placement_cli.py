@@ -20,8 +20,8 @@ from corepin.kube.client import KubeClient
 from corepin.kube.resources import PODS
 from corepin.state.model import HostState
 from corepin.testing import machines as synthetic
-from fakeapi import TLSMaterial, make_tls
-from fakeapi.tls import CertFiles
+from corepin.testing.fakeapi import TLSMaterial, make_tls
+from corepin.testing.fakeapi.tls import CertFiles
 from support.helpers import corepin_argv, reap, run_corepin, wait_for
 from support.kube_helpers import install_crds
 from support.placement_publish import publish

@@ -14,8 +14,8 @@ import yaml
 
 from corepin.kube.client import KubeClient
 from corepin.kube.resources import NCPT
+from corepin.testing.fakeapi import TLSMaterial
 from corepin.testing.machines import named
-from fakeapi import TLSMaterial
 from support.helpers import run_corepin, wait_for
 from support.kube_helpers import install_crds
 from support.paths import REPO

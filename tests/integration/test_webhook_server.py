@@ -1,5 +1,6 @@
 """corepin.api.webhook.server, tls and app: the webhook over real HTTPS on loopback, with
-certificates made at test time (a CA and a server certificate per test, `fakeapi.make_tls`).
+certificates made at test time (a CA and a server certificate per test,
+`corepin.testing.fakeapi.make_tls`).
 
 Keep-alive, /healthz and /metrics on the TLS port, the body limit and the timeouts, fuzzed
 bodies (wrong types, missing fields, huge arrays, invalid UTF-8, deep nesting, 10 MB) that get
@@ -33,7 +34,7 @@ from corepin.api.webhook.metrics import WebhookMetrics
 from corepin.api.webhook.server import HttpsServer
 from corepin.api.webhook.tls import ServingCertificate, TLSFilesError
 from corepin.core.errors import EnvironmentProblem
-from fakeapi import TLSMaterial, make_tls
+from corepin.testing.fakeapi import TLSMaterial, make_tls
 from support import strategies
 from support.budget import examples
 from support.helpers import wait_for

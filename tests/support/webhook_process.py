@@ -13,7 +13,7 @@ import urllib.error
 import urllib.request
 from typing import Any
 
-from fakeapi import TLSMaterial
+from corepin.testing.fakeapi import TLSMaterial
 from support.helpers import corepin_argv, wait_for
 from support.ports import free_port
 

@@ -47,7 +47,7 @@ from agent_scenario import (
 from corepin.kube.client import KubeClient
 from corepin.kube.config import load_config
 from corepin.kube.resources import NODES, PODS
-from fakeapi import FakeApiServer
+from corepin.testing.fakeapi import FakeApiServer
 from support.kube_helpers import install_crds
 
 #: a process with a second thread that writes its thread id to argv[1] and sleeps

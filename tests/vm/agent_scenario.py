@@ -3,7 +3,7 @@
     python tests/vm/agent_scenario.py WORKDIR
 
 In the guest, as root, on the real cgroup v2 hierarchy:
-1. the fake API server (tests/fakeapi) on the guest's loopback, corepin's CRDs and a Node;
+1. the fake API server (corepin.testing.fakeapi) on the guest's loopback, corepin's CRDs and a Node;
 2. a stand-in kubelet: pods in the API, their cgroups in the kubelet's cgroupfs layout under a
    scratch kubelet cgroup root (`/sys/fs/cgroup/corepin-e2e/kubepods/...`, +cpuset +cpu in each
    parent's subtree_control), one `sleep` process per container moved into its container's
@@ -35,7 +35,7 @@ from corepin.enforcement.layout import container_cgroup_path, pod_cgroup_path  #
 from corepin.kube.client import KubeClient  # noqa: E402
 from corepin.kube.config import load_config  # noqa: E402
 from corepin.kube.resources import NODES, PODS  # noqa: E402
-from fakeapi import FakeApiServer  # noqa: E402
+from corepin.testing.fakeapi import FakeApiServer  # noqa: E402
 from support import pods  # noqa: E402
 from support.kube_helpers import install_crds  # noqa: E402
 from support.node_harness import qos_of  # noqa: E402

@@ -3,8 +3,8 @@ tests/vm/test_vm_reservations.py in a guest with four NUMA nodes).
 
     python tests/vm/reservations_scenario.py WORKDIR
 
-In the guest, as root: the fake API server (tests/fakeapi) with corepin's CRDs and a Node; the
-stand-in kubelet of `agent_scenario.py` (pods in the API, their cgroups in the kubelet's
+In the guest, as root: the fake API server (corepin.testing.fakeapi) with corepin's CRDs and a Node;
+the stand-in kubelet of `agent_scenario.py` (pods in the API, their cgroups in the kubelet's
 cgroupfs layout on the real v2 hierarchy, one `sleep` per container); the real `corepin agent`
 (`--rebalance move --evict-on-reservation`) and the real `corepin controller`. Then:
 
@@ -45,7 +45,7 @@ from corepin.core.errors import ApiNotFound
 from corepin.kube.client import KubeClient
 from corepin.kube.config import load_config
 from corepin.kube.resources import CPUR, EVENTS, NCPT, NODES, PDBS, PODS
-from fakeapi import FakeApiServer
+from corepin.testing.fakeapi import FakeApiServer
 from support.kube_helpers import install_crds
 
 

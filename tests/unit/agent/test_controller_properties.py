@@ -26,8 +26,8 @@ from corepin.core.errors import ApiError
 from corepin.kube.client import KubeClient
 from corepin.kube.config import load_config
 from corepin.kube.resources import PODS
+from corepin.testing.fakeapi import FakeApiServer
 from corepin.topology.model import Topology
-from fakeapi import FakeApiServer
 from support import strategies
 from support.budget import examples
 from support.controller_helpers import (

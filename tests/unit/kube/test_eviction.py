@@ -13,7 +13,7 @@ from corepin.kube.client import KubeClient
 from corepin.kube.errors import ApiTooManyRequests, api_error
 from corepin.kube.eviction import EvictionResult, evict, eviction_body
 from corepin.kube.resources import PODS
-from fakeapi import FakeApiServer
+from corepin.testing.fakeapi import FakeApiServer
 
 NS = "default"
 

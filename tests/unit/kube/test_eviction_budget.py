@@ -11,10 +11,10 @@ from typing import Any
 from hypothesis import given
 from hypothesis import strategies as st
 
-from fakeapi import Cluster
-from fakeapi.cluster import WriteOptions
-from fakeapi.disruption import pdb_status
-from fakeapi.errors import ApiFailure
+from corepin.testing.fakeapi import Cluster
+from corepin.testing.fakeapi.cluster import WriteOptions
+from corepin.testing.fakeapi.disruption import pdb_status
+from corepin.testing.fakeapi.errors import ApiFailure
 
 NOW = dt.datetime(2025, 1, 1, tzinfo=dt.UTC)
 

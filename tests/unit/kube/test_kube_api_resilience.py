@@ -24,9 +24,9 @@ from corepin.core.cpuset import CPUSet
 from corepin.kube.client import KubeClient
 from corepin.kube.models import ANN_CPUS
 from corepin.kube.resources import NCPT, PODS
+from corepin.testing.fakeapi import FakeApiServer
+from corepin.testing.fakeapi.kubeconfig import write_kubeconfig
 from corepin.topology.discover import discover
-from fakeapi import FakeApiServer
-from fakeapi.kubeconfig import write_kubeconfig
 from support.blackhole import BlackholeProxy
 from support.helpers import corepin_argv, wait_for
 from support.node_harness import FakeNode

@@ -33,7 +33,7 @@ from corepin.kube.config import load_config
 from corepin.kube.errors import api_error
 from corepin.kube.resources import CONFIGMAPS, CRDS, LEASES, NODES, PODS
 from corepin.kube.transport import Cancel, Cancelled
-from fakeapi import FakeApiServer, TLSMaterial
+from corepin.testing.fakeapi import FakeApiServer, TLSMaterial
 from support.kube_helpers import WIDGETS, widget, widget_crd
 from support.pods import pod
 
@@ -625,7 +625,7 @@ def test_an_unreachable_server_is_an_environment_problem_with_one_line(tmp_path:
     with socket.socket() as sock:
         sock.bind(("127.0.0.1", 0))
         port = sock.getsockname()[1]
-    from fakeapi import write_kubeconfig
+    from corepin.testing.fakeapi import write_kubeconfig
 
     kube = client_for(write_kubeconfig(tmp_path / "kc", f"http://127.0.0.1:{port}"))
     with pytest.raises(ApiUnreachable) as unreachable:

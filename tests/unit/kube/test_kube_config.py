@@ -15,7 +15,7 @@ from corepin.core.errors import KubeConfigError
 from corepin.kube.client import KubeClient
 from corepin.kube.config import load_config
 from corepin.kube.resources import PODS
-from fakeapi import FakeApiServer, TLSMaterial
+from corepin.testing.fakeapi import FakeApiServer, TLSMaterial
 
 
 def kubeconfig(

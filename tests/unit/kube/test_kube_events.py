@@ -8,7 +8,7 @@ import datetime as dt
 from corepin.kube.client import KubeClient
 from corepin.kube.events import COMBINED_PREFIX, EventRecorder, ObjectReference
 from corepin.kube.resources import EVENTS, EVENTS_V1, PODS
-from fakeapi import FakeApiServer
+from corepin.testing.fakeapi import FakeApiServer
 from support.pods import pod
 
 

@@ -21,8 +21,8 @@ from corepin.kube.client import KubeClient
 from corepin.kube.config import load_config
 from corepin.kube.informer import Informer, resource_version
 from corepin.kube.resources import CONFIGMAPS, PODS
-from fakeapi import FakeApiServer
-from fakeapi.errors import ApiFailure
+from corepin.testing.fakeapi import FakeApiServer
+from corepin.testing.fakeapi.errors import ApiFailure
 from support.budget import examples
 from support.pods import pod
 

@@ -13,7 +13,7 @@ from corepin.core.errors import RequestError
 from corepin.kube.client import KubeClient
 from corepin.kube.leader import LeaderElector
 from corepin.kube.resources import LEASES
-from fakeapi import FakeApiServer
+from corepin.testing.fakeapi import FakeApiServer
 
 
 class Clock:

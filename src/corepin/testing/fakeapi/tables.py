@@ -7,7 +7,7 @@ import json
 import re
 from typing import Any
 
-from fakeapi.resources import Column, ResourceType, age
+from corepin.testing.fakeapi.resources import Column, ResourceType, age
 
 Obj = dict[str, Any]
 

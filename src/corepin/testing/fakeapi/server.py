@@ -23,12 +23,12 @@ from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import yaml
 
-from fakeapi import errors as err
-from fakeapi.cluster import (
+from corepin.testing.fakeapi import errors as err
+from corepin.testing.fakeapi.cluster import (
     APPLY_PATCH,
     JSON_PATCH,
     MERGE_PATCH,
@@ -38,10 +38,17 @@ from fakeapi.cluster import (
     Watcher,
     WriteOptions,
 )
-from fakeapi.resources import ResourceType
-from fakeapi.selectors import SelectorError, parse_field_selector, parse_label_selector
-from fakeapi.tables import table
-from fakeapi.tls import TLSMaterial
+from corepin.testing.fakeapi.kubeconfig import write_kubeconfig
+from corepin.testing.fakeapi.resources import ResourceType
+from corepin.testing.fakeapi.selectors import (
+    SelectorError,
+    parse_field_selector,
+    parse_label_selector,
+)
+from corepin.testing.fakeapi.tables import table
+
+if TYPE_CHECKING:
+    from corepin.testing.fakeapi.tls import TLSMaterial
 
 Obj = dict[str, Any]
 
@@ -320,8 +327,6 @@ class FakeApiServer:
         context: str = "fake",
     ) -> Path:
         """A kubeconfig for this server (token, client cert/key, CA as files or -data)."""
-        from fakeapi.kubeconfig import write_kubeconfig
-
         return write_kubeconfig(
             path,
             self.url,
@@ -455,7 +460,8 @@ class _Handler(BaseHTTPRequestHandler):
         if isinstance(self.connection, ssl.SSLSocket) and self.fake.client_certs:
             cert = self.connection.getpeercert()
             if cert:
-                for rdn in cert.get("subject", ()):
+                subject: Any = cert.get("subject", ())
+                for rdn in subject:
                     for key, value in rdn:
                         if key == "commonName":
                             return str(value)
@@ -907,11 +913,11 @@ class _Handler(BaseHTTPRequestHandler):
                 if rt.builtin:
                     accepted.insert(2, STRATEGIC_PATCH)
                 raise err.unsupported_media(accepted)
-            options = self._options(query)
+            patch_opts = self._options(query)
             if content_type == APPLY_PATCH and "fieldManager" not in query:
-                options.field_manager = ""  # apply needs it spelled out: no user-agent default
+                patch_opts.field_manager = ""  # apply needs it spelled out: no user-agent default
             result = cluster.patch(
-                rt, ns, target.name, content_type, payload, options, target.subresource
+                rt, ns, target.name, content_type, payload, patch_opts, target.subresource
             )
             self._send_json(201 if result.created else 200, result.obj, result.warnings)
             return

@@ -4,8 +4,8 @@ from __future__ import annotations
 
 from typing import Any
 
-from fakeapi.resources import ResourceType
-from fakeapi.schema import FieldError
+from corepin.testing.fakeapi.resources import ResourceType
+from corepin.testing.fakeapi.schema import FieldError
 
 Obj = dict[str, Any]
 

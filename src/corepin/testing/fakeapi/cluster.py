@@ -9,6 +9,7 @@ Every public method takes the lock; HTTP handler threads and tests may call them
 from __future__ import annotations
 
 import base64
+import builtins
 import copy
 import datetime as dt
 import json
@@ -23,20 +24,26 @@ from dataclasses import dataclass, field
 from fractions import Fraction
 from typing import Any
 
-from fakeapi import apply as ssa
-from fakeapi import disruption
-from fakeapi import errors as err
-from fakeapi.patch import PatchError, json_patch, merge_patch, strategic_merge_patch
-from fakeapi.resources import (
+from corepin.testing.fakeapi import apply as ssa
+from corepin.testing.fakeapi import disruption
+from corepin.testing.fakeapi import errors as err
+from corepin.testing.fakeapi.patch import PatchError, json_patch, merge_patch, strategic_merge_patch
+from corepin.testing.fakeapi.quantity import QuantityError, parse_quantity, qos_class
+from corepin.testing.fakeapi.resources import (
     Column,
     ResourceType,
     builtin_types,
     event_from_events_v1,
     event_to_events_v1,
 )
-from fakeapi.schema import FieldError, apply_defaults, prune, structural_problems, validate
-from fakeapi.selectors import FieldSelector, LabelSelector
-from support.podresources import QuantityError, parse_quantity, qos_class
+from corepin.testing.fakeapi.schema import (
+    FieldError,
+    apply_defaults,
+    prune,
+    structural_problems,
+    validate,
+)
+from corepin.testing.fakeapi.selectors import FieldSelector, LabelSelector
 
 Obj = dict[str, Any]
 Storage = tuple[str, str]
@@ -432,7 +439,7 @@ class Cluster:
         resource_version: str,
         *,
         send_initial: bool = False,
-    ) -> tuple[Watcher, list[tuple[str, Obj]], int]:
+    ) -> tuple[Watcher, builtins.list[tuple[str, Obj]], int]:
         """Register a watcher. Returns it, the events to send first, and the revision the
         initial state was taken at. A too-old revision raises 410 (sent as an ERROR event)."""
         with self.lock:
@@ -611,7 +618,7 @@ class Cluster:
                 ],
             )
 
-    def _prepare_create(self, rt: ResourceType, obj: Obj, opts: WriteOptions) -> list[str]:
+    def _prepare_create(self, rt: ResourceType, obj: Obj, opts: WriteOptions) -> builtins.list[str]:
         warnings: list[str] = []
         if rt.builtin:
             if rt.plural == "pods":
@@ -627,7 +634,7 @@ class Cluster:
             obj.pop("status", None)
         return self._schema(rt, obj, opts)
 
-    def _schema(self, rt: ResourceType, obj: Obj, opts: WriteOptions) -> list[str]:
+    def _schema(self, rt: ResourceType, obj: Obj, opts: WriteOptions) -> builtins.list[str]:
         if rt.schema is None:
             return []
         dropped: list[str] = []
@@ -734,7 +741,7 @@ class Cluster:
         new: Obj,
         opts: WriteOptions,
         subresource: str,
-        entries: list[ssa.ManagerEntry],
+        entries: builtins.list[ssa.ManagerEntry],
     ) -> WriteResult:
         new = self._merge_scope(rt, current, new, subresource)
         meta = _meta(new)
@@ -1156,7 +1163,7 @@ class Cluster:
             return listing
 
     # ------------------------------------------------------------------ pods/eviction
-    def evict(self, namespace: str, name: str, body: Obj, dry_run: list[str]) -> Obj:
+    def evict(self, namespace: str, name: str, body: Obj, dry_run: builtins.list[str]) -> Obj:
         """POST pods/NAME/eviction (PodDisruptionBudgets honoured; see disruption.py)."""
         return disruption.evict(self, namespace, name, body, dry_run)
 

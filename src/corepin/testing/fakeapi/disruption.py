@@ -35,12 +35,12 @@ import re
 from collections.abc import Iterable, Mapping
 from typing import TYPE_CHECKING, Any
 
-from fakeapi import errors as err
-from fakeapi.schema import FieldError
-from fakeapi.selectors import label_selector_from_object
+from corepin.testing.fakeapi import errors as err
+from corepin.testing.fakeapi.schema import FieldError
+from corepin.testing.fakeapi.selectors import label_selector_from_object
 
 if TYPE_CHECKING:
-    from fakeapi.cluster import Cluster
+    from corepin.testing.fakeapi.cluster import Cluster
 
 Obj = dict[str, Any]
 
