@@ -15,31 +15,33 @@ the TLS material and the proxy, and its `credentials` the bearer token or client
 the moment; a 401 makes the transport re-authenticate once (`Credentials.refresh`: the plugin
 runs again, the token file is read again) before the request is retried.
 
-Why this library, measured (benchmarks/bench_kubeconfig.py: best of 5 fresh interpreters;
-RSS of an interpreter that has imported corepin's client and loaded a token kubeconfig, against
-22.8 MiB for the client alone; Python 3.11):
+Why this library, measured (benchmarks/bench_kubeconfig.py, Python 3.11, best of 5 fresh
+interpreters; RSS and modules: an interpreter that has loaded a token kubeconfig with the
+candidate, against one with only what the transport imports anyway, 18.5 MiB and 128 modules):
 
-    library                      import     RSS      modules   what is missing of the above
-    corepin's own loader          +28 ms   +0.2 MiB     +0    exec, auth-provider, proxy-url
-    kubernetes 37.0.2            +175 ms  +21.8 MiB   +381    nothing
-    lightkube 1.0.1              +101 ms   +9.6 MiB   +155    $KUBECONFIG lists, exec v1,
-                                                              exec expiry, auth-provider,
+    loader                       import     RSS      modules   missing of the list above
+    corepin's own (until now)     +33 ms   +1.8 MiB    +27    exec, auth-provider, proxy-url,
+                                                              ~/.kube/config
+    kubernetes 37.0.2            +170 ms  +24.9 MiB   +419    nothing
+    lightkube 1.0.1              +113 ms  +12.5 MiB   +192    $KUBECONFIG lists, exec v1 and
+                                                              expiry, auth-provider,
                                                               proxy-url, tls-server-name
-    kr8s 0.20.15                 +ms(*)                       exec v1alpha1, auth-provider;
-                                                              async only (anyio + httpx)
+    kr8s 0.20.15                 +182 ms  +25.4 MiB   +352    exec expiry, oidc refresh;
+                                                              async only (httpx + anyio)
 
-`kubernetes` is the one that covers everything users' kubeconfigs hold (the EKS, GKE and AKS
+`kubernetes` is the only one that covers what users' kubeconfigs hold (EKS, GKE and AKS
 kubeconfigs are exec plugins with expiring tokens; older ones are oidc auth-providers), and it
-is the Kubernetes project's own. lightkube's loader is cheaper but lacks half the list, and its
-exec support lives in an httpx auth flow that corepin's transport cannot use. Its cost is paid
-only by the Kubernetes commands: this module is loaded by the agent, controller, scheduler,
-extender, webhook, nri and `report --node`, never on `corepin run`'s start-up path or by any
-other host-mode command; in the node agent it is 22 MiB of its resident memory.
-(*) kr8s: see the benchmark's output; it failed to load a plain kubeconfig synchronously.
+is the Kubernetes project's own. lightkube is cheaper but lacks half of it, and its exec support
+lives in an httpx auth flow that corepin's transport cannot use; kr8s costs as much as the
+official client and does less. The price (about 170 ms and 25 MiB) is paid only by the
+Kubernetes commands - the agent, controller, scheduler, extender, webhook, nri and
+`report --node` load this module; `corepin run` and the other host-mode commands never do.
 """
 
 from __future__ import annotations
 
+import base64
+import binascii
 import logging
 import os
 import threading
@@ -227,6 +229,9 @@ def _yaml_current_context(path: Path) -> str:
     return str(doc.get("current-context") or "") if isinstance(doc, dict) else ""
 
 
+_BASE64_KEYS = ("certificate-authority-data", "client-certificate-data", "client-key-data")
+
+
 def _check_file(path: Path) -> None:
     """What the library would report obscurely, said plainly with the file's name."""
     try:
@@ -243,6 +248,18 @@ def _check_file(path: Path) -> None:
             isinstance(e, dict) and "name" in e for e in entries
         ):
             raise KubeConfigError(str(path), f"'{section}' must be a list of named entries")
+        for entry in entries:
+            body = entry.get(section[:-1]) or {}
+            if not isinstance(body, dict):
+                raise KubeConfigError(
+                    str(path), f"{section[:-1]} {entry['name']!r} is not a mapping"
+                )
+            for key in _BASE64_KEYS:
+                if key in body:
+                    try:
+                        base64.b64decode(str(body[key]), validate=True)
+                    except (binascii.Error, ValueError) as exc:
+                        raise KubeConfigError(str(path), f"{key} is not valid base64") from exc
 
 
 def _entry(merged: Mapping[str, Any], section: str, name: str) -> dict[str, Any] | None:
@@ -406,7 +423,7 @@ def load_config(
         return in_cluster_config(env, service_account_root)
     raise KubeConfigError(
         "kubeconfig",
-        "no Kubernetes API configured: no --kubeconfig, no $KUBECONFIG, no "
+        "none found: no --kubeconfig, no $KUBECONFIG, no "
         f"{home if home is not None else '$HOME/.kube/config'}, and not in a pod "
         "(KUBERNETES_SERVICE_HOST/PORT unset)",
     )
