@@ -5,8 +5,10 @@ service account. `--context NAME` picks a context instead of the current one. Th
 and the service-account root are parameters (only the composition root reads the real ones).
 
 What the library gives corepin: contexts and merging, `exec` credential plugins
-(client.authentication.k8s.io/v1 and v1beta1; the ExecCredential's expirationTimestamp is
-honoured, a token or a client certificate), `auth-provider` (oidc with refresh, gcp),
+(client.authentication.k8s.io/v1 and v1beta1, handing out a token or a client certificate;
+a token is renewed when its expirationTimestamp is near - the library's margin is five minutes
+- and any credential after a 401), `auth-provider` (oidc with refresh, written back to the
+kubeconfig as kubectl does; gcp),
 `token`/`tokenFile`, client certificates and keys as files or `-data`, CA bundles as a file or
 `-data`, `insecure-skip-tls-verify`, `tls-server-name`, `proxy-url`, username/password, and the
 service account (token re-read every minute). corepin keeps its own transport, informer and
@@ -33,9 +35,12 @@ candidate, against one with only what the transport imports anyway, 18.5 MiB and
 kubeconfigs are exec plugins with expiring tokens; older ones are oidc auth-providers), and it
 is the Kubernetes project's own. lightkube is cheaper but lacks half of it, and its exec support
 lives in an httpx auth flow that corepin's transport cannot use; kr8s costs as much as the
-official client and does less. The price (about 170 ms and 25 MiB) is paid only by the
-Kubernetes commands - the agent, controller, scheduler, extender, webhook, nri and
-`report --node` load this module; `corepin run` and the other host-mode commands never do.
+official client and does less. The price is paid only by the Kubernetes commands - the
+agent, controller, scheduler, extender, webhook, nri and `report --node` load this module;
+`corepin run` and the other host-mode commands never do. In the node agent
+(benchmarks/bench_agent.py --quick, 50 pods): RSS 53.8 MB before, 74.3 MB after (the budget is
+100 MB), the start about 0.17 s longer; pinning latency and idle CPU unchanged, as the requests
+go through corepin's own transport either way.
 """
 
 from __future__ import annotations
