@@ -57,12 +57,14 @@ def _end_run(code: int) -> None:
 
 
 #: Options of `corepin report` that take a value (the plugin must not read it as the node name).
-_REPORT_VALUE_OPTIONS = frozenset({"-o", "--output", "--out", "--kubeconfig"})
+_REPORT_VALUE_OPTIONS = frozenset({"-o", "--output", "--out", "--kubeconfig", "--context"})
 _PLUGIN_USAGE = """\
 usage: kubectl corepin report NODE [-o table|json|yaml|svg] [--out FILE] [--kubeconfig FILE]
+                                   [--context NAME]
 
 Show who holds which CPUs on a Kubernetes node, from its NodeCPUTopology (the same as
-`corepin report --node NODE`).
+`corepin report --node NODE`). The API is the one kubectl uses: --kubeconfig, else
+$KUBECONFIG, else ~/.kube/config; --context picks a context other than the current one.
 """
 
 

@@ -11,7 +11,7 @@ import argparse
 import os
 from typing import TYPE_CHECKING
 
-from corepin.cli.common import positive_seconds, stop_on_signals
+from corepin.cli.common import add_kube_arguments, kube_config, positive_seconds, stop_on_signals
 
 if TYPE_CHECKING:
     from corepin.agent.node.hooks import Hooks
@@ -30,9 +30,7 @@ def add_arguments(parser: argparse.ArgumentParser, name: str) -> None:
         "through the container cgroups, and publish the node's CPUs as a NodeCPUTopology."
     )
     parser.add_argument("--node-name", metavar="NAME", help="this node (default: $NODE_NAME)")
-    parser.add_argument(
-        "--kubeconfig", metavar="FILE", help="default: $KUBECONFIG, else in-cluster"
-    )
+    add_kube_arguments(parser)
     parser.add_argument("--sysfs-root", metavar="DIR", default="/", help="default: /")
     parser.add_argument("--proc-root", metavar="DIR", default="/proc", help="default: /proc")
     parser.add_argument(
@@ -265,7 +263,6 @@ def run(args: argparse.Namespace) -> int:
     from corepin.enforcement.qos.engine import QosEngine
     from corepin.enforcement.resctrl.classes import open_resctrl
     from corepin.kube.client import KubeClient
-    from corepin.kube.config import load_config
     from corepin.topology.discover import discover
 
     environ = dict(os.environ)
@@ -280,9 +277,7 @@ def run(args: argparse.Namespace) -> int:
         layout=settings.cgroup_driver,
         proc_root=settings.proc_root,
     )
-    client = KubeClient.from_config(
-        load_config(args.kubeconfig, env=environ), idle_timeout=args.api_idle_timeout
-    )
+    client = KubeClient.from_config(kube_config(args, environ), idle_timeout=args.api_idle_timeout)
     if not settings.namespace and client.default_namespace:
         settings = replace(settings, namespace=client.default_namespace)
     metrics = AgentMetrics()

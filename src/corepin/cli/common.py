@@ -10,7 +10,7 @@ from __future__ import annotations
 import argparse
 import json
 import sys
-from collections.abc import Callable, Iterable
+from collections.abc import Callable, Iterable, Mapping
 from typing import TYPE_CHECKING, Any
 
 from corepin.core.errors import EnvironmentProblem, InputError, TopologyError
@@ -20,6 +20,7 @@ if TYPE_CHECKING:
 
     from corepin.allocation.qos import QosPolicy
     from corepin.core.cpuset import CPUSet
+    from corepin.kube.config import ClusterConfig
     from corepin.topology.model import Topology
 
 #: What `--cgroups` does for the commands of host mode that keep runs (run, pin, report,
@@ -28,6 +29,31 @@ HOST_CGROUPS_HELP = (
     "also confine runs with cpuset cgroups: auto (default: when the cpuset "
     "hierarchy is writable), on (required), off (affinity only); env COREPIN_CGROUPS"
 )
+
+
+#: Where the Kubernetes commands find the API when no --kubeconfig is given.
+KUBECONFIG_DEFAULTS = "$KUBECONFIG, else ~/.kube/config, else the in-cluster service account"
+
+
+def add_kube_arguments(
+    parser: argparse.ArgumentParser, *, kubeconfig_help: str = f"default: {KUBECONFIG_DEFAULTS}"
+) -> None:
+    """--kubeconfig FILE and --context NAME, for every command that talks to the API
+    (`kube_config` reads them)."""
+    parser.add_argument("--kubeconfig", metavar="FILE", help=kubeconfig_help)
+    parser.add_argument(
+        "--context",
+        metavar="NAME",
+        help="the kubeconfig context to use (default: its current-context)",
+    )
+
+
+def kube_config(args: argparse.Namespace, environ: Mapping[str, str]) -> ClusterConfig:
+    """The API configuration --kubeconfig and --context select (`corepin.kube.config`:
+    $KUBECONFIG, ~/.kube/config and the in-cluster account from `environ` otherwise)."""
+    from corepin.kube.config import load_config
+
+    return load_config(args.kubeconfig, env=environ, context=args.context)
 
 
 def positive_seconds(text: str) -> float:

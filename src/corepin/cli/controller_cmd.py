@@ -15,7 +15,7 @@ import socket
 import threading
 import uuid
 
-from corepin.cli.common import positive_seconds
+from corepin.cli.common import add_kube_arguments, kube_config, positive_seconds
 from corepin.core.errors import InputError
 
 DEFAULT_METRICS_ADDRESS = ":9465"
@@ -24,11 +24,7 @@ STOP_BUDGET = 4.0  # seconds for a clean stop after SIGTERM (the contract allows
 
 
 def add_arguments(parser: argparse.ArgumentParser, name: str) -> None:
-    parser.add_argument(
-        "--kubeconfig",
-        metavar="FILE",
-        help="kubeconfig of the cluster (default: $KUBECONFIG, else the in-cluster account)",
-    )
+    add_kube_arguments(parser)
     parser.add_argument(
         "--metrics-address",
         metavar="HOST:PORT",
@@ -122,9 +118,8 @@ def run(args: argparse.Namespace) -> int:
     from corepin.agent.cluster.controller.controller import ControllerSettings
     from corepin.agent.cluster.controller.service import ControllerService, check_api
     from corepin.kube.client import KubeClient
-    from corepin.kube.config import load_config
 
-    config = load_config(args.kubeconfig, env=os.environ)
+    config = kube_config(args, os.environ)
     client = KubeClient.from_config(
         config, timeout=10.0, user_agent="corepin-controller", field_manager="corepin-controller"
     )

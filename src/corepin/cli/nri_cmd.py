@@ -12,7 +12,7 @@ import argparse
 import os
 from typing import TYPE_CHECKING
 
-from corepin.cli.common import stop_on_signals
+from corepin.cli.common import add_kube_arguments, kube_config, stop_on_signals
 
 if TYPE_CHECKING:
     from corepin.agent.node.nri.settings import NriSettings
@@ -68,11 +68,10 @@ def add_arguments(parser: argparse.ArgumentParser, name: str) -> None:
         "--option", action="append", default=[], metavar="NAME[=VALUE]", help="repeatable"
     )
     parser.add_argument("--reserved-cpus", metavar="CPUSET", help="CPUs never handed out")
-    parser.add_argument(
-        "--kubeconfig",
-        metavar="FILE",
-        help="also publish to the Kubernetes API (default: $KUBECONFIG, else in-cluster when "
-        "running in a pod, else NRI alone)",
+    add_kube_arguments(
+        parser,
+        kubeconfig_help="also publish to the Kubernetes API (default: $KUBECONFIG, else "
+        "in-cluster when running in a pod, else NRI alone; with --context: ~/.kube/config too)",
     )
     parser.add_argument(
         "--metrics-address",
@@ -139,11 +138,15 @@ def run(args: argparse.Namespace) -> int:
     topology = discover(settings.sysfs_root)
     metrics = NriMetrics()
     client = None
-    if args.kubeconfig or environ.get("KUBECONFIG") or environ.get("KUBERNETES_SERVICE_HOST"):
+    if (
+        args.kubeconfig
+        or args.context
+        or environ.get("KUBECONFIG")
+        or environ.get("KUBERNETES_SERVICE_HOST")
+    ):
         from corepin.kube.client import KubeClient
-        from corepin.kube.config import load_config
 
-        client = KubeClient.from_config(load_config(args.kubeconfig, env=environ))
+        client = KubeClient.from_config(kube_config(args, environ))
     agent = NriAgent(settings, topology, metrics=metrics, client=client)
     ops = OpsServer(settings.metrics_address, metrics=metrics.registry, ready=agent.ready)
     done = stop_on_signals()

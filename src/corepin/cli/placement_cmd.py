@@ -17,7 +17,7 @@ import threading
 from collections.abc import Callable
 from typing import TYPE_CHECKING
 
-from corepin.cli.common import stop_on_signals
+from corepin.cli.common import add_kube_arguments, kube_config, stop_on_signals
 from corepin.core.errors import InputError
 
 if TYPE_CHECKING:
@@ -47,9 +47,7 @@ def _bytes(text: str) -> int:
 
 
 def add_arguments(parser: argparse.ArgumentParser, name: str) -> None:
-    parser.add_argument(
-        "--kubeconfig", metavar="FILE", help="default: $KUBECONFIG, else in-cluster"
-    )
+    add_kube_arguments(parser)
     if name == "scheduler":
         parser.description = (
             "Run the second scheduler: place pending pods whose spec.schedulerName is "
@@ -129,9 +127,8 @@ def add_arguments(parser: argparse.ArgumentParser, name: str) -> None:
 def _connect(args: argparse.Namespace) -> KubeClient:
     """The API client, checked (exit 4 with one line when the API cannot be reached)."""
     from corepin.kube.client import KubeClient
-    from corepin.kube.config import load_config
 
-    client = KubeClient.from_config(load_config(args.kubeconfig, env=dict(os.environ)))
+    client = KubeClient.from_config(kube_config(args, dict(os.environ)))
     try:
         client.check()
     except BaseException:

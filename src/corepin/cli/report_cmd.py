@@ -14,9 +14,12 @@ import os
 from typing import TYPE_CHECKING, Any
 
 from corepin.cli.common import (
+    KUBECONFIG_DEFAULTS,
     add_host_arguments,
+    add_kube_arguments,
     add_output_argument,
     add_qos_arguments,
+    kube_config,
     missing_state_dir,
     positive_seconds,
     write_output,
@@ -52,18 +55,17 @@ def add_arguments(parser: argparse.ArgumentParser, name: str) -> None:
         metavar="NAME",
         help="show a Kubernetes node's state from its NodeCPUTopology",
     )
-    parser.add_argument(
-        "--kubeconfig",
-        metavar="FILE",
-        help="with --node: the API server's kubeconfig (default: $KUBECONFIG, else the "
-        "in-cluster service account)",
+    add_kube_arguments(
+        parser,
+        kubeconfig_help="with --node: the API server's kubeconfig "
+        f"(default: {KUBECONFIG_DEFAULTS})",
     )
     add_qos_arguments(parser, config=False)
     add_host_arguments(parser)
 
 
 def run(args: argparse.Namespace) -> int:
-    if args.agent or args.node or args.kubeconfig:
+    if args.agent or args.node or args.kubeconfig or args.context:
         return _report_remote(args)
     from corepin.agent.host.agent import HostAgent
     from corepin.agent.host.besteffort import DEFAULT_RESCTRL_ROOT
@@ -113,8 +115,9 @@ def _report_remote(args: argparse.Namespace) -> int:
                 reason="bad_usage",
             )
     if args.agent:
-        if args.kubeconfig:
-            raise InputError("--kubeconfig applies to --node, not --agent", reason="bad_usage")
+        if args.kubeconfig or args.context:
+            flag = "--kubeconfig" if args.kubeconfig else "--context"
+            raise InputError(f"{flag} applies to --node, not --agent", reason="bad_usage")
         from corepin.agent.host.agent import HostAgent
         from corepin.agent.host.report import report
         from corepin.agent.host.settings import HostSettings
@@ -139,7 +142,8 @@ def _report_remote(args: argparse.Namespace) -> int:
         write_output(text, args.out)
         return 0
     if not args.node:
-        raise InputError("--kubeconfig needs --node NAME", reason="bad_usage")
+        flag = "--kubeconfig" if args.kubeconfig else "--context"
+        raise InputError(f"{flag} needs --node NAME", reason="bad_usage")
     if args.sample:
         raise InputError(
             "--sample measures processes of this host: it applies to this host's state and "
@@ -148,7 +152,7 @@ def _report_remote(args: argparse.Namespace) -> int:
         )
     from corepin.agent.host.remote import read_node
 
-    node_report, node_topology = read_node(args.node, args.kubeconfig, os.environ)
+    node_report, node_topology = read_node(args.node, kube_config(args, os.environ))
     data = report_data(node_report.state, pools=node_report.pools)
     text = render_report(args.output, data, node_report.state, lambda: node_topology)
     write_output(text, args.out)

@@ -18,7 +18,12 @@ import argparse
 import os
 from typing import TYPE_CHECKING
 
-from corepin.cli.common import stop_on_signals
+from corepin.cli.common import (
+    KUBECONFIG_DEFAULTS,
+    add_kube_arguments,
+    kube_config,
+    stop_on_signals,
+)
 from corepin.core.errors import InputError, KubeConfigError
 
 if TYPE_CHECKING:
@@ -34,10 +39,9 @@ def add_arguments(parser: argparse.ArgumentParser, name: str) -> None:
         "a read-only mount of the agent's assignment files at /etc/corepin) and steers pods to "
         "corepin nodes. GET /healthz and /metrics on the same port."
     )
-    parser.add_argument(
-        "--kubeconfig",
-        metavar="FILE",
-        help="default: $KUBECONFIG, else in-cluster, else no API (the capacity rule is off)",
+    add_kube_arguments(
+        parser,
+        kubeconfig_help=f"default: {KUBECONFIG_DEFAULTS}, else no API (the capacity rule is off)",
     )
     parser.add_argument(
         "--address", metavar="HOST:PORT", required=True, help="where to serve HTTPS (':9443')"
@@ -102,18 +106,17 @@ def config_from(args: argparse.Namespace) -> WebhookConfig:
     )
 
 
-def connect(kubeconfig: str | None, environ: dict[str, str]) -> KubeClient | None:
+def connect(args: argparse.Namespace, environ: dict[str, str]) -> KubeClient | None:
     """A KubeClient, or None when there is no kubeconfig and no in-cluster account. A given
-    kubeconfig (flag or $KUBECONFIG) must work now: KubeConfigError / ApiUnreachable /
-    ApiError (exit 4) otherwise."""
+    kubeconfig (--kubeconfig, --context or $KUBECONFIG) must work now: KubeConfigError /
+    ApiUnreachable / ApiError (exit 4) otherwise."""
     import logging
 
     from corepin.kube.client import KubeClient
-    from corepin.kube.config import load_config
 
-    given = bool(kubeconfig or environ.get("KUBECONFIG"))
+    given = bool(args.kubeconfig or args.context or environ.get("KUBECONFIG"))
     try:
-        config = load_config(kubeconfig, env=environ)
+        config = kube_config(args, environ)
     except KubeConfigError as exc:
         if given:
             raise
@@ -151,7 +154,7 @@ def run(args: argparse.Namespace) -> int:
     app = AdmissionApp(config, capacity=catalog.snapshot, metrics=metrics)
     ops = OpsServer(args.address, metrics=metrics.registry, ready=True)  # its pages only
     server = HttpsServer(args.address, certificate, routes=app.routes(), pages=ops.page)
-    client = connect(args.kubeconfig, environ)
+    client = connect(args, environ)
     informer = None
     if client is not None:
         informer = Informer(client, NCPT, name="webhook-ncpt")

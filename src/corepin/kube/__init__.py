@@ -3,7 +3,9 @@
 Modules (import them directly; this package imports nothing, so `corepin --help` never loads
 http, ssl or json parsing of API objects):
 
-- `config`    where the API is: --kubeconfig, $KUBECONFIG, or the in-cluster service account
+- `config`    where the API is and who corepin is to it: --kubeconfig/--context, $KUBECONFIG,
+              ~/.kube/config or the in-cluster service account, read by the official
+              client library's loaders (exec plugins, auth providers, proxies)
 - `transport` HTTP(S) over `http.client` + `ssl`, keep-alive pool, cancellation
 - `client`    `KubeClient`: generic get/list/create/replace/patch/delete/status/bind/watch on
               any `Resource(group, version, plural, namespaced)`

@@ -1,7 +1,10 @@
 """HTTP(S) to the API server over the standard library: `http.client` connections from a small
 keep-alive pool (one connection per request in flight, so threads share a Transport safely),
-an `ssl` context built from the configuration, the bearer token on every request, and
-cancellation of a blocked request from another thread (its socket is shut down).
+an `ssl` context built from the configuration (its `tls-server-name` as the TLS server name),
+an http:// `proxy-url` reached with CONNECT, the credentials of the moment on every request
+(an answer 401 makes them authenticate again once: an exec plugin runs again, a token file is
+read again; then the request is sent again), and cancellation of a blocked request from another
+thread (its socket is shut down).
 
 Socket, TLS and protocol failures become `ApiUnreachable` here; HTTP answers are returned as
 they are (the client maps failure statuses to typed errors).
@@ -9,6 +12,7 @@ they are (the client maps failure statuses to typed errors).
 
 from __future__ import annotations
 
+import base64
 import contextlib
 import http.client
 import os
@@ -108,7 +112,9 @@ class Response:
     warnings: tuple[str, ...] = ()
 
 
-def _ssl_context(config: ClusterConfig) -> ssl.SSLContext:
+def _ssl_context(config: ClusterConfig, cert: tuple[Path, Path] | None) -> ssl.SSLContext:
+    """The TLS context for `config`; `cert`: the client certificate and key files the
+    credentials hold now (else the configuration's own, if any)."""
     ctx = ssl.create_default_context(ssl.Purpose.SERVER_AUTH)
     try:
         if config.insecure_skip_tls_verify:
@@ -122,7 +128,14 @@ def _ssl_context(config: ClusterConfig) -> ssl.SSLContext:
         raise KubeConfigError(
             str(config.ca_file or config.source), f"cannot load the certificate authority: {exc}"
         ) from exc
-    if config.client_cert_file or config.client_cert_data:
+    if cert is not None:
+        try:
+            ctx.load_cert_chain(str(cert[0]), str(cert[1]))
+        except (OSError, ssl.SSLError) as exc:
+            raise KubeConfigError(
+                str(cert[0]), f"cannot load the client certificate/key: {exc}"
+            ) from exc
+    elif config.client_cert_file or config.client_cert_data:
         _load_client_cert(ctx, config)
     ctx.set_alpn_protocols(["http/1.1"])
     return ctx
@@ -159,6 +172,59 @@ def _load_client_cert(ctx: ssl.SSLContext, config: ClusterConfig) -> None:
                 os.unlink(name)
 
 
+class _HTTPSConnection(http.client.HTTPSConnection):
+    """An HTTPS connection whose TLS server name (SNI, and the name the certificate must
+    carry) may differ from the host it connects to: the cluster's `tls-server-name`."""
+
+    def __init__(
+        self,
+        host: str,
+        port: int | None,
+        *,
+        timeout: float | None,
+        context: ssl.SSLContext,
+        server_name: str | None,
+    ) -> None:
+        super().__init__(host, port, timeout=timeout, context=context)
+        self._corepin_context = context
+        self._server_name = server_name
+
+    def connect(self) -> None:
+        if self._server_name is None:
+            super().connect()
+            return
+        http.client.HTTPConnection.connect(self)
+        self.sock = self._corepin_context.wrap_socket(self.sock, server_hostname=self._server_name)
+
+
+@dataclass(frozen=True)
+class _Proxy:
+    host: str
+    port: int
+    headers: Mapping[str, str]
+
+
+def _proxy(config: ClusterConfig) -> _Proxy | None:
+    """The cluster's `proxy-url` (an http:// proxy, reached with CONNECT), or None."""
+    if not config.proxy_url:
+        return None
+    parsed = urllib.parse.urlsplit(config.proxy_url)
+    if parsed.scheme != "http" or not parsed.hostname:
+        raise KubeConfigError(
+            config.source,
+            f"proxy-url {config.proxy_url!r}: corepin reaches the API through http:// proxies "
+            "only (CONNECT)",
+        )
+    headers: dict[str, str] = {}
+    if parsed.username is not None:
+        user = urllib.parse.unquote(parsed.username)
+        password = urllib.parse.unquote(parsed.password or "")
+        headers["Proxy-Authorization"] = "Basic " + base64.b64encode(
+            f"{user}:{password}".encode()
+        ).decode("ascii")
+    return _Proxy(parsed.hostname, parsed.port or 80, headers)
+
+
 class Transport:
     """Requests to one API server. Thread-safe."""
 
@@ -172,18 +238,44 @@ class Transport:
         self.host = parsed.hostname or "localhost"
         self.port = parsed.port or (443 if config.https else 80)
         self.base_path = parsed.path.rstrip("/")
-        self._ssl = _ssl_context(config) if config.https else None
+        self._proxy = _proxy(config)
+        self._cert = config.client_certificate() if config.https else None
+        self._ssl = _ssl_context(config, self._cert) if config.https else None
         self._lock = threading.Lock()
         self._idle: list[http.client.HTTPConnection] = []
         self._closed = False
 
     # ------------------------------------------------------------------ connections
+    def _tls(self) -> ssl.SSLContext | None:
+        """The TLS context, made again (and the pool emptied) when the credentials' client
+        certificate changed (a plugin that hands out certificates ran again)."""
+        if self._ssl is None or self.config.credentials is None:
+            return self._ssl
+        cert = self.config.client_certificate()
+        if cert != self._cert:
+            context = _ssl_context(self.config, cert)
+            with self._lock:
+                self._cert, self._ssl = cert, context
+            self.drop_idle()
+        return self._ssl
+
     def _connect(self, timeout: float | None) -> http.client.HTTPConnection:
-        if self._ssl is not None:
-            return http.client.HTTPSConnection(
-                self.host, self.port, timeout=timeout, context=self._ssl
+        host, port = (self._proxy.host, self._proxy.port) if self._proxy else (self.host, self.port)
+        context = self._tls()
+        conn: http.client.HTTPConnection
+        if context is not None:
+            conn = _HTTPSConnection(
+                host,
+                port,
+                timeout=timeout,
+                context=context,
+                server_name=self.config.tls_server_name,
             )
-        return http.client.HTTPConnection(self.host, self.port, timeout=timeout)
+        else:
+            conn = http.client.HTTPConnection(host, port, timeout=timeout)
+        if self._proxy is not None:
+            conn.set_tunnel(self.host, self.port, headers=dict(self._proxy.headers))
+        return conn
 
     def _take(self, timeout: float | None) -> tuple[http.client.HTTPConnection, bool]:
         with self._lock:
@@ -227,13 +319,11 @@ class Transport:
 
     def _headers(self, body: bytes | None, content_type: str | None, accept: str) -> dict[str, str]:
         headers = {"Accept": accept, "User-Agent": self.user_agent}
-        token = self.config.bearer_token()
-        if token:
-            headers["Authorization"] = f"Bearer {token}"
+        authorization = self.config.authorization()
+        if authorization:
+            headers["Authorization"] = authorization
         if body is not None:
             headers["Content-Type"] = content_type or "application/json"
-        if self.config.tls_server_name:
-            headers["Host"] = self.config.tls_server_name
         return headers
 
     def _unreachable(self, exc: BaseException) -> ApiUnreachable:
@@ -268,7 +358,25 @@ class Transport:
         cancel: Cancel | None = None,
     ) -> Response:
         """One request, its whole answer read. Retries once on a pooled connection the
-        server had closed (only when the request cannot have been applied twice)."""
+        server had closed (only when the request cannot have been applied twice), and once
+        after a 401 when the credentials could be renewed (nothing was applied)."""
+        args = (method, path, query, body, content_type, accept, timeout, cancel)
+        response = self._request(*args)
+        if response.status == 401 and self.config.refresh_credentials():
+            response = self._request(*args)
+        return response
+
+    def _request(
+        self,
+        method: str,
+        path: str,
+        query: Mapping[str, str] | None,
+        body: bytes | None,
+        content_type: str | None,
+        accept: str,
+        timeout: float | None,
+        cancel: Cancel | None,
+    ) -> Response:
         target = self.url(path, query)
         headers = self._headers(body, content_type, accept)
         wait = self.timeout if timeout is None else timeout
@@ -325,6 +433,19 @@ class Transport:
         cancel: Cancel | None = None,
     ) -> Stream:
         """Open a streaming GET (a watch). The caller reads lines and must close it."""
+        stream = self._stream(path, query, read_timeout, cancel)
+        if stream.status == 401 and self.config.refresh_credentials():
+            stream.close()
+            stream = self._stream(path, query, read_timeout, cancel)
+        return stream
+
+    def _stream(
+        self,
+        path: str,
+        query: Mapping[str, str] | None,
+        read_timeout: float | None,
+        cancel: Cancel | None,
+    ) -> Stream:
         if cancel is not None and cancel.cancelled:
             raise Cancelled("request cancelled")
         conn = self._connect(read_timeout)

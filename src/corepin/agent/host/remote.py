@@ -6,12 +6,11 @@ itself: the gRPC client is a surface, above the agents.)
 
 from __future__ import annotations
 
-from collections.abc import Mapping
 from typing import TYPE_CHECKING
 
 from corepin.core.errors import ApiNotFound, EnvironmentProblem, InputError
 from corepin.kube.client import KubeClient
-from corepin.kube.config import load_config
+from corepin.kube.config import ClusterConfig
 from corepin.kube.models import NodeCPUTopology
 from corepin.kube.nodestate import NodeReport, node_state
 from corepin.kube.resources import NCPT
@@ -20,12 +19,10 @@ if TYPE_CHECKING:
     from corepin.topology.model import Topology
 
 
-def read_node(
-    name: str, kubeconfig: str | None, environ: Mapping[str, str]
-) -> tuple[NodeReport, Topology]:
-    """The node's report and topology from its NodeCPUTopology (`kubeconfig`, else what
-    `environ` names: $KUBECONFIG, the in-cluster service account)."""
-    client = KubeClient.from_config(load_config(kubeconfig, env=environ), timeout=15)
+def read_node(name: str, config: ClusterConfig) -> tuple[NodeReport, Topology]:
+    """The node's report and topology from its NodeCPUTopology, read from the API `config`
+    names."""
+    client = KubeClient.from_config(config, timeout=15)
     try:
         obj = client.get(NCPT, name)
     except ApiNotFound as exc:
