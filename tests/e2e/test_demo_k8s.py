@@ -74,6 +74,8 @@ def _check_samples(landed: dict[str, tuple[str, str, str, str]]) -> None:
         assert policy == "exclusive", landed
         assert CPUSet.parse(allowed) == CPUSet.parse(cpus), landed  # the kernel agrees
         taken.setdefault(node, set()).update(CPUSet.parse(cpus))
+    node, policy, cpus, allowed = landed["demo-share"]
+    assert policy == "share" and CPUSet.parse(allowed) == CPUSet.parse(cpus), landed
     for name in ("demo-share", "demo-ineligible"):
         node, policy, _cpus, allowed = landed[name]
         assert policy != "exclusive", landed

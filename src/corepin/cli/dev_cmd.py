@@ -15,7 +15,9 @@ def add_arguments(parser: argparse.ArgumentParser, name: str) -> None:
         "corepin agent, controller, scheduler and webhook), with sample pods pinned; runs until "
         "Ctrl-C, then stops everything and cleans up. Needs root."
     )
-    sub = parser.add_subparsers(dest="dev_command", metavar="WHAT", required=True)
+    sub = parser.add_subparsers(
+        dest="dev_command", metavar="WHAT", required=True, help="what to run: cluster"
+    )
     cluster = sub.add_parser(
         "cluster",
         help="run the development stand-in cluster on this machine",

@@ -147,10 +147,10 @@ def sample_pods() -> list[Obj]:
         ),
         _pod(
             "demo-share",
-            "500m",
-            "500m",
+            "1",
+            "1",
             {"corepin.io/cpu-policy": "share"},
-            "share: the node's shared pool",
+            "share: a CPU of its own that stays in the shared pool for others",
         ),
         _pod(
             "demo-ineligible",
@@ -163,6 +163,8 @@ def sample_pods() -> list[Obj]:
 
 
 EXCLUSIVE_SAMPLES = ("demo-exclusive", "demo-memory-bound")
+#: pinned to CPUs of their own that others may share
+SHARE_SAMPLES = ("demo-share",)
 
 
 # ---------------------------------------------------------------------- where they landed
@@ -212,7 +214,11 @@ def settled(landed: list[tuple[str, str, str, str, str, str]]) -> bool:
             if policy != "exclusive" or CPUSet.parse(allowed) != CPUSet.parse(cpus):
                 return False
             exclusive_cpus.setdefault(node, set()).update(CPUSet.parse(cpus))
-    for name, node, _policy, _cpus, allowed, _mems in landed:
+    for name, node, policy, cpus, allowed, _mems in landed:
+        if name in SHARE_SAMPLES and (
+            policy != "share" or CPUSet.parse(allowed) != CPUSet.parse(cpus)
+        ):
+            return False
         if name not in EXCLUSIVE_SAMPLES and set(CPUSet.parse(allowed)) & exclusive_cpus.get(
             node, set()
         ):
