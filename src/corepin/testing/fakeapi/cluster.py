@@ -227,7 +227,7 @@ class Cluster:
         return self.objects.setdefault(rt.storage, {})
 
     # ------------------------------------------------------------------ commit and history
-    def _commit(
+    def commit(
         self, rt: ResourceType, namespace: str, name: str, kind: str, obj: Obj, old: Obj | None
     ) -> Obj:
         self.rv += 1
@@ -550,7 +550,7 @@ class Cluster:
                 meta.pop("managedFields", None)
             if opts.dry_run:
                 return WriteResult(self.view(rt, obj), True, warnings)
-            stored = self._commit(rt, ns, name, "ADDED", obj, None)
+            stored = self.commit(rt, ns, name, "ADDED", obj, None)
             if rt.group == "apiextensions.k8s.io":
                 self._serve_crd(stored)
                 stored = self._store_of(rt)[(ns, name)]
@@ -795,7 +795,7 @@ class Cluster:
             return WriteResult(self.view(rt, current), False, warnings)
         if opts.dry_run:
             return WriteResult(self.view(rt, new), False, warnings)
-        stored = self._commit(rt, ns, name, "MODIFIED", new, current)
+        stored = self.commit(rt, ns, name, "MODIFIED", new, current)
         if (
             meta.get("deletionTimestamp")
             and not meta.get("finalizers")
@@ -1044,7 +1044,7 @@ class Cluster:
                 when = dt.datetime.now(dt.UTC) + dt.timedelta(seconds=seconds)
                 new_meta["deletionTimestamp"] = when.strftime("%Y-%m-%dT%H:%M:%SZ")
                 new_meta["deletionGracePeriodSeconds"] = seconds
-                stored = self._commit(rt, ns, name, "MODIFIED", new, current)
+                stored = self.commit(rt, ns, name, "MODIFIED", new, current)
                 return self.view(rt, stored), False
             if meta.get("finalizers") or (
                 rt.plural == "namespaces" and rt.builtin and self._namespace_has_content(name)
@@ -1056,7 +1056,7 @@ class Cluster:
                 _meta(new)["deletionGracePeriodSeconds"] = 0
                 if rt.plural == "namespaces" and rt.builtin:
                     new.setdefault("status", {})["phase"] = "Terminating"
-                stored = self._commit(rt, ns, name, "MODIFIED", new, current)
+                stored = self.commit(rt, ns, name, "MODIFIED", new, current)
                 if rt.plural == "namespaces" and rt.builtin:
                     self._empty_namespace(name)
                     if not _meta(stored).get("finalizers"):
@@ -1083,7 +1083,7 @@ class Cluster:
 
     def _remove(self, rt: ResourceType, ns: str, name: str, *, dependents: bool = True) -> Obj:
         current = self._store_of(rt)[(ns, name)]
-        last = self._commit(rt, ns, name, "DELETED", current, current)
+        last = self.commit(rt, ns, name, "DELETED", current, current)
         if rt.group == "apiextensions.k8s.io":
             self._unserve_crd(last)
         if dependents:
@@ -1111,7 +1111,7 @@ class Cluster:
         if current is not None:
             new = copy.deepcopy(current)
             new.setdefault("spec", {})["finalizers"] = []
-            self._commit(ns_rt, "", namespace, "MODIFIED", new, current)
+            self.commit(ns_rt, "", namespace, "MODIFIED", new, current)
 
     def _any_type(self, storage: Storage) -> ResourceType | None:
         for types in self.types.values():
@@ -1150,7 +1150,7 @@ class Cluster:
                 _meta(new)["ownerReferences"] = refs
             else:
                 _meta(new).pop("ownerReferences", None)
-            self._commit(rt, key[0], key[1], "MODIFIED", new, obj)
+            self.commit(rt, key[0], key[1], "MODIFIED", new, obj)
 
     def delete_collection(
         self, rt: ResourceType, namespace: str | None, labels: LabelSelector, fields: FieldSelector
@@ -1215,7 +1215,7 @@ class Cluster:
                 }
             )
             new["status"]["conditions"] = conditions
-            self._commit(rt, namespace, name, "MODIFIED", new, current)
+            self.commit(rt, namespace, name, "MODIFIED", new, current)
             return {
                 "kind": "Status",
                 "apiVersion": "v1",
@@ -1300,7 +1300,7 @@ class Cluster:
         ):
             new = copy.deepcopy(current)
             new["status"] = status
-            self._commit(rt, "", name, "MODIFIED", new, current)
+            self.commit(rt, "", name, "MODIFIED", new, current)
 
     def _unserve_crd(self, crd: Obj) -> None:
         spec = crd.get("spec") or {}
