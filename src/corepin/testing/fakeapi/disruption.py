@@ -33,14 +33,13 @@ import datetime as dt
 import math
 import re
 from collections.abc import Iterable, Mapping
-from typing import TYPE_CHECKING, Any
+from contextlib import AbstractContextManager
+from typing import Any, Protocol
 
 from corepin.testing.fakeapi import errors as err
+from corepin.testing.fakeapi.resources import ResourceType
 from corepin.testing.fakeapi.schema import FieldError
 from corepin.testing.fakeapi.selectors import label_selector_from_object
-
-if TYPE_CHECKING:
-    from corepin.testing.fakeapi.cluster import Cluster
 
 Obj = dict[str, Any]
 
@@ -83,6 +82,32 @@ def pod_ready(pod: Mapping[str, Any]) -> bool:
         if isinstance(cond, Mapping) and cond.get("type") == "Ready":
             return cond.get("status") == "True"
     return False
+
+
+class Cluster(Protocol):
+    """What the controller and the eviction handler use of the fake's cluster (a `Cluster`
+    of `cluster.py` is one; typed here so that this module need not import it)."""
+
+    @property
+    def lock(self) -> AbstractContextManager[Any]: ...
+
+    @property
+    def objects(self) -> dict[tuple[str, str], dict[tuple[str, str], Obj]]: ...
+
+    def resource(self, group: str, version: str, plural: str) -> ResourceType: ...
+
+    def commit(
+        self, rt: ResourceType, namespace: str, name: str, kind: str, obj: Obj, old: Obj | None
+    ) -> Obj: ...
+
+    def delete(
+        self,
+        rt: ResourceType,
+        namespace: str,
+        name: str,
+        options: Obj | None = None,
+        dry_run: bool = False,
+    ) -> tuple[Obj, bool]: ...
 
 
 # ---------------------------------------------------------------------- validation
@@ -274,7 +299,7 @@ def sync_namespace(cluster: Cluster, namespace: str) -> None:
             continue
         new = copy.deepcopy(current)
         new["status"] = status
-        cluster._commit(rt, namespace, key[1], "MODIFIED", new, current)
+        cluster.commit(rt, namespace, key[1], "MODIFIED", new, current)
 
 
 # ---------------------------------------------------------------------- pods/eviction
@@ -355,7 +380,7 @@ def _check_and_charge(
         )
     new_status.setdefault("disruptedPods", {})[pod_name] = now.strftime(_TIME_FORMAT)
     rt = cluster.resource("policy", "v1", "poddisruptionbudgets")
-    cluster._commit(rt, namespace, name, "MODIFIED", new, pdb)
+    cluster.commit(rt, namespace, name, "MODIFIED", new, pdb)
 
 
 def evict(cluster: Cluster, namespace: str, name: str, body: Obj, query_dry_run: list[str]) -> Obj:
