@@ -92,14 +92,14 @@ def test_a_reservation_consumed_under_allocate_once_is_deleted(
     kube.create(CPUR, reservation("once", nodeName="worker-1"))
     kube.create(CPUR, reservation("again", nodeName="worker-1", allocateOnce=False))
     for name in ("once", "again"):
-        obj = kube.get(CPUR, name)
-        obj["status"] = {
+        # as the agent writes it: a merge patch of the status (the controller writes it too)
+        consumed = {
             "phase": "Succeeded",
             "nodeName": "worker-1",
             "cpus": "2-3",
             "owners": [{"namespace": "shop", "name": "web-0", "uid": "p-1"}],
         }
-        kube.replace_status(CPUR, obj)
+        kube.patch_status(CPUR, name, {"status": consumed})
     wait_for(lambda: gone(kube, "once"), 10, "the consumed reservation deleted")
     assert not gone(kube, "again")  # reusable: a Succeeded one is not the controller's
     assert status(kube, "again")["phase"] == "Succeeded"

@@ -261,16 +261,14 @@ def test_a_refused_eviction_is_told_and_tried_again_until_it_is_allowed(
     assert node.client.get(PODS, "ex", "default"), "the budget keeps the pod"
     assert not events(node, pod, "CPUReservationBlocked"), "evicted, not merely told"
     node.client.delete(PDBS, "ex", "default")  # the budget goes: the next try is allowed
-    wait_for(
-        lambda: (
-            not [
-                p
-                for p in node.client.list(PODS, "default")["items"]
-                if p["metadata"]["name"] == "ex"
-            ]
-            or bool(node.get(pod)["metadata"].get("deletionTimestamp"))
-        ),
-        what="ex evicted",
-    )
+
+    def evicted() -> bool:
+        """`ex` is gone or being deleted (one read: it may go between two)."""
+        rows = [
+            p for p in node.client.list(PODS, "default")["items"] if p["metadata"]["name"] == "ex"
+        ]
+        return not rows or bool(rows[0]["metadata"].get("deletionTimestamp"))
+
+    wait_for(evicted, what="ex evicted")
     st = phase_is(node, "r", "Available")
     assert C(st["cpus"]) == before
