@@ -357,16 +357,6 @@ def render_output(fmt: str, data: Any, table: Callable[[], str], *, compact: boo
     return table()
 
 
-def utc_text(seconds: float | None) -> str | None:
-    """Wall-clock `seconds` (since the epoch) as RFC 3339 UTC text, `2026-01-02T03:04:05Z`
-    (None stays None): how times are given in JSON and YAML output."""
-    if seconds is None:
-        return None
-    import time
-
-    return time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime(seconds))
-
-
 def dump(data: Any, fmt: str, *, compact: bool = False) -> str:
     """Render plain data as `json` (indented by 2, or one line with `compact`) or `yaml` text
     (ending with a newline)."""

@@ -18,12 +18,12 @@ from corepin.agent.host.reserve import (
     reservation_row,
     reserve,
     reserved_decision,
-    rfc3339,
 )
 from corepin.agent.host.settings import HostSettings
 from corepin.allocation.api import build_request
 from corepin.core.cpuset import CPUSet
 from corepin.core.errors import AllocationError, InputError
+from corepin.core.text import utc_text
 from corepin.state.model import Assignment, HostState
 from corepin.state.payload import payload_to_state, state_to_payload
 from corepin.state.reservations import Reservation
@@ -158,9 +158,9 @@ def test_deleting_a_reservation_frees_its_cpus_and_a_run_on_one_keeps_them(
 
 
 def test_report_rows_carry_rfc3339_utc_and_the_run_on_it() -> None:
-    assert rfc3339(None) is None
-    assert rfc3339(0.0) == "1970-01-01T00:00:00Z"
-    assert rfc3339(1_700_000_000.5) == "2023-11-14T22:13:20Z"
+    assert utc_text(None) is None
+    assert utc_text(0.0) == "1970-01-01T00:00:00Z"
+    assert utc_text(1_700_000_000.5) == "2023-11-14T22:13:20Z"
     row = reservation_row(Reservation("r", C("1"), expires=0.0, consumed_by=("run-1",)))
     assert row == {
         "name": "r",

@@ -31,6 +31,7 @@ from corepin.allocation.levels import withheld_for
 from corepin.allocation.types import LEVELS, Decision
 from corepin.core.cpuset import CPUSet
 from corepin.core.errors import AllocationError, InputError
+from corepin.core.text import utc_text
 from corepin.state.reservations import Reservation, check_name
 
 if TYPE_CHECKING:
@@ -166,14 +167,6 @@ def reserved_decision(state: HostState, name: str, topology: Topology) -> Decisi
 # ---------------------------------------------------------------------- how it is shown
 
 
-def rfc3339(seconds: float | None) -> str | None:
-    """Wall-clock `seconds` as RFC 3339 UTC text (`2026-01-02T03:04:05Z`); None for None."""
-    if seconds is None:
-        return None
-    stamp = time.strftime("%Y-%m-%dT%H:%M:%S", time.gmtime(seconds))
-    return stamp + "Z"
-
-
 def reservation_row(r: Reservation) -> dict[str, Any]:
     """One reservation as `corepin reserve` and `corepin report` print it: `name`, `cpus`,
     `expires` (RFC 3339 UTC or null), `consumed_by` (the run on it or null), and `withheld`,
@@ -181,7 +174,7 @@ def reservation_row(r: Reservation) -> dict[str, Any]:
     return {
         "name": r.name,
         "cpus": str(r.cpus),
-        "expires": rfc3339(r.expires),
+        "expires": utc_text(r.expires),
         "consumed_by": r.consumed_by[0] if r.consumed_by else None,
         "withheld": str(r.withheld),
         "level": r.level,
@@ -195,5 +188,4 @@ __all__ = [
     "reservation_row",
     "reserve",
     "reserved_decision",
-    "rfc3339",
 ]

@@ -8,9 +8,9 @@ from __future__ import annotations
 from collections.abc import Callable, Mapping, Sequence
 from typing import TYPE_CHECKING, Any
 
-from corepin.cli.common import render_output, utc_text
+from corepin.cli.common import render_output
 from corepin.cli.render.svg import render_svg
-from corepin.core.text import printable
+from corepin.core.text import printable, utc_text
 
 if TYPE_CHECKING:
     from corepin.state.model import HostState
