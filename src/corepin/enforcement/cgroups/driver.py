@@ -10,7 +10,6 @@ from __future__ import annotations
 
 import errno
 import os
-import threading
 from collections.abc import Iterable, Mapping
 from typing import Final
 
@@ -293,12 +292,9 @@ class CgroupDriver:
                 fake_leave(os.fspath(root or self.root), name, value.strip())
                 old = self.read_file(path, name, root) if os.path.exists(file) else ""
                 value = "\n".join([*old.split(), value]) + "\n"
-        # a fake tree's file is replaced whole, as a kernel file reads whole: a reader on
-        # another thread never sees it truncated and not yet written
-        target = f"{file}.{os.getpid()}.{threading.get_ident()}.tmp" if self.fake_tree else file
         try:
             flags = os.O_WRONLY | os.O_TRUNC | (os.O_CREAT if self.fake_tree else 0)
-            fd = os.open(target, flags, 0o644)
+            fd = os.open(file, flags, 0o644)
         except FileNotFoundError:
             if not os.path.isdir(os.path.dirname(file)):
                 raise CgroupError(
@@ -315,8 +311,6 @@ class CgroupDriver:
             raise write_error(file, value, err, at_open=False) from err
         finally:
             os.close(fd)
-        if target != file:
-            os.replace(target, file)
         self.writes += 1
         if self.record:
             self.journal.append((file, value))

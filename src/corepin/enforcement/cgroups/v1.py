@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import errno
 import os
+import time
 
 from corepin.core.cpuset import CPUSet
 from corepin.core.errors import CgroupError, CPUSetParseError
@@ -177,6 +178,17 @@ class CgroupV1(CgroupDriver):
             return errno.ENOSPC
         return None
 
+    def _fake_int(self, path: str, name: str, root: str) -> int:
+        """An integer file of the fake tree, as the kernel would show it. A fake file is
+        truncated before it is written, so a check on another thread may find it empty for an
+        instant (a kernel file never is): it is read again then."""
+        for _ in range(100):
+            text = self.read_file(path, name, root)
+            if text:
+                return int(text)
+            time.sleep(0.001)
+        return int(text)
+
     def _fake_burst_check(self, path: str, quota: int | None, burst: int | None) -> int | None:
         """v1 refuses a burst above a finite quota (either written: the other is read)."""
         root = self.cpu_root
@@ -185,9 +197,9 @@ class CgroupV1(CgroupDriver):
         ):
             return None
         if quota is None:
-            quota = int(self.read_file(path, "cpu.cfs_quota_us", root))
+            quota = self._fake_int(path, "cpu.cfs_quota_us", root)
         if burst is None:
-            burst = int(self.read_file(path, "cpu.cfs_burst_us", root))
+            burst = self._fake_int(path, "cpu.cfs_burst_us", root)
         return errno.EINVAL if burst < 0 or (quota >= 0 and burst > quota) else None
 
     def _fake_quota_check(self, path: str, quota: int) -> int | None:
@@ -195,22 +207,22 @@ class CgroupV1(CgroupDriver):
         if quota == -1 or self.cpu_root is None:
             return None
         root = self.cpu_root
-        period = int(self.read_file(path, "cpu.cfs_period_us", root))
+        period = self._fake_int(path, "cpu.cfs_period_us", root)
         mine = quota / period
         parts = split_cgroup_path(path)
         for depth in range(len(parts) - 1, -1, -1):
             above = "/".join(parts[:depth])
-            theirs = int(self.read_file(above, "cpu.cfs_quota_us", root))
+            theirs = self._fake_int(above, "cpu.cfs_quota_us", root)
             if theirs >= 0:
-                if mine > theirs / int(self.read_file(above, "cpu.cfs_period_us", root)):
+                if mine > theirs / self._fake_int(above, "cpu.cfs_period_us", root):
                     return errno.EINVAL
                 break
         with os.scandir(self.dir(path, root)) as entries:  # (closed when a child vanishes)
             children = [child.name for child in entries if child.is_dir()]
         for name in children:
             rel = "/".join((*parts, name))
-            theirs = int(self.read_file(rel, "cpu.cfs_quota_us", root))
-            if theirs >= 0 and theirs / int(self.read_file(rel, "cpu.cfs_period_us", root)) > mine:
+            theirs = self._fake_int(rel, "cpu.cfs_quota_us", root)
+            if theirs >= 0 and theirs / self._fake_int(rel, "cpu.cfs_period_us", root) > mine:
                 return errno.EINVAL
         return None
 
