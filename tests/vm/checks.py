@@ -69,8 +69,20 @@ def topology(guest: Guest) -> dict[str, Any]:
 
 
 def lines(text: str) -> list[dict[str, Any]]:
-    """The JSON objects of the lines of `text` that hold one."""
-    return [json.loads(line) for line in text.splitlines() if line.startswith("{")]
+    """The JSON objects in `text`, in order: each starts at the beginning of a line and may go
+    on over several lines (corepin indents its JSON; the probe writes one line)."""
+    decoder = json.JSONDecoder()
+    out: list[dict[str, Any]] = []
+    at = 0
+    while True:
+        start = text.find("{", at)
+        if start < 0:
+            return out
+        if start > 0 and text[start - 1] != "\n":
+            at = start + 1
+            continue
+        obj, at = decoder.raw_decode(text, start)
+        out.append(obj)
 
 
 def probe_self(*args: str) -> str:
