@@ -31,10 +31,21 @@ allowed() {  # Cpus_allowed_list of a pid
     sed -n 's/^Cpus_allowed_list:[[:space:]]*//p' "/proc/$1/status" 2>/dev/null || echo "(gone)"
 }
 
+# one field of every allocation in `corepin report -o json` (read as JSON, by the Python that
+# runs corepin), one per line
+PY=$(dirname "$COREPIN")/python
+[ -x "$PY" ] || PY=python3
+report_field() {
+    "$PY" -c 'import json, sys
+for a in json.load(sys.stdin)["allocations"]:
+    if a.get(sys.argv[1]) is not None:
+        print(a[sys.argv[1]])' "$1"
+}
+
 wait_for_allocations() {  # until the report lists $1 allocations (at most ~10 s)
     n=0
     while [ "$n" -lt 100 ]; do
-        count=$("$COREPIN" report -o json | grep -c '"id":' || true)
+        count=$("$COREPIN" report -o json | report_field id | wc -l)
         [ "$count" -ge "$1" ] && return 0
         sleep 0.1
         n=$((n + 1))
@@ -73,8 +84,7 @@ fi
 step "corepin report: who holds which CPUs (the shared workloads were re-pinned)"
 "$COREPIN" report
 echo
-# the pid of each allocation (6 spaces in): the owner's own "pid", deeper in, is the same one
-"$COREPIN" report -o json | sed -n 's/^      "pid": \([0-9][0-9]*\),$/\1/p' | while read -r pid; do
+"$COREPIN" report -o json | report_field pid | while read -r pid; do
     echo "pid $pid ($(cat "/proc/$pid/comm" 2>/dev/null || echo gone)) is allowed on CPUs $(allowed "$pid")"
 done
 "$COREPIN" report -o svg --out "$DEMO_DIR/report-this-machine.svg"

@@ -23,16 +23,18 @@ from corepin.testing.catalogue import names as machine_names
 
 #: commands whose positional argument is an allocation id
 TAKES_ID = ("release",)
-#: a shell function printing the ids of the allocations (an allocation's "id" is 6 spaces in
-#: the indented JSON of `corepin report`; its owner's keys are deeper)
+#: a shell function printing the ids of the allocations (`corepin report -o json` read as JSON
+#: by python3, which any machine that runs corepin has)
 IDS_FUNCTION = [
     "_corepin_ids() {",
     "    local i state=()",
     "    for ((i = 1; i < COMP_CWORD; i++)); do",
     '        [[ ${COMP_WORDS[i]} == --state-dir ]] && state=(--state-dir "${COMP_WORDS[i+1]}")',
     "    done",
-    '    "${COMP_WORDS[0]}" report -o json "${state[@]}" 2>/dev/null |',
-    """        sed -n 's/^      "id": "\\([^"]*\\)",$/\\1/p'""",
+    '    "${COMP_WORDS[0]}" report -o json "${state[@]}" 2>/dev/null | python3 -c \'',
+    "import json, sys",
+    'for a in json.load(sys.stdin).get("allocations", []):',
+    '    print(a["id"])\' 2>/dev/null',
     "}",
 ]
 
