@@ -289,3 +289,27 @@ def test_kubectl_finds_the_plugin_and_runs_report_for_a_node(
     assert missing.returncode == 2 and "worker-9" in missing.stderr
     usage = subprocess.run([kubectl, "corepin"], env=env, capture_output=True, text=True)
     assert usage.returncode == 2 and "kubectl corepin report NODE" in usage.stderr
+
+
+def test_report_node_lists_the_reservations_the_agent_holds(
+    kube: KubeClient, fake_kubeconfig: Path
+) -> None:
+    kube.create(CRDS, crd("nodecputopologies"))
+    obj = example()
+    obj["status"]["reservations"] = [
+        {"name": "db-next", "cpus": "6-7", "phase": "Available"},
+        {"name": "web-once", "cpus": "3", "phase": "Succeeded", "consumedBy": "shop/web-2"},
+    ]
+    publish(kube, obj)
+    data = json.loads(report(fake_kubeconfig, "--node", "worker-1", "-o", "json").stdout)
+    rows = {r["name"]: r for r in data["reservations"]}
+    assert rows["db-next"] == {
+        "name": "db-next",
+        "cpus": "6-7",
+        "expires": None,
+        "consumed_by": None,
+        "phase": "Available",
+    }
+    assert rows["web-once"]["consumed_by"] == "shop/web-2"
+    table = report(fake_kubeconfig, "--node", "worker-1").stdout
+    assert "Reservations:" in table and "db-next" in table and "shop/web-2" in table

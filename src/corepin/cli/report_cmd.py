@@ -154,6 +154,7 @@ def _report_remote(args: argparse.Namespace) -> int:
 
     node_report, node_topology = read_node(args.node, kube_config(args, os.environ))
     data = report_data(node_report.state, pools=node_report.pools)
+    data["reservations"] = [dict(row) for row in node_report.reservations]
     text = render_report(args.output, data, node_report.state, lambda: node_topology)
     write_output(text, args.out)
     return 0

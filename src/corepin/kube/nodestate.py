@@ -6,10 +6,14 @@ the withheld units are recomputed from the level on the published topology), nam
 `<namespace>/<pod>/<container>`. The node facts come from the object too: online CPUs from
 `spec.topology`, isolated and reserved CPUs and the options from status and spec. The pools
 the agent published (`status.sharedPool`, `status.free`, ...) are returned beside the state,
-so a report shows what the agent says even where it would be derived differently.
+so a report shows what the agent says even where it would be derived differently, and so are
+the CPUReservations the agent holds (`status.reservations`), as the rows a host report lists
+(`name`, `cpus`, `expires`: null, the CPUReservation says when; `consumed_by`: the pod on it).
 """
 
 from __future__ import annotations
+
+from typing import Any
 
 from corepin.allocation.levels import withheld_for
 from corepin.core.errors import CorepinError, InputError
@@ -26,6 +30,7 @@ class NodeReport:
     node: str
     state: HostState
     pools: dict[str, str]
+    reservations: tuple[dict[str, Any], ...] = ()
 
 
 def node_state(ncpt: NodeCPUTopology) -> NodeReport:
@@ -80,4 +85,14 @@ def node_state(ncpt: NodeCPUTopology) -> NodeReport:
         raise InputError(
             f"NodeCPUTopology {ncpt.name!r} does not add up: {exc}", reason="bad_node_topology"
         ) from exc
-    return NodeReport(ncpt.name, state, pools)
+    held = tuple(
+        {
+            "name": r.name,
+            "cpus": str(r.cpus),
+            "expires": None,
+            "consumed_by": r.consumed_by,
+            "phase": r.phase,
+        }
+        for r in (status.reservations if status is not None else ())
+    )
+    return NodeReport(ncpt.name, state, pools, held)
