@@ -285,3 +285,21 @@ def test_the_executor_moves_a_run_in_its_cpuset_group_and_every_thread(
                 p.send_signal(signal.SIGTERM)
                 p.wait(timeout=30)
         assert kill_and_remove_cgroup(parent)
+
+
+@needs_cpus_0_1
+def test_a_rebalance_limit_caps_the_moves_of_a_pass_and_is_checked(
+    machine: list[str], background: list[subprocess.Popen[str]]
+) -> None:
+    for bad, words in (
+        (["--rebalance", "--rebalance-limit", "0"], "expected a whole number >= 1, got '0'"),
+        (["--rebalance-limit", "1"], "give --rebalance too"),
+    ):
+        done = corepin(machine, "reconcile", "--once", *bad)
+        assert done.returncode == 2 and words in done.stderr, (bad, done.stderr)
+    row = misaligned_run(machine, background)
+    done = corepin(
+        machine, "reconcile", "--once", "--rebalance", "--rebalance-limit", "1", "-o", "json"
+    )
+    assert done.returncode == 0, done.stderr
+    assert [m["id"] for m in json.loads(done.stdout)["moves"]] == [row["id"]]

@@ -45,6 +45,13 @@ def add_arguments(parser: argparse.ArgumentParser, name: str) -> None:
         "memory migrated where the kernel can, every thread re-pinned); one line per move. "
         "Runs on a reservation and runs started with --no-rebalance are never moved",
     )
+    parser.add_argument(
+        "--rebalance-limit",
+        type=_positive_count,
+        metavar="N",
+        help="with --rebalance: at most N moves a pass, the worst-aligned runs first "
+        "(default: every move that helps)",
+    )
     parser.add_argument("--once", action="store_true", help="one pass, then exit")
     add_reserved_arguments(parser)
     parser.add_argument(
@@ -70,6 +77,12 @@ def run(args: argparse.Namespace) -> int:
     from corepin.agent.host.reconcile import QOS_SAMPLE, reconcile_forever, reconcile_once
     from corepin.agent.host.settings import HostSettings
 
+    if args.rebalance_limit is not None and not args.rebalance:
+        raise InputError(
+            f"--rebalance-limit {args.rebalance_limit} limits the moves of --rebalance: give "
+            "--rebalance too",
+            reason="bad_usage",
+        )
     settings = HostSettings.from_args(args, os.environ)
     policy, resctrl_root = qos_from(args)  # a bad file: exit 2, nothing touched
     agent = HostAgent(settings, reserve=reserve_from(args))
@@ -106,7 +119,12 @@ def run(args: argparse.Namespace) -> int:
                 reason="bad_usage",
             )
         changes = reconcile_once(
-            agent, loop, sample=QOS_SAMPLE, rebalancing=bool(args.rebalance), moved=moves
+            agent,
+            loop,
+            sample=QOS_SAMPLE,
+            rebalancing=bool(args.rebalance),
+            rebalance_limit=args.rebalance_limit,
+            moved=moves,
         )
         show(changes)
         return 0
@@ -116,6 +134,18 @@ def run(args: argparse.Namespace) -> int:
         show,
         loop,
         rebalancing=bool(args.rebalance),
+        rebalance_limit=args.rebalance_limit,
         moved=moved,
     )
     return 0
+
+
+def _positive_count(text: str) -> int:
+    """A whole number >= 1 (argparse names the option and the value when it is not)."""
+    try:
+        value = int(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"expected a whole number >= 1, got {text!r}") from None
+    if value < 1:
+        raise argparse.ArgumentTypeError(f"expected a whole number >= 1, got {text!r}")
+    return value

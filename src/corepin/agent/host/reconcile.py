@@ -34,6 +34,7 @@ def reconcile_once(
     *,
     sample: float = 0.0,
     rebalancing: bool = False,
+    rebalance_limit: int | None = None,
     moved: list[Move] | None = None,
 ) -> list[Note]:
     """Free what died, re-apply drifted pins, repair the shield (resize it, adopt new
@@ -43,8 +44,9 @@ def reconcile_once(
     transaction of its own and waits `sample` seconds (without the lock), so the pass's period
     has CPU use to go by.
 
-    With `rebalancing`, a last transaction moves the misaligned exclusive runs (one `moved`
-    note per move; the moves are also appended to `moved` when given)."""
+    With `rebalancing`, a last transaction moves the misaligned exclusive runs, at most
+    `rebalance_limit` of them (None: all; one `moved` note per move; the moves are also
+    appended to `moved` when given)."""
     loop = qos
     changes_first: list[Note] = []
     if loop is not None and sample > 0:
@@ -88,7 +90,7 @@ def reconcile_once(
             host.be_cpus = loop.be_cpus  # the next pass pins BE runs to it
         changes.extend(host.remove_cgroups(state))
     if rebalancing:
-        moves, repinned = rebalance(host)
+        moves, repinned = rebalance(host, limit=rebalance_limit)
         changes.extend(_expired_notes(host))
         changes.extend(move_note(m) for m in moves)
         changes.extend(repinned)
@@ -117,10 +119,12 @@ def reconcile_forever(
     qos: HostQos | None = None,
     *,
     rebalancing: bool = False,
+    rebalance_limit: int | None = None,
     moved: Callable[[list[Move]], None] | None = None,
 ) -> None:
     """`reconcile_once` every `interval` seconds (one QoS loop `qos` kept across the passes),
-    each pass's moves given to `moved` (with `rebalancing`) and then its changes to `show`,
+    each pass's moves (at most `rebalance_limit` a pass) given to `moved` (with `rebalancing`)
+    and then its changes to `show`,
     until
     SIGTERM or SIGINT. A state lock someone else holds is a warning on stderr (busy is not
     broken: an operator may hold the lock for a while), not the end."""
@@ -135,7 +139,9 @@ def reconcile_forever(
     while not stop:
         try:
             moves: list[Move] = []
-            changes = reconcile_once(host, qos, rebalancing=rebalancing, moved=moves)
+            changes = reconcile_once(
+                host, qos, rebalancing=rebalancing, rebalance_limit=rebalance_limit, moved=moves
+            )
             if moved is not None:
                 moved(moves)
             show(changes)
