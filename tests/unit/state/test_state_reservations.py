@@ -14,6 +14,7 @@ from corepin.core.cpuset import CPUSet
 from corepin.core.errors import AllocationError, RequestError, StateFormatError
 from corepin.state import Assignment, HostState, ProcessOwner
 from corepin.state.checkpoint import decode_checkpoint, encode_checkpoint
+from corepin.state.move import move_assignment
 from corepin.state.payload import payload_to_state, state_to_payload
 from corepin.state.reservations import Reservation, check_name
 from corepin.state.validate import validate
@@ -199,3 +200,15 @@ def test_a_workload_on_an_ended_reservation_keeps_its_cpus_as_its_own() -> None:
         assert mine.reservation is None and mine.cpus == C("4-5")
         assert not C("4-5") & after.free
         assert after.remove("r1").free == C("0-7")
+
+
+def test_a_move_keeps_size_kind_and_level_and_refuses_a_workload_on_a_reservation() -> None:
+    state = base().add(Assignment("m", kind="mixed", cpus=C("0-1"), owner=ProcessOwner(1, 1)))
+    moved, old, new = move_assignment(state, "m", C("2-3"), CPUSet(), C("0"))
+    assert (old.cpus, new.cpus, new.kind, new.withheld) == (C("0-1"), C("2-3"), "mixed", C("2-3"))
+    assert C("0-1") <= moved.free and not C("2-3") & moved.free
+    with pytest.raises(AllocationError, match="cannot move 'm'"):
+        move_assignment(state, "m", C("4-5"), CPUSet(), C("0"))  # the reservation's
+    on = state.add(run("r1", "4-5", "db"))
+    with pytest.raises(RequestError, match="reservation 'db'"):
+        move_assignment(on, "r1", C("6-7"), CPUSet(), C("0"))

@@ -35,6 +35,7 @@ from corepin.allocation.rebalance import Movable, Move, plan_moves
 from corepin.core.errors import AllocationError
 from corepin.enforcement.note import Note
 from corepin.enforcement.shield.control import keep_system
+from corepin.state.move import move_assignment
 
 if TYPE_CHECKING:
     from corepin.state.model import Assignment, HostState
@@ -105,12 +106,9 @@ def apply_moves(
                 reason="stale_move",
             )
         # the nodes of its new CPUs, as the state's validation keeps them for every holder
-        new = old.evolve(
-            cpus=move.new,
-            withheld=move.new_withheld | move.new,
-            mems=host.topology.mems_of(move.new),
+        state, old, new = move_assignment(
+            state, move.id, move.new, move.new_withheld, host.topology.mems_of(move.new)
         )
-        state = state.replace_assignment(new)
         moved.append((old, new))
     if not moved:
         return []

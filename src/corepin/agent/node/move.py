@@ -33,9 +33,10 @@ from corepin.agent.node.sync import PodEvent, shared_pool_users
 from corepin.agent.node.tell import Teller
 from corepin.allocation.levels import withheld_for
 from corepin.core.cpuset import CPUSet
-from corepin.core.errors import AllocationError, CorepinError, RequestError
+from corepin.core.errors import CorepinError
 from corepin.core.record import record, replace
 from corepin.state.model import Assignment, HostState
+from corepin.state.move import move_assignment
 from corepin.topology.model import Topology
 
 log = logging.getLogger("corepin.agent.node")
@@ -65,36 +66,16 @@ def relocate(
     topology: Topology,
     reason: str,
 ) -> tuple[HostState, Moved]:
-    """The state with the assignment `assignment_id` on `new_cpus` (withholding `new_withheld`,
-    which must contain them; empty: what its level withholds), same kind and level; the new
-    CPUs must be free or its own. RequestError for an unknown id, an assignment that holds no
-    CPUs or runs on a reservation, a size change; AllocationError when the CPUs are taken."""
+    """The state with the assignment `assignment_id` on `new_cpus` (withholding `new_withheld`;
+    empty: what its level withholds), same kind and level, its memory nodes those of the new
+    CPUs (`corepin.state.move.move_assignment`, whose errors it raises)."""
     old = state.get(assignment_id)
-    if old is None:
-        raise RequestError(f"no assignment with id {assignment_id!r}", reason="unknown_id")
-    if not old.holds or old.kind not in ("exclusive", "share"):
-        raise RequestError(f"{assignment_id!r} holds no CPUs of its own: nothing to move")
-    if old.reservation is not None:
-        raise RequestError(
-            f"{assignment_id!r} runs on reservation {old.reservation!r}: it is not moved",
-            reason="on_reservation",
-        )
-    if len(new_cpus) != len(old.cpus):
-        raise RequestError(
-            f"{assignment_id!r}: a move keeps the size ({len(old.cpus)} CPUs), got {new_cpus}"
-        )
-    withheld = new_withheld or withheld_for(topology, old.level, new_cpus)
-    if not new_cpus.issubset(withheld):
-        raise RequestError(f"{assignment_id!r}: withheld {withheld} must contain {new_cpus}")
-    new = old.evolve(cpus=new_cpus, withheld=withheld, mems=topology.mems_of(new_cpus))
-    without = state.remove(assignment_id)
-    try:
-        moved = without.add(new)
-    except AllocationError as exc:
-        raise AllocationError(
-            f"cannot move {assignment_id!r} to CPUs {new_cpus}: {exc.message}", reason=exc.reason
-        ) from None
-    return moved, Moved(old, new, reason)
+    level = old.level if old is not None else "cpu"
+    withheld = new_withheld or withheld_for(topology, level, new_cpus)
+    moved, before, after = move_assignment(
+        state, assignment_id, new_cpus, withheld, topology.mems_of(new_cpus)
+    )
+    return moved, Moved(before, after, reason)
 
 
 class Mover:
