@@ -77,18 +77,7 @@ class Patching(Writes):
                     f"{meta_of(view).get('uid')}",
                 )
             new = to_storage(rt, patched)
-            entries = ssa.entries_from(current)
-            if opts.field_manager:
-                entries = ssa.track_update(
-                    self._strip(current),
-                    self._strip(new),
-                    entries,
-                    opts.field_manager,
-                    rt.api_version,
-                    subresource,
-                    rt.list_keys,
-                )
-            return self._update(rt, ns, name, current, new, opts, subresource, entries)
+            return self._update_tracked(rt, ns, name, current, new, opts, subresource)
 
     def _apply(
         self,

@@ -224,18 +224,32 @@ class Writes(ClusterBase):
             given_rv = meta.get("resourceVersion")
             if given_rv and given_rv != meta_of(current)["resourceVersion"]:
                 raise err.conflict(rt, name)
-            entries = ssa.entries_from(current)
-            if opts.field_manager:
-                entries = ssa.track_update(
-                    self._strip(current),
-                    self._strip(new),
-                    entries,
-                    opts.field_manager,
-                    rt.api_version,
-                    subresource,
-                    rt.list_keys,
-                )
-            return self._update(rt, ns, name, current, new, opts, subresource, entries)
+            return self._update_tracked(rt, ns, name, current, new, opts, subresource)
+
+    def _update_tracked(
+        self,
+        rt: ResourceType,
+        ns: str,
+        name: str,
+        current: Obj,
+        new: Obj,
+        opts: WriteOptions,
+        subresource: str,
+    ) -> WriteResult:
+        """`_update` of an update or a patch, the writer's fields recorded in managedFields
+        when it names a field manager (as the API server does for both)."""
+        entries = ssa.entries_from(current)
+        if opts.field_manager:
+            entries = ssa.track_update(
+                self._strip(current),
+                self._strip(new),
+                entries,
+                opts.field_manager,
+                rt.api_version,
+                subresource,
+                rt.list_keys,
+            )
+        return self._update(rt, ns, name, current, new, opts, subresource, entries)
 
     def _strip(self, obj: Obj) -> Obj:
         out = {k: v for k, v in obj.items()}
