@@ -35,7 +35,7 @@ from corepin.topology.discover import discover
 from corepin.topology.model import Topology
 from support.helpers import wait_for
 from support.node_harness import FakeNode, fake_node
-from support.pods import EXCLUSIVE, container
+from support.pods import EXCLUSIVE, container, running_container
 
 TOPO: Topology = synthetic(
     SyntheticSpec(numa_per_socket=2, cores_per_l3=6, threads_per_core=1, numbering="linear")
@@ -275,17 +275,7 @@ def test_a_live_move_on_the_real_hierarchy_keeps_the_process_on_cpus(
             status = {
                 "phase": "Running",
                 "qosClass": "Guaranteed",
-                "containerStatuses": [
-                    {
-                        "name": "app",
-                        "containerID": f"containerd://{cid}",
-                        "state": {"running": {"startedAt": "2026-11-22T00:00:00Z"}},
-                        "ready": True,
-                        "restartCount": 0,
-                        "image": "busybox",
-                        "imageID": "busybox",
-                    }
-                ],
+                "containerStatuses": [running_container("app", cid)],
             }
             n.seen(kube.patch_status(PODS, "db", {"status": status}, "default"))
             cgroups = ContainerCgroups(real, topo, kubelet_root=f"/{scratch}", layout="cgroupfs")

@@ -38,7 +38,7 @@ from corepin.testing.sysfs_tree import write_sysfs_tree
 from support.helpers import corepin_argv, wait_for
 from support.node_harness import NODE, FakeNode, fake_node
 from support.paths import REPO
-from support.pods import EXCLUSIVE, container
+from support.pods import EXCLUSIVE, container, running_container
 
 TOPO = synthetic.named("dual_socket_ht")  # 32 CPUs
 
@@ -240,17 +240,7 @@ def test_quota_is_removed_on_the_real_hierarchy_through_a_bind_mount(
             status = {
                 "phase": "Running",
                 "qosClass": "Guaranteed",
-                "containerStatuses": [
-                    {
-                        "name": "app",
-                        "containerID": f"containerd://{cid}",
-                        "state": {"running": {"startedAt": "2026-11-22T00:00:00Z"}},
-                        "ready": True,
-                        "restartCount": 0,
-                        "image": "busybox",
-                        "imageID": "busybox",
-                    }
-                ],
+                "containerStatuses": [running_container("app", cid)],
             }
             kube.patch_status(PODS, "db", {"status": status}, "default")
             log = tmp_path / "agent.log"

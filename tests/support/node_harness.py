@@ -133,16 +133,8 @@ class FakeNode:
             cid = secrets.token_hex(32)
             self.driver.create(self.container_path(pod, cid))
             old = statuses.get(name)
-            statuses[name] = {
-                "name": name,
-                "containerID": f"containerd://{cid}",
-                "state": {"running": {"startedAt": "2026-11-22T00:00:00Z"}},
-                "ready": True,
-                "started": True,
-                "restartCount": (old["restartCount"] + 1) if old else 0,
-                "image": "busybox",
-                "imageID": "busybox",
-            }
+            restarts = (old["restartCount"] + 1) if old else 0
+            statuses[name] = pods.running_container(name, cid, restarts=restarts)
         return self._status(pod, list(statuses.values()))
 
     def _status(self, pod: Mapping[str, Any], statuses: list[dict[str, Any]]) -> dict[str, Any]:

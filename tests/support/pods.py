@@ -108,6 +108,20 @@ def pod(
     return obj
 
 
+def running_container(name: str, cid: str, *, restarts: int = 0) -> Obj:
+    """A container status as a kubelet reports a running container with containerd id `cid`."""
+    return {
+        "name": name,
+        "containerID": f"containerd://{cid}",
+        "state": {"running": {"startedAt": "2026-11-22T00:00:00Z"}},
+        "ready": True,
+        "started": True,
+        "restartCount": restarts,
+        "image": "busybox",
+        "imageID": "busybox",
+    }
+
+
 def _statuses(
     containers: list[Obj], running: bool | Mapping[str, str], terminated: Collection[str]
 ) -> list[Obj]:

@@ -1,5 +1,6 @@
 """The virtual-machine test bed: QEMU guests of chosen shapes running this checkout."""
 
+from .checks import guest_check
 from .guest import (
     Guest,
     GuestBootError,
@@ -24,5 +25,6 @@ __all__ = [
     "GuestTimeout",
     "Result",
     "Shape",
+    "guest_check",
     "skip_reason",
 ]

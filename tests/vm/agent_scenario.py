@@ -112,18 +112,7 @@ class Kubelet:
             "phase": "Running",
             "qosClass": qos_of(pod["spec"]["containers"]),
             "conditions": [{"type": "Ready", "status": "True"}],
-            "containerStatuses": [
-                {
-                    "name": "app",
-                    "containerID": f"containerd://{cid}",
-                    "state": {"running": {"startedAt": "2026-11-22T00:00:00Z"}},
-                    "ready": True,
-                    "started": True,
-                    "restartCount": 0,
-                    "image": "busybox",
-                    "imageID": "busybox",
-                }
-            ],
+            "containerStatuses": [pods.running_container("app", cid)],
         }
         self.client.patch_status(PODS, name, {"status": status}, "default")
         return pod, proc.pid, str(ctr.relative_to(CGROUP))

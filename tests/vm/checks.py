@@ -7,7 +7,7 @@ import shlex
 from collections import defaultdict
 from typing import Any
 
-from .guest import Guest
+from .guest import REPO, Guest
 from .shapes import Shape, cpu_list
 
 PROBE = "python tests/vm/probe.py"
@@ -83,6 +83,18 @@ def lines(text: str) -> list[dict[str, Any]]:
             continue
         obj, at = decoder.raw_decode(text, start)
         out.append(obj)
+
+
+def guest_check(guest: Guest, script: str, *args: str, timeout: float = 600.0) -> tuple[int, Any]:
+    """Run a guest check (`tests/vm/SCRIPT --this-machine-is-mine ARGS...`) in the guest: its
+    exit status and the JSON object it printed last (asserted to be there)."""
+    result = guest.run(
+        ["python", str(REPO / "tests" / "vm" / script), "--this-machine-is-mine", *args],
+        timeout=timeout,
+    )
+    found = [line for line in result.stdout.splitlines() if line.startswith("{")]
+    assert found, result.output
+    return result.returncode, json.loads(found[-1])
 
 
 def probe_self(*args: str) -> str:

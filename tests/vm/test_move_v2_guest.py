@@ -12,13 +12,10 @@ Skips where the test bed cannot run (`vm.skip_reason()`).
 
 from __future__ import annotations
 
-import json
 from collections.abc import Callable
 from typing import Any
 
 import pytest
-
-from support.paths import REPO
 
 vm = pytest.importorskip("vm", reason="the VM test bed (tests/vm) is not here")
 
@@ -46,18 +43,9 @@ def moved(vm_numa4_nosmt: Any) -> Callable[[str], dict[str, Any]]:
 
     def run(layout: str) -> dict[str, Any]:
         if layout not in done:
-            result = vm_numa4_nosmt.run(
-                [
-                    "python",
-                    str(REPO / "tests" / "vm" / "move_v2_guest_check.py"),
-                    "--this-machine-is-mine",
-                    layout,
-                ],
-                timeout=300,
-            )
-            lines = [line for line in result.stdout.splitlines() if line.startswith("{")]
-            assert lines, result.output
-            done[layout] = json.loads(lines[-1])
+            done[layout] = vm.guest_check(
+                vm_numa4_nosmt, "move_v2_guest_check.py", layout, timeout=300
+            )[1]
         return done[layout]
 
     return run

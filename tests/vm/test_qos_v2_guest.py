@@ -19,13 +19,10 @@ bed cannot run (`vm.skip_reason()`).
 
 from __future__ import annotations
 
-import json
 from collections.abc import Callable, Iterator
 from typing import Any
 
 import pytest
-
-from support.paths import REPO
 
 vm = pytest.importorskip("vm", reason="the VM test bed (tests/vm) is not here")
 
@@ -103,18 +100,7 @@ def part(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Callable[[str], d
 
         def run(name: str) -> dict[str, Any]:
             if name not in done:
-                result = guest.run(
-                    [
-                        "python",
-                        str(REPO / "tests" / "vm" / "qos_v2_guest_check.py"),
-                        "--this-machine-is-mine",
-                        name,
-                    ],
-                    timeout=600,
-                )
-                lines = [line for line in result.stdout.splitlines() if line.startswith("{")]
-                assert lines, result.output
-                done[name] = json.loads(lines[-1])
+                done[name] = vm.guest_check(guest, "qos_v2_guest_check.py", name)[1]
             return done[name]
 
         yield run

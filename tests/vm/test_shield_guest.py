@@ -14,7 +14,6 @@ defaults to the first of `SHIELD_SHAPES` the bed knows (`COREPIN_SHIELD_SHAPE` p
 
 from __future__ import annotations
 
-import json
 import os
 from collections.abc import Iterator
 from typing import Any
@@ -51,21 +50,10 @@ def guest(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Any]:
 
 
 def _check(guest: Any, *args: str) -> dict[str, Any]:
-    result = guest.run(
-        [
-            "python",
-            str(REPO / "tests" / "vm" / "shield_guest_check.py"),
-            "--this-machine-is-mine",
-            *args,
-        ],
-        timeout=900,
-    )
-    lines = [line for line in result.stdout.splitlines() if line.startswith("{")]
-    assert lines, result.output
-    data: dict[str, Any] = json.loads(lines[-1])
-    if result.returncode == 3 and "skip" in data:
+    code, data = vm.guest_check(guest, "shield_guest_check.py", *args, timeout=900)
+    if code == 3 and "skip" in data:
         pytest.skip(data["skip"])
-    return data
+    return dict(data)
 
 
 def test_the_whole_machine_shield_on_cgroup_v2(guest: Any) -> None:

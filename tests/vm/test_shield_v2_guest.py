@@ -12,13 +12,10 @@ guest and reads the verdicts. Skips where the test bed cannot run (`vm.skip_reas
 
 from __future__ import annotations
 
-import json
 from collections.abc import Iterator
 from typing import Any
 
 import pytest
-
-from support.paths import REPO
 
 vm = pytest.importorskip("vm", reason="the VM test bed (tests/vm) is not here")
 
@@ -40,20 +37,9 @@ def guest(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Any]:
 
 
 def _check(guest: Any, layout: str) -> dict[str, Any]:
-    result = guest.run(
-        [
-            "python",
-            str(REPO / "tests" / "vm" / "shield_v2_guest_check.py"),
-            "--this-machine-is-mine",
-            "--state-dir",
-            f"/tmp/shield-v2-{layout}",
-            layout,
-        ],
-        timeout=600,
-    )
-    lines = [line for line in result.stdout.splitlines() if line.startswith("{")]
-    assert lines, result.output
-    data: dict[str, Any] = json.loads(lines[-1])
+    data: dict[str, Any] = vm.guest_check(
+        guest, "shield_v2_guest_check.py", "--state-dir", f"/tmp/shield-v2-{layout}", layout
+    )[1]
     return data
 
 
