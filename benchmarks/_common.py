@@ -98,6 +98,23 @@ def record_baseline(section: str, figures: dict[str, Any]) -> None:
     BASELINE.write_text(json.dumps(data, indent=2, sort_keys=True) + "\n", encoding="utf-8")
 
 
+def record_if_asked(record: bool, quick: bool, section: str, figures: dict[str, Any]) -> None:
+    """`--record`: write `figures` as the baseline's `section`, saying so (a `--quick` run is
+    never recorded: its figures come from too few samples)."""
+    if not record:
+        return
+    if quick:
+        print("not recording a --quick run as the baseline")
+        return
+    record_baseline(section, figures)
+    print(f"baseline.json updated ({section})")
+
+
+def pct(value: float | None) -> str:
+    """A share as a percentage with one decimal (`-` for none)."""
+    return "-" if value is None else f"{100 * value:.1f}%"
+
+
 def baseline_figures(section: str) -> dict[str, Any]:
     got = load_baseline().get(section, {})
     figures = got.get("figures", {}) if isinstance(got, dict) else {}

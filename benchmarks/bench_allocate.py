@@ -31,7 +31,7 @@ from _common import (
     describe,
     median,
     percentile,
-    record_baseline,
+    record_if_asked,
     table,
     topology,
 )
@@ -192,12 +192,7 @@ def main() -> int:
             print(f"  {line}")
     else:
         print("targets met (median <= 250 us at 256 CPUs, <= 1 ms at 1024; p99 <= 5x median)")
-    if args.record:
-        if args.quick:
-            print("not recording a --quick run as the baseline")
-        else:
-            record_baseline("allocate", figures)
-            print("baseline.json updated (allocate)")
+    record_if_asked(args.record, args.quick, "allocate", figures)
     return 0
 
 

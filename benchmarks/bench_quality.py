@@ -30,7 +30,8 @@ from _common import (
     change,
     describe,
     environment,
-    record_baseline,
+    pct,
+    record_if_asked,
     topology,
 )
 from corepin.allocation.policies import get_policy
@@ -44,10 +45,6 @@ SCENARIOS: dict[str, dict[str, str]] = {
     "full-pcpus-only": {"full-pcpus-only": "true"},
 }
 DOCS = REPO / "docs" / "benchmarks.md"
-
-
-def pct(value: float | None) -> str:
-    return "-" if value is None else f"{100 * value:.1f}%"
 
 
 def combine(results: list[PolicyResult]) -> dict[str, Any]:
@@ -303,12 +300,7 @@ def main() -> int:
     if not args.quick and not args.no_docs:
         write_docs(quality, seeds, events, topo_lines, missed)
         print(f"wrote {DOCS.relative_to(REPO)}")
-    if args.record:
-        if args.quick:
-            print("not recording a --quick run as the baseline")
-        else:
-            record_baseline("quality", figures)
-            print("baseline.json updated (quality)")
+    record_if_asked(args.record, args.quick, "quality", figures)
     return 0
 
 

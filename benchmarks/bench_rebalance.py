@@ -24,7 +24,7 @@ import argparse
 import time
 from typing import Any
 
-from _common import QUALITY, baseline_figures, describe, median, percentile, record_baseline
+from _common import QUALITY, baseline_figures, describe, median, pct, percentile, record_if_asked
 from _common import table as render
 from _common import topology as machine
 from corepin.allocation.policies import get_policy
@@ -46,10 +46,6 @@ class TimedPlanner:
         moves = plan_moves(*args, **kwargs)
         self.ns.append(time.perf_counter_ns() - start)
         return moves
-
-
-def pct(value: float | None) -> str:
-    return "-" if value is None else f"{100 * value:.1f}%"
 
 
 def change(got: dict[str, Any], key: str) -> str:
@@ -202,12 +198,7 @@ def main() -> int:
             print(f"  {line}")
     else:
         print("targets met: same admitted, higher or equal aligned CPU-time shares everywhere")
-    if args.record:
-        if args.quick:
-            print("not recording a --quick run as the baseline")
-        else:
-            record_baseline("rebalance", figures)
-            print("baseline.json updated (rebalance)")
+    record_if_asked(args.record, args.quick, "rebalance", figures)
     return 0
 
 

@@ -18,7 +18,7 @@ from _common import (
     baseline_figures,
     change,
     describe,
-    record_baseline,
+    record_if_asked,
     table,
     topology,
 )
@@ -92,12 +92,7 @@ def main() -> int:
             print(f"  {line}")
     else:
         print(f"target met (>= {TARGET_EVENTS_PER_SECOND:,.0f} events/s)")
-    if args.record:
-        if args.quick:
-            print("not recording a --quick run as the baseline")
-        else:
-            record_baseline("simulate", figures)
-            print("baseline.json updated (simulate)")
+    record_if_asked(args.record, args.quick, "simulate", figures)
     return 0
 
 
